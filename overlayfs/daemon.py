@@ -1,0 +1,126 @@
+"""The mount daemon: one process per mountpoint.
+
+``python -m overlayfs.daemon WORKSPACE MOUNTPOINT [--ready-fd N]`` opens the
+workspace (running recovery), takes the mountpoint's lock file
+(``.stepfs/run/<mount key>.lock``, holding the daemon's pid) so a second
+daemon for the same mountpoint is refused, starts the control server, and
+serves FUSE until unmounted.  When the kernel has finished the FUSE
+handshake it writes ``ready`` to the ready pipe, which is what
+``stepfs mount`` waits for.  The lock is released only when the process
+exits, so "lock free" means "daemon gone".
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import logging
+import os
+import sys
+
+from store.workspace import Workspace
+
+from .control import ControlServer
+from .mounts import mount_key
+from .view import Overlay
+
+log = logging.getLogger("stepfs.daemon")
+
+
+def lock_path(ws: Workspace, mountpoint: str) -> str:
+    return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
+
+
+def log_path(ws_path: str, mountpoint: str) -> str:
+    return os.path.join(ws_path, ".stepfs", "run", mount_key(mountpoint) + ".log")
+
+
+def daemon_alive(run_dir: str, mountpoint: str) -> int | None:
+    """The pid of the live daemon of ``mountpoint``, or None."""
+    path = os.path.join(run_dir, mount_key(mountpoint) + ".lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            data = os.pread(fd, 32, 0).strip()
+            return int(data) if data.isdigit() else -1
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False) -> int:
+    from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+
+    mountpoint = os.path.abspath(mountpoint)
+    ws = Workspace.open(workspace, create=True)
+    lock_fd = os.open(lock_path(ws, mountpoint), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"stepfs: another daemon already serves {mountpoint}.", file=sys.stderr)
+        return 9
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""))
+
+    def handle(req: dict) -> dict:
+        op = req.get("op")
+        if op == "ping":
+            return {"pid": os.getpid(), "step": view.step}
+        if op == "commit":
+            number = view.commit(
+                message=req.get("message", ""), meta=req.get("meta") or {},
+                allow_empty=bool(req.get("allow_empty")),
+                overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
+            )
+            return {"number": number}
+        if op == "status":
+            return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        raise ValueError(f"unknown op {op!r}")
+
+    control = ControlServer(mountpoint, handle)
+    control.start()
+
+    def ready() -> None:
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+            except OSError:
+                pass
+
+    try:
+        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug)
+    finally:
+        control.stop()
+        view.close()
+        ws.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stepfs-daemon")
+    parser.add_argument("workspace")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--ready-fd", type=int)
+    parser.add_argument("--debug", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug)
+    except Exception as exc:  # reported to the parent through the log file
+        log.exception("daemon failed")
+        print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)
+        return 9
+
+
+if __name__ == "__main__":
+    sys.exit(main())

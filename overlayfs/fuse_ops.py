@@ -1,0 +1,234 @@
+"""The FUSE adapter: mfusepy callbacks -> :class:`overlayfs.view.Overlay`.
+
+This is the only module that imports mfusepy.  It translates paths, file
+info structs and stat dicts, and maps errors to errno in one table
+(:data:`ERRNO`).  No filesystem decision is made here.
+
+Choices (measured or forced, see README "Architecture"):
+
+* libfuse3 through ``FUSE_LIBRARY_NAME=fuse3`` (mfusepy would otherwise pick
+  libfuse2 when both exist; libfuse2 drops half-omitted utimens and mangles
+  non-UTF-8 names).
+* single-threaded loop (``nothreads``): with the GIL a threaded loop was
+  slower for metadata work on two cores, and the view is one lock anyway.
+* no writeback cache: it would move writes after ``close``, where the
+  version-token check lives.
+* ``hard_remove``: the view keeps unlinked-but-open files itself; libfuse's
+  ``.fuse_hidden`` renames would leak into the workspace.
+* ``use_ino``: inode numbers come from the view (workspace inodes, kept on
+  copy-up).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
+
+import mfusepy  # noqa: E402  (needs the environment variable above)
+
+from store.errors import CorruptObject, StepfsError  # noqa: E402
+
+from . import errors as view_errors  # noqa: E402
+from .view import Overlay  # noqa: E402
+
+log = logging.getLogger("stepfs.fuse")
+
+#: View error class -> errno.  Looked up along the class's MRO, so a more
+#: specific class (NameTooLong) wins over its base (Invalid).
+ERRNO: dict[type, int] = {
+    view_errors.NotFound: errno.ENOENT,
+    view_errors.Exists: errno.EEXIST,
+    view_errors.NotEmpty: errno.ENOTEMPTY,
+    view_errors.NotADirectory: errno.ENOTDIR,
+    view_errors.IsADirectory: errno.EISDIR,
+    view_errors.ReadOnly: errno.EROFS,
+    view_errors.NameTooLong: errno.ENAMETOOLONG,
+    view_errors.Invalid: errno.EINVAL,
+    # EPERM, not ENOTSUP, for an unsupported operation such as link():
+    # tools (cp -a, git) fall back to a copy on EPERM.
+    view_errors.Unsupported: errno.EPERM,
+    view_errors.BadHandle: errno.EBADF,
+    # Creating '.stepfs' at the root: the name exists (hidden) already.
+    view_errors.Reserved: errno.EEXIST,
+    CorruptObject: errno.EIO,
+}
+
+
+def errno_for(exc: BaseException) -> int | None:
+    for cls in type(exc).__mro__:
+        if cls in ERRNO:
+            return ERRNO[cls]
+    return None
+
+
+def _translating(method):
+    """Wrap an operation: view errors -> FuseOSError(errno), never a bare EIO
+    without a log line."""
+
+    def wrapper(self, *args):
+        try:
+            return method(self, *args)
+        except mfusepy.FuseOSError:
+            raise
+        except (view_errors.ViewError, StepfsError) as exc:
+            code = errno_for(exc)
+            if code is None or code == errno.EIO:
+                log.error("%s%r failed: %s", method.__name__, args[:1], exc)
+            raise mfusepy.FuseOSError(code or errno.EIO) from None
+        except OSError as exc:
+            raise mfusepy.FuseOSError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("%s%r failed unexpectedly", method.__name__, args[:1])
+            raise mfusepy.FuseOSError(errno.EIO) from None
+
+    wrapper.__name__ = method.__name__
+    return wrapper
+
+
+def _owner() -> tuple[int, int]:
+    uid, gid, _pid = mfusepy.fuse_get_context()
+    return uid, gid
+
+
+class StepFS(mfusepy.Operations):
+    """Callbacks for mfusepy (``raw_fi=True``: file ops get ``fuse_file_info``)."""
+
+    use_ns = True
+
+    def __init__(self, view: Overlay, on_ready=None):
+        self.view = view
+        self.on_ready = on_ready
+
+    def init(self, path):
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def destroy(self, path):
+        self.view.close()
+
+    @_translating
+    def getattr(self, path, fh=None):
+        return self.view.getattr(path, fh.fh if fh is not None else None)
+
+    @_translating
+    def readdir(self, path, fh):
+        return [(name, {"st_mode": kind, "st_ino": ino}, 0) for name, kind, ino in self.view.readdir(path)]
+
+    @_translating
+    def readlink(self, path):
+        return self.view.readlink(path)
+
+    @_translating
+    def mkdir(self, path, mode):
+        self.view.mkdir(path, mode, owner=_owner())
+
+    @_translating
+    def rmdir(self, path):
+        self.view.rmdir(path)
+
+    @_translating
+    def unlink(self, path):
+        self.view.unlink(path)
+
+    @_translating
+    def symlink(self, target, source):
+        self.view.symlink(target, source, owner=_owner())
+
+    @_translating
+    def rename(self, old, new, flags=0):
+        self.view.rename(old, new, flags)
+
+    @_translating
+    def link(self, target, source):
+        self.view.link(target, source)
+
+    @_translating
+    def chmod(self, path, mode):
+        self.view.chmod(path, mode)
+
+    @_translating
+    def chown(self, path, uid, gid):
+        self.view.chown(path, uid, gid)
+
+    @_translating
+    def utimens(self, path, times=None):
+        self.view.utimens(path, times)
+
+    @_translating
+    def truncate(self, path, length, fh=None):
+        self.view.truncate(path, length, fh.fh if fh is not None else None)
+
+    @_translating
+    def open(self, path, fi):
+        fi.fh = self.view.open(path, fi.flags)
+        if path.startswith("/.stepfs/"):
+            fi.direct_io = 1  # generated content: its size changes between opens
+        return 0
+
+    @_translating
+    def create(self, path, mode, fi):
+        fi.fh = self.view.create(path, mode, fi.flags, owner=_owner())
+        return 0
+
+    @_translating
+    def read(self, path, size, offset, fi):
+        return self.view.read(fi.fh, size, offset)
+
+    @_translating
+    def write(self, path, data, offset, fi):
+        return self.view.write(fi.fh, data, offset)
+
+    @_translating
+    def flush(self, path, fi):
+        self.view.flush(fi.fh)
+        return 0
+
+    @_translating
+    def fsync(self, path, datasync, fi):
+        self.view.fsync(fi.fh, bool(datasync))
+        return 0
+
+    @_translating
+    def release(self, path, fi):
+        self.view.release(fi.fh)
+        return 0
+
+    @_translating
+    def statfs(self, path):
+        return self.view.statfs(path)
+
+
+class _FUSE(mfusepy.FUSE):
+    """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
+    them, which would turn RENAME_NOREPLACE into a silent overwrite)."""
+
+    def rename_fuse_3(self, old, new, flags):
+        return self.operations.rename(old.decode(self.encoding, self.errors),
+                                      new.decode(self.encoding, self.errors), flags)
+
+
+def _escape_option(value: str) -> str:
+    return value.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False) -> None:
+    """Mount and serve until unmounted (blocks)."""
+    _FUSE(
+        StepFS(view, on_ready),
+        mountpoint,
+        raw_fi=True,
+        foreground=True,
+        nothreads=True,
+        debug=debug,
+        fsname=_escape_option("stepfs:" + view.ws.path),
+        subtype="stepfs",
+        default_permissions=True,
+        use_ino=True,
+        hard_remove=True,
+        attr_timeout=1.0,
+        entry_timeout=1.0,
+        negative_timeout=0.0,
+    )

@@ -1,0 +1,288 @@
+"""Mount management and step operations as library calls (no FUSE import).
+
+Everything the CLI does goes through a function here or in ``store``, so
+tests and agent harnesses can call the same code.  A *target* is what a user
+names on the command line: a workspace, one of its mountpoints, or a path
+inside either (default: the current directory).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select as sql_select
+
+from store import layers, publish, schema, staging, tokens
+from store.errors import (
+    CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, WorkspaceError,
+)
+from store.workspace import STORE_DIR, Workspace, check_directory, is_workspace
+
+from . import control, mounts
+from .daemon import daemon_alive, log_path
+
+READY_TIMEOUT = 30.0
+EXIT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Target:
+    workspace: str
+    mountpoint: str | None = None
+
+
+def resolve(arg: str | None = None) -> Target:
+    """Trace a command-line path to its workspace (and mount, if it is one).
+
+    Mount table first, without stat, so a dead mount cannot hang us; then the
+    directories upwards from the path, like git looks for ``.git``.
+    """
+    path = os.path.normpath(os.path.abspath(arg if arg is not None else os.getcwd()))
+    entry = mounts.containing(path)
+    if entry is not None:
+        return Target(entry.workspace, entry.mountpoint)
+    if not os.path.exists(path):
+        raise WorkspaceError(f"{path} does not exist; name a workspace or one of its mountpoints.")
+    probe = os.path.realpath(path)
+    while True:
+        if is_workspace(probe):
+            return Target(probe)
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    raise WorkspaceError(
+        f"{path} is not in a stepfs workspace or mount; name one, or mount a workspace first with 'stepfs mount'."
+    )
+
+
+# -- mount / unmount -----------------------------------------------------------------
+
+
+def check_mount_args(workspace: str, mountpoint: str) -> tuple[str, str]:
+    """Validate before touching any store; returns absolute paths."""
+    ws = check_directory(workspace)
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is not None:
+        if entry.workspace is not None:
+            raise MountpointError(
+                f"{mp} is already a stepfs mount (of {entry.workspace}); unmount it first with 'stepfs unmount {mp}'."
+            )
+        raise MountpointError(f"{mp} is already a mountpoint ({entry.fstype}); choose an empty directory.")
+    if not os.path.exists(mp):
+        raise MountpointError(f"mountpoint {mp} does not exist; create it with 'mkdir -p {mp}'.")
+    if not os.path.isdir(mp):
+        raise MountpointError(f"mountpoint {mp} is not a directory; choose an empty directory.")
+    real_mp = os.path.realpath(mp)
+    if real_mp == ws or real_mp.startswith(ws.rstrip("/") + "/"):
+        raise MountpointError(
+            f"mountpoint {mp} is inside the workspace {ws}; choose a directory outside it."
+        )
+    if os.listdir(mp):
+        raise MountpointError(f"mountpoint {mp} is not empty; choose an empty directory.")
+    return ws, mp
+
+
+def mount(workspace: str, mountpoint: str, debug: bool = False) -> int:
+    """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
+    once the mount is ready.  Raises a StepfsError with the reason otherwise."""
+    ws_path, mp = check_mount_args(workspace, mountpoint)
+    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    logfile = log_path(ws_path, mp)
+    read_end, write_end = os.pipe()
+    with open(logfile, "ab") as log:
+        cmd = [sys.executable, "-m", "overlayfs.daemon", ws_path, mp, "--ready-fd", str(write_end)]
+        if debug:
+            cmd.append("--debug")
+        proc = subprocess.Popen(
+            cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},
+        )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        got = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read_end], [], [], 0.2)
+            if ready:
+                chunk = os.read(read_end, 64)
+                got += chunk
+                if b"ready" in got or not chunk:
+                    break
+            if proc.poll() is not None:
+                break
+    finally:
+        os.close(read_end)
+    if b"ready" in got:
+        return proc.pid
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    raise DaemonError(f"the mount daemon did not start: {_last_line(logfile)} (log: {logfile}).")
+
+
+def _import_root() -> str:
+    """Make ``python -m overlayfs.daemon`` import this very code base."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    extra = os.environ.get("PYTHONPATH")
+    return here + (os.pathsep + extra if extra else "")
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if line.startswith("stepfs:") or "Error" in line or "error" in line:
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def fuse_connection(mountpoint: str) -> str | None:
+    """The fusectl connection id (device minor) of a mount, from mountinfo
+    (never stat a possibly dead mount)."""
+    target = os.path.normpath(os.path.abspath(mountpoint))
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and mounts._unescape(parts[4]) == target:
+                return parts[2].split(":")[1]
+    return None
+
+
+def abort_connection(mountpoint: str) -> bool:
+    """Abort a FUSE connection through fusectl: every pending and future
+    request fails with ENOTCONN, so no client stays stuck."""
+    conn = fuse_connection(mountpoint)
+    if conn is None:
+        return False
+    base = "/sys/fs/fuse/connections"
+    if not os.path.exists(os.path.join(base, conn)):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", base], capture_output=True)
+    try:
+        with open(os.path.join(base, conn, "abort"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def unmount(mountpoint: str, force: bool = False) -> None:
+    """Unmount a stepfs mount and wait until its daemon has exited."""
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        raise NotMountedError(f"{mp} is not a stepfs mount; 'stepfs status' lists the mounts of a workspace.")
+    run_dir = os.path.join(entry.workspace, STORE_DIR, "run")
+    tool = shutil.which("fusermount3") or "fusermount3"
+    result = subprocess.run([tool, "-u", mp], capture_output=True, text=True)
+    if result.returncode != 0:
+        if not force:
+            reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "unknown reason"
+            raise DaemonError(
+                f"cannot unmount {mp} ({reason}); close the programs using it or use 'stepfs unmount --force'."
+            )
+        abort_connection(mp)
+        subprocess.run([tool, "-u", "-z", mp], capture_output=True)
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    while time.monotonic() < deadline:
+        pid = daemon_alive(run_dir, mp)
+        if pid is None:
+            return
+        time.sleep(0.05)
+    pid = daemon_alive(run_dir, mp)
+    if pid and force:
+        os.kill(pid, 9)
+        return
+    raise DaemonError(f"the daemon of {mp} (pid {pid}) did not exit within {EXIT_TIMEOUT:.0f} s; use --force.")
+
+
+# -- steps -------------------------------------------------------------------------
+
+
+def _op(row: staging.StagedRow) -> str:
+    if row.kind == "whiteout":
+        return "D"
+    return "A" if row.base == tokens.ABSENT else "M"
+
+
+def status(target: Target) -> dict:
+    """Mounts of the workspace, each open step's staged paths, the conflicts."""
+    with Workspace.open(target.workspace) as ws:
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        out = {"workspace": ws.path, "mounts": [], "conflicts": []}
+        with ws.db.read() as conn:
+            out["head"] = layers.head(conn)
+            for step in staging.list_steps(conn):
+                mp = step["mountpoint"]
+                if target.mountpoint and mp != target.mountpoint:
+                    continue
+                rows = staging.load(conn, step["id"])
+                pid = daemon_alive(ws.run_dir, mp)
+                if mp not in live and not rows:
+                    continue
+                out["mounts"].append({
+                    "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
+                    "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
+                })
+            for c in conn.execute(sql_select(schema.conflicts).order_by(schema.conflicts.c.id)):
+                out["conflicts"].append({
+                    "id": c.id, "path": os.fsdecode(bytes(c.path)), "reason": c.reason, "mount": c.mount,
+                    "agent": c.agent, "oid": c.oid, "created_ns": c.created_ns,
+                })
+        return out
+
+
+def step(target: Target, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+         overwrite: list[str] = ()) -> list[int]:
+    """Commit open steps as layers; returns the new layer numbers.
+
+    A mountpoint target commits that mount's step (through its daemon).  A
+    workspace target commits every open step that has changes: live mounts
+    through their daemons, steps of dead daemons straight from the store.
+    """
+    over = [os.fsencode(p.strip("/")) for p in overwrite]
+    payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
+               "overwrite": [os.fsdecode(p) for p in over]}
+    if target.mountpoint is not None:
+        return [control.request(target.mountpoint, payload)["number"]]
+    numbers: list[int] = []
+    nothing: NothingToCommit | None = None
+    with Workspace.open(target.workspace) as ws:
+        with ws.db.read() as conn:
+            steps = staging.list_steps(conn)
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        for st in steps:
+            mp = st["mountpoint"]
+            try:
+                if mp in live and daemon_alive(ws.run_dir, mp):
+                    numbers.append(control.request(mp, payload)["number"])
+                elif st["staged"]:
+                    numbers.append(publish.commit_step(
+                        ws, st["id"], message=message, mount=mp, meta=meta, allow_empty=allow_empty,
+                        overwrite=set(over)))
+            except NothingToCommit as exc:
+                nothing = exc
+        if not numbers and allow_empty:
+            with ws.commit_lock():
+                numbers.append(publish.write_layer(ws, [], kind="step", message=message, agent="", mount="",
+                                                   meta=meta, consume_step=None))
+    if not numbers:
+        raise nothing or NothingToCommit(
+            "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."
+        )
+    return numbers
+
+
+__all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "abort_connection",
+           "CommitConflict", "errno"]

@@ -1,0 +1,132 @@
+"""The upper layer of a mount: staged nodes in memory (FUSE-free).
+
+:class:`Upper` maps view paths (``"/a/b"``, surrogate-escaped ``str`` as
+FUSE hands them over) to :class:`Node` objects, and keeps a parent -> names
+index so a directory listing costs what that directory holds.  A node is one
+of: a file (content in a scratch file while it is being worked on, and as an
+object id once staged), a directory (``opaque`` hides the workspace directory
+of the same path), a symlink, or a whiteout (the path is deleted).
+
+Invariants:
+
+* A node with ``staged`` true has a row in the store's ``staged`` table equal
+  to :meth:`Node.row` (the view writes through; see ``view.py``).
+* ``base`` is the workspace token of the path when this step first touched
+  it; a commit checks it again.
+* Lock rule: an ``Upper`` is only touched under the owning view's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+import time
+
+from store.staging import StagedRow
+
+
+def rel(path: str) -> bytes:
+    """View path -> store path (``"/a/b"`` -> ``b"a/b"``)."""
+    return os.fsencode(path.lstrip("/"))
+
+
+def view_path(p: bytes) -> str:
+    return "/" + os.fsdecode(p)
+
+
+def parent_name(path: str) -> tuple[str, str]:
+    head, _, name = path.rpartition("/")
+    return head or "/", name
+
+
+class Node:
+    """A staged path.  Times are integer nanoseconds."""
+
+    __slots__ = (
+        "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
+        "base", "scratch", "ino", "uid", "gid", "staged", "dirty", "opens",
+    )
+
+    def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
+                 target: bytes | None = None, opaque: bool = False, mtime_ns: int | None = None,
+                 uid: int = 0, gid: int = 0):
+        now = mtime_ns if mtime_ns is not None else time.time_ns()
+        self.kind = kind
+        self.mode = mode
+        self.size = size
+        self.mtime_ns = now
+        self.atime_ns = now
+        self.ctime_ns = now
+        self.oid = oid
+        self.target = target
+        self.opaque = opaque
+        self.base = base
+        self.scratch: str | None = None  # path of the working copy, if any
+        self.ino = ino
+        self.uid = uid
+        self.gid = gid
+        self.staged = False  # a row exists in the store
+        self.dirty = False  # scratch differs from oid
+        self.opens = 0  # open handles
+
+    def row(self, path: str) -> StagedRow:
+        return StagedRow(
+            path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
+            size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.base,
+        )
+
+    @classmethod
+    def from_row(cls, row: StagedRow, ino: int) -> "Node":
+        node = cls(row.kind, row.mode, base=row.base, ino=ino, size=row.size, oid=row.oid,
+                   target=row.target, opaque=row.opaque, mtime_ns=row.mtime_ns or None)
+        node.staged = True
+        return node
+
+    @property
+    def type_bits(self) -> int:
+        return {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}.get(self.kind, 0)
+
+
+class Upper:
+    """Path -> Node, plus a children index.  Not thread-safe (see module doc)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.children: dict[str, set[str]] = {}
+
+    def get(self, path: str) -> Node | None:
+        return self.nodes.get(path)
+
+    def set(self, path: str, node: Node) -> None:
+        if path not in self.nodes:
+            parent, name = parent_name(path)
+            self.children.setdefault(parent, set()).add(name)
+        self.nodes[path] = node
+
+    def pop(self, path: str) -> Node | None:
+        node = self.nodes.pop(path, None)
+        if node is not None:
+            parent, name = parent_name(path)
+            names = self.children.get(parent)
+            if names is not None:
+                names.discard(name)
+                if not names:
+                    del self.children[parent]
+        return node
+
+    def below(self, path: str) -> list[str]:
+        """Every upper path strictly below ``path`` (deepest last)."""
+        out, todo = [], [path]
+        while todo:
+            d = todo.pop()
+            for name in self.children.get(d, ()):
+                child = (d if d != "/" else "") + "/" + name
+                out.append(child)
+                todo.append(child)
+        return out
+
+    def child_names(self, path: str) -> set[str]:
+        return self.children.get(path, set())
+
+    def __len__(self) -> int:
+        return len(self.nodes)

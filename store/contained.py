@@ -1,0 +1,127 @@
+"""Contained access to a directory tree: nothing resolves outside it.
+
+Every path under a :class:`Root` is resolved by the kernel with ``openat2``
+and ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``: no ``..`` escape, no symlink
+followed in any component, no magic links.  A symlink that is itself the last
+component is reached with ``O_PATH | O_NOFOLLOW`` (so it can be stat'ed and
+read, never followed).  This closes the race where something outside the
+mount swaps a directory for a symlink between our check and our use.
+
+The store directory (``.stepfs`` at the top of a workspace) is never
+reachable through a Root made with ``hide=".stepfs"``.
+
+Paths are relative, ``str`` (surrogate-escaped bytes, as FUSE hands them to
+us) or ``bytes``; ``""``, ``"."`` and ``"/"`` mean the root itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat as stat_mod
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_openat2 = 437  # the same number on every Linux architecture
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _fsencode(path: str | bytes) -> bytes:
+    return path if isinstance(path, bytes) else os.fsencode(path)
+
+
+def normalize(path: str | bytes) -> bytes:
+    """``/a//b/`` -> ``a/b``; the root is ``.``."""
+    parts = [p for p in _fsencode(path).split(b"/") if p and p != b"."]
+    return b"/".join(parts) or b"."
+
+
+class Root:
+    """A directory under which paths are resolved without leaving it."""
+
+    def __init__(self, path: str, hide: str | None = None):
+        self.path = os.path.abspath(path)
+        self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.hide = hide.encode() if hide else None
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _check(self, rel: bytes) -> None:
+        if self.hide is not None and (rel == self.hide or rel.startswith(self.hide + b"/")):
+            raise FileNotFoundError(errno.ENOENT, "the store is not part of the workspace view", os.fsdecode(rel))
+
+    def open(self, path: str | bytes, flags: int, mode: int = 0o666) -> int:
+        """``openat2`` beneath the root; raises ``OSError`` like ``os.open``."""
+        rel = normalize(path)
+        self._check(rel)
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
+                       RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+        fd = _libc.syscall(_SYS_openat2, self.fd, rel, ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            err = ctypes.get_errno()
+            if err == errno.ELOOP:
+                # A symlink in the path: from inside the tree this path does
+                # not lead anywhere we may go.
+                raise OSError(errno.ELOOP, "path goes through a symbolic link", os.fsdecode(rel))
+            if err == errno.EXDEV:
+                raise OSError(errno.EXDEV, "path leaves the workspace", os.fsdecode(rel))
+            raise OSError(err, os.strerror(err), os.fsdecode(rel))
+        return fd
+
+    def lstat(self, path: str | bytes) -> os.stat_result:
+        fd = self.open(path, os.O_PATH | os.O_NOFOLLOW)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def exists(self, path: str | bytes) -> bool:
+        try:
+            self.lstat(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def readlink(self, path: str | bytes) -> bytes:
+        parent, name = self.parent(path)
+        try:
+            return os.readlink(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def listdir(self, path: str | bytes) -> list[tuple[bytes, int, int]]:
+        """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted)."""
+        fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        out = []
+        try:
+            with os.scandir(fd) as it:
+                for entry in it:
+                    try:
+                        kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+                    except FileNotFoundError:
+                        continue
+                    name = os.fsencode(entry.name)
+                    if self.hide is not None and normalize(path) == b"." and name == self.hide:
+                        continue
+                    out.append((name, kind, entry.inode()))
+        finally:
+            os.close(fd)
+        return out
+
+    def parent(self, path: str | bytes) -> tuple[int, bytes]:
+        """``(fd of the parent directory, last component)``; caller closes fd."""
+        rel = normalize(path)
+        if rel == b".":
+            raise OSError(errno.EINVAL, "the root has no parent", self.path)
+        self._check(rel)
+        head, _, name = rel.rpartition(b"/")
+        return self.open(head or b".", os.O_PATH | os.O_DIRECTORY), name

@@ -1,0 +1,178 @@
+"""The database behind a store: engine, pragmas, transactions, format check.
+
+SQLite (WAL) through SQLAlchemy Core.  Rules every caller relies on:
+
+* Every writing transaction starts with ``BEGIN IMMEDIATE`` (:meth:`Database.write`):
+  a deferred transaction that reads and then writes can fail with
+  ``SQLITE_BUSY_SNAPSHOT`` under concurrency, an immediate one waits for the
+  write lock instead (up to the busy timeout).
+* ``synchronous=NORMAL`` is the default, which in WAL mode survives a crash of
+  the process but may lose the last transactions on power loss; transactions
+  that must survive power loss (a layer's intent record and its completion)
+  ask for ``durable=True`` and run with ``synchronous=FULL``.
+* Memory-mapped I/O stays off: an I/O error under mmap is a SIGBUS that kills
+  the daemon instead of an error we can report.
+
+Threading: a :class:`Database` may be shared by threads; each transaction
+takes its own pooled connection.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, inspect, select
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.pool import StaticPool
+
+from . import schema
+from .errors import StoreFormatError
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+class Database:
+    """One store database.  Use :meth:`open` (a file) or :meth:`memory`."""
+
+    def __init__(self, engine: Engine, label: str):
+        self.engine = engine
+        self.label = label
+
+    # -- construction -------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str, create: bool = True) -> "Database":
+        """Open (and, if ``create`` and empty, initialise) the store at ``path``.
+
+        Raises :class:`StoreFormatError` for a file that is not a stepfs
+        store, or one written by a newer stepfs.
+        """
+        engine = create_engine(
+            f"sqlite:///{path}",
+            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+        )
+        _install_sqlite_hooks(engine, wal=True)
+        db = cls(engine, path)
+        db._check_or_create(create)
+        return db
+
+    @classmethod
+    def memory(cls) -> "Database":
+        """A private in-memory store (tests, scratch work)."""
+        engine = create_engine(
+            "sqlite://",
+            connect_args={"check_same_thread": False},
+            poolclass=StaticPool,
+        )
+        _install_sqlite_hooks(engine, wal=False)
+        db = cls(engine, ":memory:")
+        db._check_or_create(True)
+        return db
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- transactions -------------------------------------------------------
+
+    @contextmanager
+    def write(self, durable: bool = False) -> Iterator[Connection]:
+        """A writing transaction (``BEGIN IMMEDIATE``); commits on success."""
+        with self.engine.connect() as conn:
+            conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction on one consistent snapshot."""
+        with self.engine.connect() as conn:
+            conn.execution_options(stepfs_begin="BEGIN", stepfs_durable=False)
+            with conn.begin():
+                yield conn
+
+    # -- format ---------------------------------------------------------------
+
+    def _check_or_create(self, create: bool) -> None:
+        try:
+            names = set(inspect(self.engine).get_table_names())
+        except DatabaseError as exc:
+            raise StoreFormatError(
+                f"{self.label} is not a stepfs store (SQLite says: {_orig(exc)}); move it away or point at another workspace."
+            ) from None
+        if "meta" not in names:
+            if names:
+                raise StoreFormatError(
+                    f"{self.label} is an SQLite database but not a stepfs store; move it away or point at another workspace."
+                )
+            if not create:
+                raise StoreFormatError(f"{self.label} holds no stepfs store.")
+            with self.write(durable=True) as conn:
+                schema.metadata.create_all(conn)
+                conn.execute(
+                    schema.meta.insert(),
+                    [
+                        {"key": "format_version", "value": str(schema.FORMAT_VERSION)},
+                        {"key": "hash_algorithm", "value": schema.HASH_ALGORITHM},
+                        {"key": "chunk_size", "value": str(schema.CHUNK_SIZE)},
+                    ],
+                )
+            return
+        with self.read() as conn:
+            facts = dict(conn.execute(select(schema.meta.c.key, schema.meta.c.value)).all())
+        try:
+            version = int(facts.get("format_version", ""))
+        except ValueError:
+            raise StoreFormatError(f"{self.label} has no readable format version; it is not a stepfs store.") from None
+        if version > schema.FORMAT_VERSION:
+            raise StoreFormatError(
+                f"{self.label} was written by a newer stepfs (format {version}, this one reads up to "
+                f"{schema.FORMAT_VERSION}); upgrade stepfs to use it."
+            )
+        if facts.get("hash_algorithm") != schema.HASH_ALGORITHM:
+            raise StoreFormatError(
+                f"{self.label} uses hash {facts.get('hash_algorithm')!r}, this stepfs only knows {schema.HASH_ALGORITHM}."
+            )
+        missing = {t.name for t in schema.metadata.sorted_tables} - names
+        if missing:
+            raise StoreFormatError(f"{self.label} is damaged: tables {sorted(missing)} are missing.")
+
+
+def _orig(exc: Exception) -> str:
+    return str(getattr(exc, "orig", exc))
+
+
+def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
+    """Pragmas on every new connection; our own BEGIN on every transaction."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: sqlite3.Connection, _record) -> None:
+        # Autocommit at the driver level: SQLAlchemy's "begin" event below
+        # emits the BEGIN we want instead of pysqlite's implicit one.
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if wal:
+                cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA mmap_size=0")
+        except sqlite3.DatabaseError:
+            # Not a database at all: let the format check report it.
+            pass
+        finally:
+            cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        opts = conn.get_execution_options()
+        conn.exec_driver_sql(
+            "PRAGMA synchronous=FULL" if opts.get("stepfs_durable") else "PRAGMA synchronous=NORMAL"
+        )
+        conn.exec_driver_sql(opts.get("stepfs_begin", "BEGIN"))
+
+
+__all__ = ["Database", "OperationalError"]

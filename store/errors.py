@@ -1,0 +1,60 @@
+"""Domain errors of stepfs (store side; no FUSE, no CLI).
+
+Every error a user can meet is a subclass of :class:`StepfsError` whose
+message is one sentence the user can act on.  The CLI maps each class to a
+distinct exit code in one table (``cli/exitcodes.py``); the FUSE adapter maps
+the view's errors to errno values in one table (``overlayfs/fuse_ops.py``).
+Nothing here knows about either.
+"""
+
+from __future__ import annotations
+
+
+class StepfsError(Exception):
+    """Base class: ``str(err)`` is the one-sentence message for the user."""
+
+
+class WorkspaceError(StepfsError):
+    """The workspace argument is missing, not a directory, or not a workspace."""
+
+
+class MountpointError(StepfsError):
+    """The mountpoint is missing, not a directory, not empty, inside the
+    workspace, or already mounted."""
+
+
+class NotMountedError(StepfsError):
+    """A path that should be a live stepfs mount is not one."""
+
+
+class StoreFormatError(StepfsError):
+    """The store is of a newer format, or is not a stepfs store at all."""
+
+
+class NothingToCommit(StepfsError):
+    """``step`` found nothing staged and ``--allow-empty`` was not given."""
+
+
+class CommitConflict(StepfsError):
+    """A step changes paths that were changed in the workspace since the step
+    copied them up; nothing was written.  ``paths`` lists them."""
+
+    def __init__(self, message: str, paths: list[str]):
+        super().__init__(message)
+        self.paths = paths
+
+
+class DaemonError(StepfsError):
+    """The mount daemon did not start, did not answer, or did not exit."""
+
+
+class ContainmentError(StepfsError):
+    """A path argument leaves the workspace or reaches into its store."""
+
+
+class NoSuchLayer(StepfsError):
+    """A layer number that does not exist."""
+
+
+class CorruptObject(StepfsError):
+    """Stored bytes no longer hash to their key."""

@@ -1,0 +1,140 @@
+"""Layers and their entries: reading history (store side, no FUSE).
+
+A layer is immutable once ``state == 'committed'``.  Entries record, for each
+path a layer touched, the state before and the state after (``kind`` NULL
+means absent).  Nothing here writes; writing a layer is ``publish.py``'s job.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from sqlalchemy import case, func, select
+from sqlalchemy.engine import Connection
+
+from . import schema
+from .errors import NoSuchLayer
+
+L, E = schema.layers, schema.entries
+
+
+@dataclass(frozen=True)
+class State:
+    """A path's state in a layer entry; ``kind is None`` means absent."""
+
+    kind: str | None
+    mode: int | None = None
+    oid: str | None = None
+    target: bytes | None = None
+
+    def op_against(self, before: "State") -> str:
+        if before.kind is None:
+            return "added"
+        if self.kind is None:
+            return "deleted"
+        if before.kind != self.kind:
+            return "replaced"
+        if before.oid == self.oid and before.target == self.target:
+            return "mode"
+        return "modified"
+
+
+@dataclass
+class Entry:
+    path: bytes
+    before: State
+    after: State
+    after_mtime_ns: int | None = None
+
+    @property
+    def op(self) -> str:
+        return self.after.op_against(self.before)
+
+
+@dataclass
+class Layer:
+    number: int
+    state: str
+    kind: str
+    created_ns: int
+    message: str
+    agent: str
+    mount: str
+    meta: dict = field(default_factory=dict)
+    added: int = 0
+    modified: int = 0
+    deleted: int = 0
+
+
+def head(conn: Connection) -> int:
+    """The number of the newest committed layer (0 for a new store)."""
+    n = conn.execute(select(func.max(L.c.number)).where(L.c.state == "committed")).scalar()
+    return int(n or 0)
+
+
+def next_number(conn: Connection) -> int:
+    n = conn.execute(select(func.max(L.c.number))).scalar()
+    return 0 if n is None else int(n) + 1
+
+
+def _counts():
+    added = func.sum(case((E.c.before_kind.is_(None), 1), else_=0))
+    deleted = func.sum(case((E.c.after_kind.is_(None), 1), else_=0))
+    total = func.count(E.c.path)
+    return added, deleted, total
+
+
+def list_layers(conn: Connection, limit: int | None = None, number: int | None = None) -> list[Layer]:
+    """Committed layers (or just ``number``), newest first, with counts of
+    added / modified / deleted paths."""
+    added, deleted, total = _counts()
+    counts = (
+        select(E.c.layer, added.label("n_added"), deleted.label("n_deleted"), total.label("n_total"))
+        .group_by(E.c.layer)
+        .subquery()
+    )
+    q = (
+        select(L, counts.c.n_added, counts.c.n_deleted, counts.c.n_total)
+        .outerjoin(counts, counts.c.layer == L.c.number)
+        .where(L.c.state == "committed")
+        .order_by(L.c.number.desc())
+    )
+    if number is not None:
+        q = q.where(L.c.number == number)
+    if limit is not None:
+        q = q.limit(limit)
+    out = []
+    for r in conn.execute(q):
+        a, d, t = int(r.n_added or 0), int(r.n_deleted or 0), int(r.n_total or 0)
+        out.append(
+            Layer(
+                number=r.number, state=r.state, kind=r.kind, created_ns=r.created_ns,
+                message=r.message, agent=r.agent, mount=r.mount, meta=json.loads(r.meta or "{}"),
+                added=a, deleted=d, modified=t - a - d,
+            )
+        )
+    return out
+
+
+def get(conn: Connection, number: int) -> Layer:
+    for layer in list_layers(conn, number=number):
+        return layer
+    raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+
+
+def entries(conn: Connection, number: int) -> list[Entry]:
+    rows = conn.execute(select(E).where(E.c.layer == number).order_by(E.c.path))
+    return [entry_from_row(r) for r in rows]
+
+
+def entry_from_row(r) -> Entry:
+    def t(v):
+        return bytes(v) if v is not None else None
+
+    return Entry(
+        path=bytes(r.path),
+        before=State(r.before_kind, r.before_mode, r.before_oid, t(r.before_target)),
+        after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target)),
+        after_mtime_ns=r.after_mtime_ns,
+    )

@@ -1,0 +1,176 @@
+"""Content-addressed objects: hash, chunk, deduplicate, read back, verify.
+
+An object is immutable file content split into fixed-size chunks
+(:data:`schema.CHUNK_SIZE`).  Chunks and objects are keyed by the hex
+XXH3-128 of their bytes.  XXH3 is fast but not collision-resistant against
+crafted input, and agents write attacker-influenced text, so a key hit is
+never trusted: a chunk is deduplicated only after a byte-for-byte comparison,
+and an object only when its chunk list is identical (chunks being verified,
+equal chunk lists mean equal bytes).  A genuine collision gets a suffixed key
+(``<hash>.1``), so different bytes are never merged.
+
+All functions take an open SQLAlchemy connection inside a transaction chosen
+by the caller (``Database.write`` for puts); none commits on its own.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Iterator
+
+import xxhash
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from . import schema
+from .errors import CorruptObject
+
+Hasher = Callable[[bytes], str]
+
+def xxh3_hex(data: bytes) -> str:
+    """The digest function; tests swap in a deliberately weak one to force collisions."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+class ObjectStore:
+    """Puts and gets objects through a caller-supplied connection."""
+
+    def __init__(self, hasher: Hasher = xxh3_hex, chunk_size: int = schema.CHUNK_SIZE):
+        self.hasher = hasher
+        self.chunk_size = chunk_size
+
+    # -- writing ------------------------------------------------------------
+
+    def put_bytes(self, conn: Connection, data: bytes) -> str:
+        """Store ``data``; returns its object id."""
+        pieces = [data[i : i + self.chunk_size] for i in range(0, len(data), self.chunk_size)]
+        return self._put_pieces(conn, iter(pieces), whole_hash=self.hasher(data), size=len(data))
+
+    def put_fd(self, conn: Connection, fd: int) -> tuple[str, int]:
+        """Store the whole content of the open file ``fd`` (read with pread).
+
+        Returns ``(oid, size)``.  The file must not change meanwhile; the
+        caller holds whatever lock guarantees that.
+        """
+        size = os.fstat(fd).st_size
+        # Hash the whole content while streaming when we can; a custom hasher
+        # (tests) gets the joined bytes instead.
+        whole = xxhash.xxh3_128() if self.hasher is xxh3_hex else None
+        pieces: list[bytes] = []
+
+        def read_pieces() -> Iterator[bytes]:
+            offset = 0
+            while offset < size:
+                piece = os.pread(fd, min(self.chunk_size, size - offset), offset)
+                if not piece:
+                    break
+                offset += len(piece)
+                if whole is not None:
+                    whole.update(piece)
+                else:
+                    pieces.append(piece)
+                yield piece
+
+        cids = [(self._put_chunk(conn, p), len(p)) for p in read_pieces()]
+        whole_hash = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
+        return self._put_object(conn, whole_hash, cids, size), size
+
+    def _put_pieces(self, conn: Connection, pieces: Iterator[bytes], whole_hash: str, size: int) -> str:
+        cids = [(self._put_chunk(conn, p), len(p)) for p in pieces]
+        return self._put_object(conn, whole_hash, cids, size)
+
+    def _put_chunk(self, conn: Connection, data: bytes) -> str:
+        digest = self.hasher(data)
+        n = 0
+        while True:
+            cid = digest if n == 0 else f"{digest}.{n}"
+            row = conn.execute(select(schema.chunks.c.data).where(schema.chunks.c.cid == cid)).first()
+            if row is None:
+                conn.execute(schema.chunks.insert().values(cid=cid, size=len(data), data=data))
+                return cid
+            if bytes(row.data) == data:
+                return cid
+            n += 1  # a real collision: same hash, other bytes
+
+    def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int) -> str:
+        n = 0
+        while True:
+            oid = digest if n == 0 else f"{digest}.{n}"
+            row = conn.execute(select(schema.objects.c.size).where(schema.objects.c.oid == oid)).first()
+            if row is None:
+                conn.execute(schema.objects.insert().values(oid=oid, size=size))
+                rows, pos = [], 0
+                for seq, (cid, length) in enumerate(cids):
+                    rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
+                    pos += length
+                if rows:
+                    conn.execute(schema.object_chunks.insert(), rows)
+                return oid
+            if row.size == size and self.chunk_ids(conn, oid) == [cid for cid, _ in cids]:
+                return oid
+            n += 1
+
+    # -- reading ------------------------------------------------------------
+
+    @staticmethod
+    def exists(conn: Connection, oid: str) -> bool:
+        return conn.execute(select(schema.objects.c.oid).where(schema.objects.c.oid == oid)).first() is not None
+
+    @staticmethod
+    def size(conn: Connection, oid: str) -> int:
+        return conn.execute(select(schema.objects.c.size).where(schema.objects.c.oid == oid)).scalar_one()
+
+    @staticmethod
+    def chunk_ids(conn: Connection, oid: str) -> list[str]:
+        rows = conn.execute(
+            select(schema.object_chunks.c.cid)
+            .where(schema.object_chunks.c.oid == oid)
+            .order_by(schema.object_chunks.c.seq)
+        )
+        return [r.cid for r in rows]
+
+    def iter_chunks(self, conn: Connection, oid: str, verify: bool = True) -> Iterator[bytes]:
+        """Yield the object's bytes chunk by chunk; with ``verify`` each chunk
+        is re-hashed and :class:`CorruptObject` raised on a mismatch, so
+        corrupt bytes are never served."""
+        rows = conn.execute(
+            select(schema.chunks.c.cid, schema.chunks.c.data)
+            .join(schema.object_chunks, schema.object_chunks.c.cid == schema.chunks.c.cid)
+            .where(schema.object_chunks.c.oid == oid)
+            .order_by(schema.object_chunks.c.seq)
+        )
+        for row in rows:
+            data = bytes(row.data)
+            if verify and self.hasher(data) != row.cid.split(".", 1)[0]:
+                raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            yield data
+
+    def read_all(self, conn: Connection, oid: str) -> bytes:
+        return b"".join(self.iter_chunks(conn, oid))
+
+    def write_to_fd(self, conn: Connection, oid: str, fd: int) -> int:
+        """Write the object into the empty file ``fd``; all-zero chunks are
+        left as holes so a sparse file stays sparse.  Returns the size."""
+        pos = 0
+        for data in self.iter_chunks(conn, oid):
+            if data.count(0) != len(data):
+                view = memoryview(data)
+                done = 0
+                while done < len(data):
+                    done += os.pwrite(fd, view[done:], pos + done)
+            pos += len(data)
+        os.ftruncate(fd, pos)
+        return pos
+
+    def verify(self, conn: Connection, oid: str) -> list[str]:
+        """Problems with one object (empty list: intact)."""
+        problems = []
+        total = 0
+        try:
+            for data in self.iter_chunks(conn, oid):
+                total += len(data)
+        except CorruptObject as exc:
+            return [str(exc)]
+        if total != self.size(conn, oid):
+            problems.append(f"object {oid} has {total} bytes in its chunks, {self.size(conn, oid)} recorded.")
+        return problems

@@ -1,0 +1,168 @@
+"""The canonical schema of a stepfs store: every table, defined once.
+
+Nothing else in the code base creates or redefines a table; ``store/FORMAT.md``
+explains each column and the invariants between them.  The schema is written
+in portable SQLAlchemy Core types so that the same definition can later run on
+PostgreSQL (paths and symlink targets are ``LargeBinary`` because POSIX names
+are bytes and need not be UTF-8).
+
+Bump :data:`FORMAT_VERSION` on any incompatible change and add an upgrade
+step plus a line to the change log in FORMAT.md.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+)
+
+#: The one integer format version of a store.  A store whose version is newer
+#: is refused; an older one is upgraded (none exists yet).
+FORMAT_VERSION = 1
+#: The content hash that keys objects and chunks.
+HASH_ALGORITHM = "xxh3_128"
+#: Chunk size used when splitting an object (fixed-size chunking; the format
+#: records each chunk's offset so content-defined chunking can come later).
+CHUNK_SIZE = 1 << 20
+
+metadata = MetaData()
+
+# Key/value facts about the store itself: format_version, hash_algorithm,
+# chunk_size, created_ns, workspace (absolute path at creation).
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", String(64), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+# Content-addressed chunks.  ``cid`` is the hex XXH3-128 of ``data``; when two
+# different byte strings share a hash (only crafted input does this) the later
+# one gets the suffix ``.1``, ``.2`` … so keys stay unique and nothing is
+# deduplicated that is not byte-identical.
+chunks = Table(
+    "chunks",
+    metadata,
+    Column("cid", String(48), primary_key=True),
+    Column("size", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+# Immutable file contents.  ``oid`` is the hex XXH3-128 of the whole content
+# (suffixed like chunk ids on a collision).  An object is the concatenation of
+# its chunks in ``seq`` order.
+objects = Table(
+    "objects",
+    metadata,
+    Column("oid", String(48), primary_key=True),
+    Column("size", BigInteger, nullable=False),
+)
+
+object_chunks = Table(
+    "object_chunks",
+    metadata,
+    Column("oid", String(48), ForeignKey("objects.oid"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("offset", BigInteger, nullable=False),
+    Column("cid", String(48), ForeignKey("chunks.cid"), nullable=False),
+    PrimaryKeyConstraint("oid", "seq"),
+)
+Index("object_chunks_cid", object_chunks.c.cid)
+
+# Numbered layers (committed steps).  Layer 0 is the baseline written when the
+# store is created.  ``state`` is 'pending' between the intent record and the
+# end of publishing, then 'committed'.  ``intent_sum`` is the checksum of the
+# layer's entries, verified before a pending layer is rolled forward.
+layers = Table(
+    "layers",
+    metadata,
+    Column("number", Integer, primary_key=True, autoincrement=False),
+    Column("state", String(16), nullable=False),
+    Column("kind", String(16), nullable=False),  # baseline | step | rollback
+    Column("created_ns", BigInteger, nullable=False),
+    Column("message", Text, nullable=False, default=""),
+    Column("agent", Text, nullable=False, default=""),
+    Column("mount", Text, nullable=False, default=""),
+    Column("meta", Text, nullable=False, default="{}"),  # JSON object
+    Column("intent_sum", String(48), nullable=False, default=""),
+)
+
+# What a layer did to each path it touched: the state before and after.
+# A NULL kind means "absent".  kinds: file | dir | symlink.
+entries = Table(
+    "entries",
+    metadata,
+    Column("layer", Integer, ForeignKey("layers.number"), nullable=False),
+    Column("path", LargeBinary, nullable=False),
+    Column("before_kind", String(8)),
+    Column("before_mode", Integer),
+    Column("before_oid", String(48), ForeignKey("objects.oid")),
+    Column("before_target", LargeBinary),
+    Column("after_kind", String(8)),
+    Column("after_mode", Integer),
+    Column("after_oid", String(48), ForeignKey("objects.oid")),
+    Column("after_target", LargeBinary),
+    Column("after_mtime_ns", BigInteger),
+    PrimaryKeyConstraint("layer", "path"),
+)
+
+# Open steps: one per mountpoint.  A daemon that restarts on the same
+# mountpoint resumes its open step.
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("mountpoint", Text, nullable=False, unique=True),
+    Column("agent", Text, nullable=False, default=""),
+    Column("created_ns", BigInteger, nullable=False),
+)
+
+# The staged state of an open step, one row per path it changed.
+#   kind     file | dir | symlink | whiteout (the path is deleted)
+#   opaque   for dir: the workspace directory at this path (if any) is hidden
+#            below it; only staged children are visible
+#   base     the workspace token of the path when it was first staged
+#            ('absent' if it did not exist); checked again at commit
+staged = Table(
+    "staged",
+    metadata,
+    Column("step", Integer, ForeignKey("steps.id"), nullable=False),
+    Column("path", LargeBinary, nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("mode", Integer, nullable=False, default=0),
+    Column("oid", String(48), ForeignKey("objects.oid")),
+    Column("target", LargeBinary),
+    Column("size", BigInteger, nullable=False, default=0),
+    Column("mtime_ns", BigInteger, nullable=False, default=0),
+    Column("opaque", Boolean, nullable=False, default=False),
+    Column("base", Text, nullable=False),
+    PrimaryKeyConstraint("step", "path"),
+)
+
+# Bytes that lost a race or were discarded: nothing a user wrote is ever
+# dropped without a row here.
+conflicts = Table(
+    "conflicts",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("created_ns", BigInteger, nullable=False),
+    Column("path", LargeBinary, nullable=False),
+    Column("mount", Text, nullable=False, default=""),
+    Column("agent", Text, nullable=False, default=""),
+    Column("reason", String(32), nullable=False),  # discarded | stale-close | …
+    Column("oid", String(48), ForeignKey("objects.oid")),
+    Column("mode", Integer),
+    Column("token_mine", Text, nullable=False, default=""),
+    Column("token_theirs", Text, nullable=False, default=""),
+)

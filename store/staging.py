@@ -1,0 +1,96 @@
+"""Open steps and their staged rows (store side, no FUSE).
+
+An open step belongs to one mountpoint; its rows in ``staged`` are the
+overlay's upper layer as it was at the last close-write or metadata change,
+so a daemon that restarts on the same mountpoint resumes with nothing lost.
+The daemon keeps the same state in memory (``overlayfs/upper.py``) and
+writes through to these rows; it never reads them on a hot path.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, or_, select
+from sqlalchemy.engine import Connection
+
+from . import schema
+
+S = schema.staged
+
+
+@dataclass
+class StagedRow:
+    """One staged path.  ``kind`` is file | dir | symlink | whiteout."""
+
+    path: bytes
+    kind: str
+    mode: int = 0
+    oid: str | None = None
+    target: bytes | None = None
+    size: int = 0
+    mtime_ns: int = 0
+    opaque: bool = False
+    base: str = "absent"
+
+
+def open_step(conn: Connection, mountpoint: str, agent: str = "") -> int:
+    """The id of the open step of ``mountpoint``, created if there is none."""
+    row = conn.execute(select(schema.steps.c.id).where(schema.steps.c.mountpoint == mountpoint)).first()
+    if row is not None:
+        return row.id
+    return conn.execute(
+        schema.steps.insert().values(mountpoint=mountpoint, agent=agent, created_ns=time.time_ns())
+    ).inserted_primary_key[0]
+
+
+def list_steps(conn: Connection) -> list[dict]:
+    """Every open step with its number of staged rows."""
+    counts = (
+        select(S.c.step, func.count().label("n")).group_by(S.c.step).subquery()
+    )
+    rows = conn.execute(
+        select(schema.steps, func.coalesce(counts.c.n, 0).label("staged"))
+        .outerjoin(counts, counts.c.step == schema.steps.c.id)
+        .order_by(schema.steps.c.id)
+    )
+    return [dict(r._mapping) for r in rows]
+
+
+def load(conn: Connection, step: int) -> list[StagedRow]:
+    rows = conn.execute(select(S).where(S.c.step == step).order_by(S.c.path))
+    return [
+        StagedRow(
+            path=bytes(r.path), kind=r.kind, mode=r.mode, oid=r.oid,
+            target=bytes(r.target) if r.target is not None else None,
+            size=r.size, mtime_ns=r.mtime_ns, opaque=bool(r.opaque), base=r.base,
+        )
+        for r in rows
+    ]
+
+
+def put(conn: Connection, step: int, row: StagedRow) -> None:
+    """Insert or replace the staged row of ``row.path``."""
+    conn.execute(delete(S).where(S.c.step == step, S.c.path == row.path))
+    conn.execute(
+        S.insert().values(
+            step=step, path=row.path, kind=row.kind, mode=row.mode, oid=row.oid, target=row.target,
+            size=row.size, mtime_ns=row.mtime_ns, opaque=row.opaque, base=row.base,
+        )
+    )
+
+
+def remove(conn: Connection, step: int, path: bytes) -> None:
+    conn.execute(delete(S).where(S.c.step == step, S.c.path == path))
+
+
+def remove_tree(conn: Connection, step: int, path: bytes) -> None:
+    """Remove the rows of ``path`` and of everything below it."""
+    prefix = path.rstrip(b"/") + b"/"
+    conn.execute(
+        delete(S).where(
+            S.c.step == step,
+            or_(S.c.path == path, (S.c.path >= prefix) & (S.c.path < prefix[:-1] + b"0")),
+        )
+    )

@@ -1,0 +1,35 @@
+"""Version tokens of workspace paths (store side, no FUSE).
+
+A token is an opaque string that changes whenever a path's content or
+identity changes; tokens are only ever compared for equality.
+
+* absent path:  ``absent``
+* directory:    ``dir:<mode>`` (a directory's own mtime moves with every
+  child and says nothing about the directory as a staged object)
+* symlink:      ``link:<target hex>``
+* file:         ``<dev>:<ino>:<size>:<mtime_ns>:<ctime_ns>`` from one stat.
+
+``ctime_ns`` cannot be set from user space, so a rewrite whose mtime was put
+back with ``utime`` still changes the token; ``ino`` catches save-by-rename.
+The remaining hole (a same-size rewrite within one clock tick of the stat)
+is the "racy git" case; the version-token work closes it with a content hash
+for stats taken inside the racy window.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+
+ABSENT = "absent"
+
+
+def from_stat(st: os.stat_result | None, target: bytes | None = None) -> str:
+    if st is None:
+        return ABSENT
+    mode = st.st_mode
+    if stat_mod.S_ISDIR(mode):
+        return f"dir:{stat_mod.S_IMODE(mode):o}"
+    if stat_mod.S_ISLNK(mode):
+        return f"link:{(target or b'').hex()}"
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"

@@ -42,9 +42,9 @@ from .errors import (
     BadHandle, Exists, Invalid, IsADirectory, NameTooLong, NotADirectory, NotEmpty, NotFound, ReadOnly,
     Reserved, Unsupported,
 )
+from .metatree import MetaTree, is_meta
 from .upper import Node, Upper, parent_name, rel, view_path
 
-CONTROL_DIR = "/.stepfs"
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 # Inode numbers for paths that exist only in the upper layer; far above what
@@ -108,15 +108,12 @@ class Overlay:
         self._scratch_seq = itertools.count(1)
         self.last_error: str | None = None
         self.readonly_reason: str | None = None
+        self.meta = MetaTree(self)
         with ws.db.read() as conn:
             for row in staging.load(conn, self.step):
                 self.upper.set(view_path(row.path), Node.from_row(row, next(self._ino)))
 
     # -- resolution ---------------------------------------------------------
-
-    @staticmethod
-    def _is_control(path: str) -> bool:
-        return path == CONTROL_DIR or path.startswith(CONTROL_DIR + "/")
 
     def _resolve(self, path: str) -> tuple[Node | None, os.stat_result | None]:
         """``(node, None)`` for an upper path, ``(None, stat)`` for a workspace
@@ -185,7 +182,7 @@ class Overlay:
         return node.base if node is not None else self._lower_token(path)
 
     def _check_writable(self, path: str) -> None:
-        if self._is_control(path):
+        if is_meta(path):
             raise ReadOnly(path)
         if self.readonly_reason is not None:
             raise ReadOnly(self.readonly_reason)
@@ -333,8 +330,8 @@ class Overlay:
         with self.lock:
             if fh is not None and fh in self.handles and self.handles[fh].node is not None:
                 return self._stat_node(self.handles[fh].node)
-            if self._is_control(path):
-                return self._stat_control(path)
+            if is_meta(path):
+                return self.meta.getattr(path)
             node, st = self._resolve(path)
             if node is None:
                 return self._stat_lower(path, st)
@@ -367,16 +364,6 @@ class Overlay:
         elif node.kind == "symlink":
             out.update(st_size=len(node.target or b""), st_blocks=0)
         return out
-
-    def _stat_control(self, path: str) -> dict:
-        now = time.time_ns()
-        base = {"st_uid": os.getuid(), "st_gid": os.getgid(), "st_atime": now, "st_mtime": now,
-                "st_ctime": now, "st_ino": 2 if path == CONTROL_DIR else 3}
-        if path == CONTROL_DIR:
-            return {**base, "st_mode": stat_mod.S_IFDIR | 0o555, "st_nlink": 2, "st_size": 0}
-        if path == CONTROL_DIR + "/status":
-            return {**base, "st_mode": stat_mod.S_IFREG | 0o444, "st_nlink": 1, "st_size": len(self.status_text())}
-        raise NotFound(path)
 
     def chmod(self, path: str, mode: int) -> None:
         with self.lock:
@@ -433,10 +420,8 @@ class Overlay:
         Inode numbers matter: glibc's readdir skips entries whose d_ino is 0.
         """
         with self.lock:
-            if self._is_control(path):
-                if path == CONTROL_DIR:
-                    return [(".", stat_mod.S_IFDIR, 2), ("..", stat_mod.S_IFDIR, 1), ("status", stat_mod.S_IFREG, 3)]
-                raise NotFound(path)
+            if is_meta(path):
+                return self.meta.readdir(path)
             node, st = self._resolve(path)
             if self._kind(node, st) != "dir":
                 raise NotADirectory(path)
@@ -463,7 +448,7 @@ class Overlay:
         return len(self.readdir(path)) <= 2
 
     def _check_new_name(self, path: str) -> None:
-        if path == CONTROL_DIR:
+        if is_meta(path):
             raise Reserved(path)
         if len(os.fsencode(parent_name(path)[1])) > 255:
             raise NameTooLong(path)
@@ -524,6 +509,8 @@ class Overlay:
 
     def readlink(self, path: str) -> str:
         with self.lock:
+            if is_meta(path):
+                return self.meta.readlink(path)
             node, st = self._resolve(path)
             if self._kind(node, st) != "symlink":
                 raise Invalid(path)
@@ -626,12 +613,13 @@ class Overlay:
 
     def open(self, path: str, flags: int) -> int:
         with self.lock:
-            if self._is_control(path):
+            if is_meta(path):
                 if flags & os.O_ACCMODE != os.O_RDONLY:
                     raise ReadOnly(path)
-                if path != CONTROL_DIR + "/status":
-                    raise IsADirectory(path) if path == CONTROL_DIR else NotFound(path)
-                return self._add_handle(Handle(path, -1, None, False, data=self.status_text().encode()))
+                entry = self.meta.entry(path)
+                if entry.kind == "dir":
+                    raise IsADirectory(path)
+                return self._add_handle(Handle(path, -1, None, False, data=entry.data))
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable or flags & os.O_TRUNC:
                 self._check_writable(path)

@@ -1,0 +1,30 @@
+# stepfs: `make demo` and `make test` work on a fresh Debian machine as root.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: deps venv demo test test-fast bench clean
+
+deps:
+	@bash docker/install-system-deps.sh
+
+$(BIN)/stepfs: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+	@$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(BIN)/stepfs
+
+demo: deps venv
+	@bash scripts/demo.sh
+
+test: deps venv
+	$(BIN)/python -m pytest -q -ra
+
+# Store and overlay core only: no kernel, no mounts.
+test-fast: venv
+	$(BIN)/python -m pytest -q -m "not mount"
+
+clean:
+	rm -rf $(VENV) demo-work .pytest_cache *.egg-info

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Install the system packages stepfs needs (Debian/Ubuntu, as root):
+# libfuse3 + fusermount3 (fuse3), and the programs the tests drive (git,
+# sqlite3, rsync, gcc/make). Used by `make deps`, by the Docker image and by
+# CI, so there is exactly one list. Idempotent and quiet when all is present.
+set -euo pipefail
+
+PACKAGES=(fuse3 libfuse3-3 git sqlite3 rsync make gcc python3-venv)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "stepfs: missing system packages: ${missing[*]}; run 'sudo $0' or install them with apt." >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine may have no package lists yet: install, and on failure
+# update the lists once and try again.
+if ! apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1; then
+  apt-get update -q >/dev/null
+  apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+echo "installed: ${missing[*]}"

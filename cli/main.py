@@ -67,8 +67,8 @@ def cmd_mount(args) -> int:
         from overlayfs import daemon
 
         manage.check_mount_args(args.workspace, args.mountpoint)
-        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug)
-    pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug)
+        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
+    pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})")
@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("mountpoint")
     sp.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C unmounts")
     sp.add_argument("--debug", action="store_true", help="log every FUSE call to the daemon log")
+    sp.add_argument("--require-read", action="store_true",
+                    help="refuse (EACCES) writing an existing file the agent never read")
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")

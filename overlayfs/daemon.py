@@ -54,7 +54,8 @@ def daemon_alive(run_dir: str, mountpoint: str) -> int | None:
         os.close(fd)
 
 
-def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False) -> int:
+def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
+          require_read: bool = False) -> int:
     from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
@@ -68,7 +69,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
 
-    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""))
+    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read)
 
     def handle(req: dict) -> dict:
         op = req.get("op")
@@ -111,11 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mountpoint")
     parser.add_argument("--ready-fd", type=int)
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--require-read", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug)
+        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read)
     except Exception as exc:  # reported to the parent through the log file
         log.exception("daemon failed")
         print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)

@@ -55,3 +55,11 @@ class Reserved(ViewError):
 
 class NameTooLong(Invalid):
     """A name component longer than 255 bytes."""
+
+
+class Stale(ViewError):
+    """The path changed since this agent observed it or opened it (ESTALE)."""
+
+
+class NotObserved(ViewError):
+    """``--require-read``: writing an existing file this agent never read."""

@@ -32,6 +32,7 @@ import mfusepy  # noqa: E402  (needs the environment variable above)
 from store.errors import CorruptObject, StepfsError  # noqa: E402
 
 from . import errors as view_errors  # noqa: E402
+from .agents import Agents  # noqa: E402
 from .view import Overlay  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
@@ -53,6 +54,10 @@ ERRNO: dict[type, int] = {
     view_errors.BadHandle: errno.EBADF,
     # Creating '.stepfs' at the root: the name exists (hidden) already.
     view_errors.Reserved: errno.EEXIST,
+    # The version-token refusals (DESIGN.md semantics 3 and 4).
+    view_errors.Stale: errno.ESTALE,
+    # --require-read: permission to write is earned by reading first.
+    view_errors.NotObserved: errno.EACCES,
     CorruptObject: errno.EIO,
 }
 
@@ -101,6 +106,11 @@ class StepFS(mfusepy.Operations):
     def __init__(self, view: Overlay, on_ready=None):
         self.view = view
         self.on_ready = on_ready
+        self.agents = Agents(view.default_agent)
+
+    def _agent(self) -> str:
+        """The calling process's agent (pid from the FUSE request)."""
+        return self.agents.of(mfusepy.fuse_get_context()[2])
 
     def init(self, path):
         if self.on_ready is not None:
@@ -111,7 +121,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def getattr(self, path, fh=None):
-        return self.view.getattr(path, fh.fh if fh is not None else None)
+        return self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
 
     @_translating
     def readdir(self, path, fh):
@@ -123,23 +133,23 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def mkdir(self, path, mode):
-        self.view.mkdir(path, mode, owner=_owner())
+        self.view.mkdir(path, mode, owner=_owner(), agent=self._agent())
 
     @_translating
     def rmdir(self, path):
-        self.view.rmdir(path)
+        self.view.rmdir(path, agent=self._agent())
 
     @_translating
     def unlink(self, path):
-        self.view.unlink(path)
+        self.view.unlink(path, agent=self._agent())
 
     @_translating
     def symlink(self, target, source):
-        self.view.symlink(target, source, owner=_owner())
+        self.view.symlink(target, source, owner=_owner(), agent=self._agent())
 
     @_translating
     def rename(self, old, new, flags=0):
-        self.view.rename(old, new, flags)
+        self.view.rename(old, new, flags, agent=self._agent())
 
     @_translating
     def link(self, target, source):
@@ -159,18 +169,20 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def truncate(self, path, length, fh=None):
-        self.view.truncate(path, length, fh.fh if fh is not None else None)
+        self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
     @_translating
     def open(self, path, fi):
-        fi.fh = self.view.open(path, fi.flags)
-        if path.startswith("/.stepfs/"):
-            fi.direct_io = 1  # generated content: its size changes between opens
+        fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+        # Generated .stepfs files and named agents' handles bypass the page
+        # cache (see content.py: the cache is shared by all agents).
+        fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
     @_translating
     def create(self, path, mode, fi):
-        fi.fh = self.view.create(path, mode, fi.flags, owner=_owner())
+        fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
+        fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
     @_translating

@@ -91,7 +91,7 @@ def check_mount_args(workspace: str, mountpoint: str) -> tuple[str, str]:
     return ws, mp
 
 
-def mount(workspace: str, mountpoint: str, debug: bool = False) -> int:
+def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  Raises a StepfsError with the reason otherwise."""
     ws_path, mp = check_mount_args(workspace, mountpoint)
@@ -102,6 +102,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False) -> int:
         cmd = [sys.executable, "-m", "overlayfs.daemon", ws_path, mp, "--ready-fd", str(write_end)]
         if debug:
             cmd.append("--debug")
+        if require_read:
+            cmd.append("--require-read")
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},

@@ -3,8 +3,8 @@
 :class:`Upper` maps view paths (``"/a/b"``, surrogate-escaped ``str`` as
 FUSE hands them over) to :class:`Node` objects, and keeps a parent -> names
 index so a directory listing costs what that directory holds.  A node is one
-of: a file (content in a scratch file while it is being worked on, and as an
-object id once staged), a directory (``opaque`` hides the workspace directory
+of: a file (its published content as an object id; drafts being written
+live in ``content.Draft``), a directory (``opaque`` hides the workspace directory
 of the same path), a symlink, or a whiteout (the path is deleted).
 
 Invariants:
@@ -44,7 +44,7 @@ class Node:
 
     __slots__ = (
         "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
-        "base", "scratch", "ino", "uid", "gid", "staged", "dirty", "opens",
+        "base", "scratch", "ino", "uid", "gid", "staged", "gen",
     )
 
     def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
@@ -61,13 +61,14 @@ class Node:
         self.target = target
         self.opaque = opaque
         self.base = base
-        self.scratch: str | None = None  # path of the working copy, if any
+        # An immutable cache of the published content (files only): replaced,
+        # never rewritten, on each publish, so open readers keep a snapshot.
+        self.scratch: str | None = None
         self.ino = ino
         self.uid = uid
         self.gid = gid
         self.staged = False  # a row exists in the store
-        self.dirty = False  # scratch differs from oid
-        self.opens = 0  # open handles
+        self.gen = 0  # bumped on every change; part of the version token
 
     def row(self, path: str) -> StagedRow:
         return StagedRow(

@@ -32,14 +32,15 @@ import os
 import stat as stat_mod
 import threading
 import time
-from dataclasses import dataclass
 
 from store import publish, staging, tokens
 from store.errors import NothingToCommit
 from store.workspace import Workspace
 
+from .agents import DEFAULT
+from .content import ContentMixin, Draft, Handle
 from .errors import (
-    BadHandle, Exists, Invalid, IsADirectory, NameTooLong, NotADirectory, NotEmpty, NotFound, ReadOnly,
+    Exists, Invalid, IsADirectory, NameTooLong, NotADirectory, NotEmpty, NotFound, ReadOnly,
     Reserved, Unsupported,
 )
 from .metatree import MetaTree, is_meta
@@ -52,49 +53,23 @@ RENAME_EXCHANGE = 2
 SYNTHETIC_INO_BASE = 1 << 62
 
 
-@dataclass
-class Handle:
-    """An open file.  ``fd`` reads the workspace file (``node is None``) or
-    the node's scratch file; ``data`` serves virtual files."""
-
-    path: str
-    fd: int
-    node: Node | None
-    writable: bool
-    wrote: bool = False
-    data: bytes | None = None
-
-
-def _sparse_copy(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes, leaving holes where the source has them."""
-    pos = 0
-    while pos < size:
-        try:
-            data_start = os.lseek(src, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole remains
-                break
-            raise
-        hole = os.lseek(src, data_start, os.SEEK_HOLE)
-        off = data_start
-        while off < hole:
-            n = os.copy_file_range(src, dst, hole - off, off, off)
-            if n == 0:
-                break
-            off += n
-        pos = hole
-    os.ftruncate(dst, size)
-
-
-class Overlay:
+class Overlay(ContentMixin):
     """The merged view of ``ws`` for the open step of ``mountpoint``."""
 
-    def __init__(self, ws: Workspace, mountpoint: str, agent: str = ""):
+    def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False):
         self.ws = ws
         self.root = ws.root
         self.mountpoint = mountpoint
         self.agent = agent
+        self.default_agent = DEFAULT
+        self.require_read = require_read
         self.lock = threading.RLock()
+        self.epoch = time.time_ns()  # makes upper tokens unique across daemon runs
+        self._gen = itertools.count(1)
+        self.drafts: dict[tuple[str, str], Draft] = {}
+        self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
+        self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
+        self.last_errors: dict[str, str] = {}
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
         self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
@@ -106,12 +81,13 @@ class Overlay:
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
         self._scratch_seq = itertools.count(1)
-        self.last_error: str | None = None
         self.readonly_reason: str | None = None
         self.meta = MetaTree(self)
         with ws.db.read() as conn:
             for row in staging.load(conn, self.step):
-                self.upper.set(view_path(row.path), Node.from_row(row, next(self._ino)))
+                node = Node.from_row(row, next(self._ino))
+                self._bump(node)
+                self.upper.set(view_path(row.path), node)
 
     # -- resolution ---------------------------------------------------------
 
@@ -228,53 +204,6 @@ class Overlay:
                 pass
             node.scratch = None
 
-    def _copy_up(self, path: str) -> Node:
-        """The file node of ``path`` with a scratch file, copying the
-        workspace file up on first use."""
-        node, st = self._resolve(path)
-        if node is not None:
-            if node.kind == "dir":
-                raise IsADirectory(path)
-            if node.kind != "file":
-                raise Invalid(path)
-            self._materialize(node)
-            return node
-        if stat_mod.S_ISDIR(st.st_mode):
-            raise IsADirectory(path)
-        if not stat_mod.S_ISREG(st.st_mode):
-            raise Invalid(path)
-        src = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-        scratch = self._new_scratch()
-        try:
-            st = os.fstat(src)
-            dst = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-            try:
-                _sparse_copy(src, dst, st.st_size)
-                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            finally:
-                os.close(dst)
-        finally:
-            os.close(src)
-        node = Node("file", st.st_mode, base=tokens.from_stat(st), ino=st.st_ino, size=st.st_size,
-                    mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
-        node.scratch = scratch
-        self.upper.set(path, node)
-        return node
-
-    def _stage_content(self, path: str, node: Node) -> None:
-        """Store the scratch file as an object and write the staged row."""
-        fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            with self.ws.db.write() as conn:
-                node.oid, node.size = self.ws.objects.put_fd(conn, fd)
-                node.mtime_ns = st.st_mtime_ns
-                staging.put(conn, self.step, node.row(path))
-        finally:
-            os.close(fd)
-        node.staged = True
-        node.dirty = False
-
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
         a scratch file: files are stored as an object once)."""
@@ -302,11 +231,35 @@ class Overlay:
             raise Unsupported(path)
         node.atime_ns = st.st_atime_ns
         node.ctime_ns = st.st_ctime_ns
+        self._bump(node)
         self.upper.set(path, node)
+        self._retoken(path, base, self.node_token(node))
         return node
 
-    def _remove(self, path: str) -> None:
-        """Make ``path`` (and everything below it) absent in the view."""
+    def _retoken(self, path: str, old: str, new: str) -> None:
+        """Same content, new token representation (copy-up for a metadata
+        change): nobody's observation of the old version goes stale."""
+        for seen in self.observed.values():
+            tok = seen.get(path)
+            if tok is not None and tok.partition(tokens.HASH_SEP)[0] == old:
+                seen[path] = new
+        for (_a, p), d in self.drafts.items():
+            if p == path and d.base.partition(tokens.HASH_SEP)[0] == old:
+                d.base = new
+
+    def _remove(self, path: str, agent: str | None = None) -> None:
+        """Make ``path`` (and everything below it) absent in the view.  The
+        acting agent's own drafts there are detached (its open descriptors
+        keep working, POSIX-style); other agents' drafts lose at their close."""
+        if agent is not None:
+            prefix = path + "/"
+            for (a, p), d in list(self.drafts.items()):
+                if a == agent and (p == path or p.startswith(prefix)):
+                    d.detached = True
+                    if d.opens == 0:
+                        self._discard_draft(d)
+                    else:
+                        del self.drafts[(a, p)]
         node = self.upper.get(path)
         base = node.base if node is not None else self._lower_token(path)
         below = self.upper.below(path)
@@ -320,18 +273,28 @@ class Overlay:
             self._persist(trees=[path])
 
     def _detach(self, path: str, node: Node | None) -> None:
-        """A node leaves the tree; its scratch lives on while handles use it."""
-        if node is not None and node.opens == 0:
+        """A node leaves the tree; open readers keep its scratch through their fds."""
+        if node is not None:
             self._drop_scratch(node)
 
     # -- attributes ---------------------------------------------------------
 
-    def getattr(self, path: str, fh: int | None = None) -> dict:
+    def getattr(self, path: str, fh: int | None = None, agent=DEFAULT) -> dict:
+        """Attributes as the calling agent sees them.  ``agent`` may be a
+        callable: it is only asked when the path has open drafts, keeping
+        the hot path free of /proc reads."""
         with self.lock:
-            if fh is not None and fh in self.handles and self.handles[fh].node is not None:
-                return self._stat_node(self.handles[fh].node)
+            h = self.handles.get(fh) if fh is not None else None
+            if h is not None and h.draft is not None:
+                return self._stat_draft(h.draft, self.upper.get(h.path))
+            if h is not None and h.node is not None:
+                return self._stat_node(h.node)
             if is_meta(path):
                 return self.meta.getattr(path)
+            if path in self.open_drafts:
+                d = self.drafts.get((agent() if callable(agent) else agent, path))
+                if d is not None and d.opens > 0:
+                    return self._stat_draft(d, self.upper.get(path))
             node, st = self._resolve(path)
             if node is None:
                 return self._stat_lower(path, st)
@@ -356,9 +319,7 @@ class Overlay:
             "st_blocks": (node.size + 511) // 512, "st_blksize": 4096,
         }
         if node.kind == "file" and node.scratch is not None:
-            st = os.stat(node.scratch)
-            out.update(st_size=st.st_size, st_blocks=st.st_blocks, st_atime=st.st_atime_ns,
-                       st_mtime=st.st_mtime_ns, st_ctime=max(st.st_ctime_ns, node.ctime_ns))
+            out["st_blocks"] = os.stat(node.scratch).st_blocks  # holes stay holes
         elif node.kind == "dir":
             out.update(st_size=4096, st_blocks=8)
         elif node.kind == "symlink":
@@ -396,13 +357,12 @@ class Overlay:
             atime, mtime = times if times is not None else (self.UTIME_NOW, self.UTIME_NOW)
             new_a = node.atime_ns if atime == self.UTIME_OMIT else now if atime == self.UTIME_NOW else atime
             new_m = node.mtime_ns if mtime == self.UTIME_OMIT else now if mtime == self.UTIME_NOW else mtime
-            if node.kind == "file" and node.scratch is not None:
-                st = os.stat(node.scratch)
-                if atime == self.UTIME_OMIT:
-                    new_a = st.st_atime_ns
-                if mtime == self.UTIME_OMIT:
-                    new_m = st.st_mtime_ns
-                os.utime(node.scratch, ns=(new_a, new_m))
+            # Open drafts of the path carry the times their handles report.
+            for (_agent, p), d in self.drafts.items():
+                if p == path:
+                    st = os.stat(d.scratch)
+                    os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
+                                            st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self._persist(puts=[path])
 
@@ -453,7 +413,7 @@ class Overlay:
         if len(os.fsencode(parent_name(path)[1])) > 255:
             raise NameTooLong(path)
 
-    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None) -> None:
+    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_writable(path)
             self._check_new_name(path)
@@ -467,10 +427,12 @@ class Overlay:
                         opaque=True, uid=os.getuid(), gid=os.getgid())
             if owner is not None:
                 node.uid, node.gid = owner
+            self._bump(node)
             self.upper.set(path, node)
             self._persist(puts=[path])
+            self.observe(agent, path, self.node_token(node))
 
-    def rmdir(self, path: str) -> None:
+    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_writable(path)
             if path == "/":
@@ -480,19 +442,20 @@ class Overlay:
                 raise NotADirectory(path)
             if not self._is_empty_dir(path):
                 raise NotEmpty(path)
-            self._remove(path)
+            self._remove(path, agent)
 
     # -- names ------------------------------------------------------------------
 
-    def unlink(self, path: str) -> None:
+    def unlink(self, path: str, agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_writable(path)
             node, st = self._resolve(path)
             if self._kind(node, st) == "dir":
                 raise IsADirectory(path)
-            self._remove(path)
+            self._remove(path, agent)
 
-    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None) -> None:
+    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
+                agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_writable(path)
             self._check_new_name(path)
@@ -504,8 +467,10 @@ class Overlay:
                         target=data, size=len(data))
             if owner is not None:
                 node.uid, node.gid = owner
+            self._bump(node)
             self.upper.set(path, node)
             self._persist(puts=[path])
+            self.observe(agent, path, self.node_token(node))
 
     def readlink(self, path: str) -> str:
         with self.lock:
@@ -518,7 +483,7 @@ class Overlay:
                 return os.fsdecode(node.target)
             return os.fsdecode(self.root.readlink(rel(path)))
 
-    def rename(self, old: str, new: str, flags: int = 0) -> None:
+    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_writable(old)
             self._check_writable(new)
@@ -550,14 +515,38 @@ class Overlay:
                 if src_kind == "special":
                     raise Unsupported(old)
                 self._rename_leaf(old, new)
+            self._moved(agent, old, new)
+
+    def _moved(self, agent: str, old: str, new: str) -> None:
+        """The acting agent's drafts, handles and observations follow a
+        rename; other agents' stay at the old path and lose at their close."""
+        prefix = old + "/"
+        for (a, path), d in list(self.drafts.items()):
+            if a == agent and (path == old or path.startswith(prefix)):
+                del self.drafts[(a, path)]
+                d.path = new + path[len(old):]
+                d.base = self.current_token(d.path)[0]
+                self.drafts[(a, d.path)] = d
+                if d.opens:
+                    self.open_drafts[path] = self.open_drafts.get(path, 1) - d.opens
+                    if self.open_drafts[path] <= 0:
+                        del self.open_drafts[path]
+                    self.open_drafts[d.path] = self.open_drafts.get(d.path, 0) + d.opens
+        for h in self.handles.values():
+            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
+                h.path = new + h.path[len(old):]
+        seen = self.observed.get(agent, {})
+        for path in [p for p in seen if p == old or p.startswith(prefix)]:
+            del seen[path]
+        self.observe(agent, new, self.current_token(new)[0])
 
     def _take_leaf(self, path: str) -> Node:
-        """A detached copy-up of a file or symlink, its content staged."""
+        """The published node of a file or symlink, copied up if needed.
+        (Drafts are not published by a rename: they follow it and publish
+        at their own close.)"""
         node = self.upper.get(path)
         if node is None:
             return self._node_for_meta(path)
-        if node.kind == "file" and node.dirty:
-            self._stage_content(path, node)
         return node
 
     def _rename_leaf(self, old: str, new: str) -> None:
@@ -570,11 +559,9 @@ class Overlay:
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
         node.base = new_base
         node.ctime_ns = time.time_ns()
+        self._bump(node)
         self.upper.set(new, node)
         self._persist(puts=[new] + ([old] if old_lower else []), removes=[] if old_lower else [old])
-        for h in self.handles.values():
-            if h.path == old:
-                h.path = new
 
     def _rename_dir(self, old: str, new: str) -> None:
         """Move a directory: every path below it is staged at its new place
@@ -599,159 +586,13 @@ class Overlay:
         for suffix, node in subtree:
             dest = new + suffix
             node.base = self._base_for(dest)
+            self._bump(node)
             self.upper.set(dest, node)
             puts.append(dest)
         self._persist(puts=puts)
-        for h in self.handles.values():
-            if h.path == old or h.path.startswith(old + "/"):
-                h.path = new + h.path[len(old):]
 
     def link(self, path: str, target: str) -> None:
         raise Unsupported("hard links")
-
-    # -- files ------------------------------------------------------------------
-
-    def open(self, path: str, flags: int) -> int:
-        with self.lock:
-            if is_meta(path):
-                if flags & os.O_ACCMODE != os.O_RDONLY:
-                    raise ReadOnly(path)
-                entry = self.meta.entry(path)
-                if entry.kind == "dir":
-                    raise IsADirectory(path)
-                return self._add_handle(Handle(path, -1, None, False, data=entry.data))
-            writable = flags & os.O_ACCMODE != os.O_RDONLY
-            if writable or flags & os.O_TRUNC:
-                self._check_writable(path)
-                node = self._copy_up(path)
-                fd = os.open(node.scratch, os.O_RDWR | os.O_CLOEXEC | (flags & os.O_APPEND))
-                h = Handle(path, fd, node, True)
-                if flags & os.O_TRUNC:
-                    os.ftruncate(fd, 0)
-                    node.dirty = True
-                    h.wrote = True
-                node.opens += 1
-                return self._add_handle(h)
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
-                raise IsADirectory(path)
-            if node is not None:
-                self._materialize(node)
-                node.opens += 1
-                return self._add_handle(Handle(path, os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC), node, False))
-            return self._add_handle(Handle(path, self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW), None, False))
-
-    def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None) -> int:
-        with self.lock:
-            self._check_writable(path)
-            self._check_new_name(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
-                if flags & os.O_EXCL:
-                    raise Exists(path)
-                return self.open(path, flags & ~os.O_CREAT)
-            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino), uid=os.getuid(), gid=os.getgid())
-            if owner is not None:
-                node.uid, node.gid = owner
-            node.scratch = self._new_scratch()
-            fd = os.open(node.scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (flags & os.O_APPEND), 0o600)
-            node.dirty = True  # a new file is a change even if nothing is written
-            node.opens += 1
-            self.upper.set(path, node)
-            h = Handle(path, fd, node, True, wrote=True)
-            return self._add_handle(h)
-
-    def _add_handle(self, h: Handle) -> int:
-        fh = next(self._fh)
-        self.handles[fh] = h
-        return fh
-
-    def _handle(self, fh: int) -> Handle:
-        try:
-            return self.handles[fh]
-        except KeyError:
-            raise BadHandle(str(fh)) from None
-
-    def read(self, fh: int, size: int, offset: int) -> bytes:
-        with self.lock:
-            h = self._handle(fh)
-            if h.data is not None:
-                return h.data[offset:offset + size]
-            if h.node is None:
-                # Another handle of this agent may have copied the file up
-                # since this one was opened: read the staged copy (POSIX).
-                node = self.upper.get(h.path)
-                if node is not None and node.kind == "file":
-                    self._materialize(node)
-                    os.close(h.fd)
-                    h.fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                    h.node = node
-                    node.opens += 1
-            return os.pread(h.fd, size, offset)
-
-    def write(self, fh: int, data: bytes, offset: int) -> int:
-        with self.lock:
-            h = self._handle(fh)
-            if not h.writable:
-                raise BadHandle(str(fh))
-            n = os.pwrite(h.fd, data, offset)
-            h.wrote = True
-            h.node.dirty = True
-            return n
-
-    def truncate(self, path: str, length: int, fh: int | None = None) -> None:
-        with self.lock:
-            self._check_writable(path)
-            if fh is not None and fh in self.handles and self.handles[fh].writable:
-                h = self.handles[fh]
-                os.ftruncate(h.fd, length)
-                h.wrote = True
-                h.node.dirty = True
-                return
-            node = self._copy_up(path)
-            fd = os.open(node.scratch, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                os.ftruncate(fd, length)
-            finally:
-                os.close(fd)
-            # No close will follow a path truncate: stage it now.
-            self._stage_content(path, node)
-
-    def flush(self, fh: int) -> None:
-        """The close of a descriptor: stage what this handle wrote."""
-        with self.lock:
-            h = self._handle(fh)
-            if h.writable and h.wrote and h.node is not None and h.node.dirty and self.upper.get(h.path) is h.node:
-                self._stage_content(h.path, h.node)
-            h.wrote = False
-
-    def fsync(self, fh: int, datasync: bool) -> None:
-        with self.lock:
-            h = self._handle(fh)
-            if h.writable and h.node is not None and h.node.dirty and self.upper.get(h.path) is h.node:
-                self._stage_content(h.path, h.node)
-
-    def release(self, fh: int) -> None:
-        with self.lock:
-            h = self.handles.pop(fh, None)
-            if h is None:
-                return
-            if h.fd >= 0:
-                os.close(h.fd)
-            node = h.node
-            if node is None:
-                return
-            node.opens -= 1
-            attached = self.upper.get(h.path) is node
-            if attached and node.dirty and node.opens == 0:
-                self._stage_content(h.path, node)  # writes after the last flush (mmap)
-            if node.opens == 0 and (not attached or not node.staged):
-                # Unlinked while open, or copied up but never changed: the
-                # workspace (or nothing) is the truth again.
-                if attached:
-                    self.upper.pop(h.path)
-                self._drop_scratch(node)
 
     # -- the step ---------------------------------------------------------------
 
@@ -775,8 +616,8 @@ class Overlay:
                overwrite: set[bytes] = frozenset()) -> int:
         """Commit the open step as the next layer (see ``store.publish``).
 
-        Files still open for writing keep their scratch copies and are
-        staged again at their next close, against the new workspace state.
+        Drafts still open for writing stay open and publish at their next
+        close, against the new workspace state.
         """
         with self.lock:
             try:
@@ -791,31 +632,37 @@ class Overlay:
             return number
 
     def _after_commit(self) -> None:
+        """The workspace now holds every staged node: drop them, and carry
+        tokens over so nobody's observation goes stale by our own commit."""
+        renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
-            if node.opens:
-                node.staged = False
-                node.base = self._lower_token(path)
-            else:
-                self.upper.pop(path)
-                self._drop_scratch(node)
+            if not node.staged:
+                continue  # created but not yet closed: not part of the layer
+            old = self.node_token(node)
+            self.upper.pop(path)
+            self._drop_scratch(node)
+            new, st, _digest = self.current_token(path)
+            if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
+                new = tokens.with_hash(new, node.oid.split(".", 1)[0])
+            renamed[path] = (old, new)
+        for seen in self.observed.values():
+            for path, (old, new) in renamed.items():
+                if seen.get(path) == old:
+                    seen[path] = new
+        for d in self.drafts.values():
+            if d.path in renamed and d.base == renamed[d.path][0]:
+                d.base = renamed[d.path][1]
+                d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
 
     def status_text(self) -> str:
+        """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
         lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]
         if self.readonly_reason:
             lines.append(f"read-only: {self.readonly_reason}")
-        if self.last_error:
-            lines.append(f"last error: {self.last_error}")
+        for agent, error in sorted(self.last_errors.items()):
+            lines.append(f"last error ({agent}): {error}")
         staged = self.staged_paths()
         lines.append(f"staged: {len(staged)}")
         lines += [f"  {op} {path}" for op, path in staged]
         return "\n".join(lines) + "\n"
-
-    def close(self) -> None:
-        """Stage what is still dirty and close every handle (unmount)."""
-        with self.lock:
-            for fh in list(self.handles):
-                h = self.handles[fh]
-                if h.writable and h.node is not None and h.node.dirty and self.upper.get(h.path) is h.node:
-                    self._stage_content(h.path, h.node)
-                self.release(fh)

@@ -33,3 +33,34 @@ def from_stat(st: os.stat_result | None, target: bytes | None = None) -> str:
     if stat_mod.S_ISLNK(mode):
         return f"link:{(target or b'').hex()}"
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+#: A stat taken less than this after the file's last change may not see a
+#: rewrite of the same size within the same timestamp tick ("racy git");
+#: tokens taken inside the window carry a content hash as well.
+RACY_WINDOW_NS = 2_000_000_000
+HASH_SEP = "#"
+
+
+def is_racy(st: os.stat_result, now_ns: int) -> bool:
+    return stat_mod.S_ISREG(st.st_mode) and now_ns - max(st.st_ctime_ns, st.st_mtime_ns) < RACY_WINDOW_NS
+
+
+def with_hash(token: str, digest: str) -> str:
+    return f"{token}{HASH_SEP}{digest}"
+
+
+def same(recorded: str, current: str, current_digest) -> bool:
+    """Whether a path still has the version ``recorded``.
+
+    ``current`` is the path's token now *without* a hash; ``current_digest``
+    computes the content hash on demand.  A recorded token without a hash was
+    taken outside the racy window, so any later change moved its ctime and
+    plain equality decides; one with a hash needs equal stat fields *and*
+    equal content.
+    """
+    rec_stat, sep, rec_digest = recorded.partition(HASH_SEP)
+    cur_stat = current.partition(HASH_SEP)[0]
+    if rec_stat != cur_stat:
+        return False
+    return not sep or current_digest() == rec_digest

@@ -1,0 +1,534 @@
+"""File content in the view: drafts, handles, version tokens (FUSE-free).
+
+This is the half of :class:`overlayfs.view.Overlay` that deals with open
+files; ``view.py`` holds the namespace half.  Both run under the view's one
+lock.
+
+Model
+-----
+* The **published** state of a path is what every agent sees: an upper
+  ``Node`` (content = object ``oid``; ``scratch`` is an immutable cache of it,
+  replaced, never rewritten, on each publish) or the workspace file.
+* An agent that opens a path for writing gets a **draft**: its own working
+  copy (a scratch file).  All handles of one agent share the draft (POSIX
+  visibility inside an agent); another agent writing the same path gets its
+  own draft, so exactly one of them wins.
+* **Version tokens** identify published versions: ``u:<epoch>:<gen>`` for an
+  upper node (``gen`` changes on every publish or metadata change),
+  ``store.tokens.from_stat`` for a workspace path (plus a content hash when
+  the stat is inside the racy window), ``absent``.  Tokens are compared only
+  with :func:`store.tokens.same`.
+* Every open records the published token in the agent's **observation
+  registry**.  Opening for writing fails with ``Stale`` if the path moved on
+  since the agent last observed it (read it again to refresh).
+* The close after writing (``flush``) is the **compare-and-swap**: the draft's
+  base token must still be the path's token; then the draft is published
+  (stored as an object, staged row written, new token).  Otherwise the close
+  fails with ``Stale``, the path keeps the other writer's content, and the
+  draft's bytes are kept as a conflict object.  The decision is made once per
+  batch of writes and repeated by every later flush of the same handle
+  (``dup``, ``fork``), because ``release``'s result is ignored by the kernel.
+* A rewrite whose content equals the published content publishes nothing and
+  changes no token.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat as stat_mod
+import time
+from dataclasses import dataclass, field
+
+import xxhash
+
+from store import schema, staging, tokens
+
+from .agents import DEFAULT
+from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
+from .metatree import is_meta
+from .upper import Node, parent_name, rel
+
+log = logging.getLogger("stepfs.view")
+
+
+@dataclass(eq=False)
+class Draft:
+    """One agent's working copy of one path."""
+
+    agent: str
+    path: str
+    scratch: str
+    base: str  # the published token this draft starts from / last published
+    node_base: str  # workspace token for a node created when publishing
+    mode: int
+    ino: int
+    uid: int
+    gid: int
+    opens: int = 0
+    dirty: bool = False
+    stale: bool = False  # a close already lost the compare-and-swap
+    detached: bool = False  # unlinked by its own agent: closes succeed, bytes go nowhere
+
+
+@dataclass(eq=False)
+class Handle:
+    """An open file: ``fd`` reads the draft, the published scratch, or the
+    workspace file; ``data`` serves files of the ``.stepfs`` tree."""
+
+    path: str
+    fd: int
+    agent: str
+    writable: bool
+    draft: Draft | None = None
+    node: Node | None = None
+    wrote: bool = False
+    result: str | None = None  # last compare-and-swap decision: "ok" | "stale"
+    data: bytes | None = None
+    direct: bool = False
+
+
+def sparse_copy(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes, leaving holes where the source has them."""
+    pos = 0
+    while pos < size:
+        try:
+            data_start = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole remains
+                break
+            raise
+        hole = os.lseek(src, data_start, os.SEEK_HOLE)
+        off = data_start
+        while off < hole:
+            n = os.copy_file_range(src, dst, hole - off, off, off)
+            if n == 0:
+                break
+            off += n
+        pos = hole
+    os.ftruncate(dst, size)
+
+
+def _same_bytes(a: int, b: int) -> bool:
+    if os.fstat(a).st_size != os.fstat(b).st_size:
+        return False
+    off = 0
+    while True:
+        x, y = os.pread(a, 1 << 20, off), os.pread(b, 1 << 20, off)
+        if x != y:
+            return False
+        if not x:
+            return True
+        off += len(x)
+
+
+class ContentMixin:
+    """Drafts, handles and tokens; mixed into ``Overlay`` (see module doc)."""
+
+    # -- tokens -------------------------------------------------------------
+
+    def node_token(self, node: Node) -> str:
+        if node.kind == "whiteout":
+            return tokens.ABSENT
+        return f"u:{self.epoch}:{node.gen}"
+
+    def _lower_digest(self, path: str) -> str:
+        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            h = xxhash.xxh3_128()
+            off = 0
+            while True:
+                data = os.pread(fd, 1 << 20, off)
+                if not data:
+                    return h.hexdigest()
+                h.update(data)
+                off += len(data)
+        finally:
+            os.close(fd)
+
+    def current_token(self, path: str):
+        """``(token without hash, stat or None, digest())`` of ``path`` now."""
+        try:
+            node, st = self._resolve(path)
+        except NotFound:
+            return tokens.ABSENT, None, lambda: ""
+        if node is not None:
+            return self.node_token(node), None, lambda: ""
+        target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
+        return tokens.from_stat(st, target), st, lambda: self._lower_digest(path)
+
+    def record_token(self, path: str) -> str:
+        """A token worth remembering: hashed when taken inside the racy window."""
+        tok, st, digest = self.current_token(path)
+        if st is not None and tokens.is_racy(st, time.time_ns()):
+            return tokens.with_hash(tok, digest())
+        return tok
+
+    def still(self, recorded: str, path: str) -> bool:
+        tok, _st, digest = self.current_token(path)
+        return tokens.same(recorded, tok, digest)
+
+    def observe(self, agent: str, path: str, token: str) -> None:
+        self.observed.setdefault(agent, {})[path] = token
+
+    def _bump(self, node: Node) -> None:
+        node.gen = next(self._gen)
+
+    # -- drafts ---------------------------------------------------------------
+
+    def _new_draft(self, path: str, agent: str) -> Draft:
+        node, st = self._resolve(path)
+        if self._kind(node, st) == "dir":
+            raise IsADirectory(path)
+        if self._kind(node, st) != "file":
+            raise Invalid(path)
+        scratch = self._new_scratch()
+        dst = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            if node is not None:
+                if node.scratch is not None:
+                    src = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        sparse_copy(src, dst, os.fstat(src).st_size)
+                    finally:
+                        os.close(src)
+                elif node.oid is not None:
+                    with self.ws.db.read() as conn:
+                        self.ws.objects.write_to_fd(conn, node.oid, dst)
+                os.utime(dst, ns=(node.atime_ns, node.mtime_ns))
+                d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino,
+                          node.uid, node.gid)
+            else:
+                src = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                try:
+                    st = os.fstat(src)  # token and content from the same open file
+                    sparse_copy(src, dst, st.st_size)
+                    os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                finally:
+                    os.close(src)
+                base = tokens.from_stat(st)
+                recorded = base
+                if tokens.is_racy(st, time.time_ns()):
+                    recorded = tokens.with_hash(base, self._lower_digest(path))
+                d = Draft(agent, path, scratch, recorded, base, st.st_mode, st.st_ino, st.st_uid, st.st_gid)
+        except BaseException:
+            os.close(dst)
+            os.unlink(scratch)
+            raise
+        os.close(dst)
+        self.drafts[(agent, path)] = d
+        return d
+
+    def _discard_draft(self, d: Draft) -> None:
+        if self.drafts.get((d.agent, d.path)) is d:
+            del self.drafts[(d.agent, d.path)]
+        try:
+            os.unlink(d.scratch)
+        except FileNotFoundError:
+            pass
+
+    def _draft_for_write(self, path: str, agent: str) -> Draft:
+        """The agent's draft of ``path``, after the read-then-write check."""
+        seen = self.observed.get(agent, {}).get(path)
+        if seen is not None and not self.still(seen, path):
+            self._note_error(agent, path, "ESTALE at open for writing: the file changed since you last read it")
+            raise Stale(path)
+        if seen is None and self.require_read and self._exists(path):
+            self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
+            raise NotObserved(path)
+        d = self.drafts.get((agent, path))
+        if d is not None and d.opens == 0 and (d.stale or d.detached or not self.still(d.base, path)):
+            self._discard_draft(d)  # an idle copy of an outdated version
+            d = None
+        if d is None:
+            d = self._new_draft(path, agent)
+        self.observe(agent, path, d.base)
+        return d
+
+    def _open_drafts_add(self, d: Draft, n: int) -> None:
+        d.opens += n
+        count = self.open_drafts.get(d.path, 0) + n
+        if count > 0:
+            self.open_drafts[d.path] = count
+        else:
+            self.open_drafts.pop(d.path, None)
+
+    # -- publish and conflicts ---------------------------------------------------
+
+    def _close_write(self, d: Draft) -> str:
+        """The compare-and-swap; returns "ok" or "stale"."""
+        if d.stale:
+            return "stale"
+        if d.detached or not d.dirty:
+            d.dirty = False
+            return "ok"
+        tok, _st, digest = self.current_token(d.path)
+        if not tokens.same(d.base, tok, digest):
+            self._conflict(d, tok)
+            d.stale = True
+            d.dirty = False
+            return "stale"
+        self._publish(d)
+        return "ok"
+
+    def _publish(self, d: Draft) -> None:
+        node = self.upper.get(d.path)
+        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if node is None and self._lower_equals(d.path, fd):
+                d.dirty = False  # identical rewrite of a workspace file: nothing to stage
+                return
+            with self.ws.db.write() as conn:
+                oid, size = self.ws.objects.put_fd(conn, fd)
+                if node is not None and node.kind == "file" and node.oid == oid and node.staged:
+                    d.dirty = False  # identical rewrite: same content, same token
+                    return
+                if node is None or node.kind != "file":
+                    node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
+                                uid=d.uid, gid=d.gid)
+                    self.upper.set(d.path, node)
+                node.oid, node.size = oid, size
+                node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
+                node.ctime_ns = time.time_ns()
+                staging.put(conn, self.step, node.row(d.path))
+        finally:
+            os.close(fd)
+        node.staged = True
+        self._drop_scratch(node)  # readers of the old version keep their fds
+        self._bump(node)
+        d.dirty = False
+        d.base = self.node_token(node)
+        self.observe(d.agent, d.path, d.base)
+
+    def _lower_equals(self, path: str, fd: int) -> bool:
+        try:
+            node, st = self._resolve(path)
+        except NotFound:
+            return False
+        if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
+            return False
+        lower = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return _same_bytes(lower, fd)
+        finally:
+            os.close(lower)
+
+    def _conflict(self, d: Draft, theirs: str) -> None:
+        """Keep the losing bytes; nothing a user wrote is dropped silently."""
+        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with self.ws.db.write() as conn:
+                oid, _size = self.ws.objects.put_fd(conn, fd)
+                conn.execute(schema.conflicts.insert().values(
+                    created_ns=time.time_ns(), path=rel(d.path), mount=self.mountpoint, agent=d.agent,
+                    reason="stale-close", oid=oid, mode=stat_mod.S_IMODE(d.mode), token_mine=d.base,
+                    token_theirs=theirs,
+                ))
+        finally:
+            os.close(fd)
+        self._note_error(d.agent, d.path, "ESTALE at close: another writer changed the file after you opened it; "
+                                          f"your bytes are in .stepfs/conflicts{d.path}")
+        log.warning("stale close of %s by agent %s: kept as a conflict", d.path, d.agent)
+
+    def _note_error(self, agent: str, path: str, what: str) -> None:
+        self.last_errors[agent] = f"{path}: {what}; re-read the file, then retry"
+
+    # -- handles ------------------------------------------------------------------
+
+    def _add_handle(self, h: Handle) -> int:
+        fh = next(self._fh)
+        self.handles[fh] = h
+        return fh
+
+    def _handle(self, fh: int) -> Handle:
+        try:
+            return self.handles[fh]
+        except KeyError:
+            raise BadHandle(str(fh)) from None
+
+    def handle_direct_io(self, fh: int) -> bool:
+        h = self.handles.get(fh)
+        return h is not None and h.direct
+
+    def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
+        with self.lock:
+            if is_meta(path):
+                if flags & os.O_ACCMODE != os.O_RDONLY:
+                    raise ReadOnly(path)
+                entry = self.meta.entry(path)
+                if entry.kind == "dir":
+                    raise IsADirectory(path)
+                return self._add_handle(Handle(path, -1, agent, False, data=entry.data, direct=True))
+            # A named agent's handles bypass the page cache, which the kernel
+            # shares between all processes: without that, one agent could
+            # read another's unpublished writes out of the cache.
+            direct = agent != self.default_agent
+            writable = flags & os.O_ACCMODE != os.O_RDONLY
+            if writable or flags & os.O_TRUNC:
+                self._check_writable(path)
+                d = self._draft_for_write(path, agent)
+                fd = os.open(d.scratch, os.O_RDWR | os.O_CLOEXEC | (flags & os.O_APPEND))
+                h = Handle(path, fd, agent, True, draft=d, direct=direct)
+                if flags & os.O_TRUNC:
+                    os.ftruncate(fd, 0)
+                    d.dirty = h.wrote = True
+                self._open_drafts_add(d, 1)
+                return self._add_handle(h)
+            node, st = self._resolve(path)
+            if self._kind(node, st) == "dir":
+                raise IsADirectory(path)
+            d = self.drafts.get((agent, path))
+            if d is not None and d.opens == 0 and (d.stale or not self.still(d.base, path)):
+                self._discard_draft(d)
+                d = None
+            if d is not None:
+                h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct)
+                self._open_drafts_add(d, 1)
+                self.observe(agent, path, d.base)
+            elif node is not None:
+                self._materialize(node)
+                h = Handle(path, os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, node=node,
+                           direct=direct)
+                self.observe(agent, path, self.node_token(node))
+            else:
+                fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                h = Handle(path, fd, agent, False, direct=direct)
+                self.observe(agent, path, self.record_token(path))
+            return self._add_handle(h)
+
+    def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
+               agent: str = DEFAULT) -> int:
+        with self.lock:
+            self._check_writable(path)
+            self._check_new_name(path)
+            self._require_dir(parent_name(path)[0])
+            if self._exists(path):
+                if flags & os.O_EXCL:
+                    from .errors import Exists
+
+                    raise Exists(path)
+                return self.open(path, flags & ~os.O_CREAT, agent)
+            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
+                        ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
+                        gid=owner[1] if owner else os.getgid())
+            self._bump(node)
+            self.upper.set(path, node)  # unstaged until the first close publishes it
+            stale = self.drafts.get((agent, path))
+            if stale is not None:
+                self._discard_draft(stale)
+            scratch = self._new_scratch()
+            fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (flags & os.O_APPEND), 0o600)
+            d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid)
+            d.dirty = True  # a new file is a change even if nothing is written
+            self.drafts[(agent, path)] = d
+            self._open_drafts_add(d, 1)
+            self.observe(agent, path, d.base)
+            return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
+                                           direct=agent != self.default_agent))
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        with self.lock:
+            h = self._handle(fh)
+            if h.data is not None:
+                return h.data[offset:offset + size]
+            if h.draft is None:
+                # The same agent may have started a draft since this handle
+                # was opened: POSIX says it reads those bytes.
+                d = self.drafts.get((h.agent, h.path))
+                if d is not None and d.opens > 0 and not d.stale:
+                    os.close(h.fd)
+                    h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                    h.draft, h.node = d, None
+                    self._open_drafts_add(d, 1)
+            return os.pread(h.fd, size, offset)
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        with self.lock:
+            h = self._handle(fh)
+            if not h.writable:
+                raise BadHandle(str(fh))
+            n = os.pwrite(h.fd, data, offset)
+            h.wrote = True
+            h.draft.dirty = True
+            return n
+
+    def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
+        """``truncate(2)``, or ``ftruncate(2)`` (libfuse3's high-level API
+        through mfusepy does not pass the handle): a write plus its close."""
+        with self.lock:
+            self._check_writable(path)
+            if fh is not None and fh in self.handles and self.handles[fh].writable:
+                h = self.handles[fh]
+                os.ftruncate(h.fd, length)
+                h.wrote = True
+                h.draft.dirty = True
+                return
+            tmp = self.open(path, os.O_WRONLY, agent)
+            try:
+                os.ftruncate(self.handles[tmp].fd, length)
+                self.handles[tmp].wrote = True
+                self.handles[tmp].draft.dirty = True
+                self.flush(tmp)
+            finally:
+                self.release(tmp)
+
+    def flush(self, fh: int) -> None:
+        """The close of one descriptor (see the module doc for the CAS)."""
+        with self.lock:
+            h = self._handle(fh)
+            if h.draft is None or not h.writable:
+                return
+            if h.wrote:
+                h.wrote = False
+                h.result = self._close_write(h.draft)
+            if h.result == "stale" or (h.result is None and h.draft.stale):
+                raise Stale(h.path)
+
+    def fsync(self, fh: int, datasync: bool) -> None:
+        """Durability means staged in the store: the same decision as a close."""
+        self.flush(fh)
+
+    def release(self, fh: int) -> None:
+        """Never fails (the kernel ignores its result): a handle that still
+        wrote after its last flush is decided here and the outcome recorded."""
+        with self.lock:
+            h = self.handles.pop(fh, None)
+            if h is None:
+                return
+            if h.fd >= 0:
+                os.close(h.fd)
+            d = h.draft
+            if d is None:
+                return
+            if h.writable and h.wrote:
+                try:
+                    self._close_write(d)
+                except Exception:
+                    log.exception("publishing %s at release failed", d.path)
+            self._open_drafts_add(d, -1)
+            if d.opens == 0 and (d.stale or d.detached):
+                self._discard_draft(d)
+
+    def close(self) -> None:
+        """Decide every open handle (unmount)."""
+        with self.lock:
+            for fh in list(self.handles):
+                self.release(fh)
+
+    # -- attributes of open content ---------------------------------------------
+
+    def _stat_draft(self, d: Draft, node: Node | None) -> dict:
+        st = os.stat(d.scratch)
+        mode = node.mode if node is not None else d.mode
+        return {
+            "st_mode": stat_mod.S_IFREG | stat_mod.S_IMODE(mode), "st_ino": node.ino if node else d.ino,
+            "st_nlink": 1, "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
+            "st_size": st.st_size, "st_blocks": st.st_blocks, "st_blksize": 4096,
+            "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
+            "st_ctime": max(st.st_ctime_ns, node.ctime_ns if node else 0),
+        }
+
+
+__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy", "field"]

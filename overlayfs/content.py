@@ -348,6 +348,18 @@ class ContentMixin:
         except KeyError:
             raise BadHandle(str(fh)) from None
 
+    def _needs_direct_io(self, path: str, agent: str) -> bool:
+        """The kernel's page cache and size of an inode are shared by every
+        process: a named agent's handles bypass them, and so does the default
+        agent's while another agent has a draft of the path open, so nobody
+        reads another agent's unpublished bytes (or truncation) from the
+        cache.  The default agent alone keeps the cache (and shared mmap)."""
+        if agent != self.default_agent:
+            return True
+        if path in self.open_drafts:
+            return any(p == path and a != agent and d.opens for (a, p), d in self.drafts.items())
+        return False
+
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)
         return h is not None and h.direct
@@ -361,10 +373,7 @@ class ContentMixin:
                 if entry.kind == "dir":
                     raise IsADirectory(path)
                 return self._add_handle(Handle(path, -1, agent, False, data=entry.data, direct=True))
-            # A named agent's handles bypass the page cache, which the kernel
-            # shares between all processes: without that, one agent could
-            # read another's unpublished writes out of the cache.
-            direct = agent != self.default_agent
+            direct = self._needs_direct_io(path, agent)
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable or flags & os.O_TRUNC:
                 self._check_writable(path)
@@ -426,7 +435,7 @@ class ContentMixin:
             self._open_drafts_add(d, 1)
             self.observe(agent, path, d.base)
             return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
-                                           direct=agent != self.default_agent))
+                                           direct=self._needs_direct_io(path, agent)))
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:

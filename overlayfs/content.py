@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from store import schema, staging, tokens
+from store import xattrs as xattr_codec
 
 from .agents import DEFAULT
 from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
@@ -70,6 +71,7 @@ class Draft:
     dirty: bool = False
     stale: bool = False  # a close already lost the compare-and-swap
     detached: bool = False  # unlinked by its own agent: closes succeed, bytes go nowhere
+    xattrs: dict = field(default_factory=dict)  # of the workspace file it copies
 
 
 @dataclass(eq=False)
@@ -205,13 +207,15 @@ class ContentMixin:
                     st = os.fstat(src)  # token and content from the same open file
                     sparse_copy(src, dst, st.st_size)
                     os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+                    attrs = xattr_codec.read_fd(src)
                 finally:
                     os.close(src)
                 base = tokens.from_stat(st)
                 recorded = base
                 if tokens.is_racy(st, time.time_ns()):
                     recorded = tokens.with_hash(base, self._lower_digest(path))
-                d = Draft(agent, path, scratch, recorded, base, st.st_mode, st.st_ino, st.st_uid, st.st_gid)
+                d = Draft(agent, path, scratch, recorded, base, st.st_mode, st.st_ino, st.st_uid, st.st_gid,
+                          xattrs=attrs)
         except BaseException:
             os.close(dst)
             os.unlink(scratch)
@@ -288,6 +292,7 @@ class ContentMixin:
                 if node is None or node.kind != "file":
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
+                    node.xattrs = dict(d.xattrs)
                     self.upper.set(d.path, node)
                 node.oid, node.size = oid, size
                 node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
@@ -468,6 +473,11 @@ class ContentMixin:
         through mfusepy does not pass the handle): a write plus its close."""
         with self.lock:
             self._check_writable(path)
+            if path in self.hidden:
+                d = self.hidden[path][0]
+                if d is not None:
+                    os.truncate(d.scratch, length)
+                return
             if fh is not None and fh in self.handles and self.handles[fh].writable:
                 h = self.handles[fh]
                 os.ftruncate(h.fd, length)
@@ -533,7 +543,7 @@ class ContentMixin:
         mode = node.mode if node is not None else d.mode
         return {
             "st_mode": stat_mod.S_IFREG | stat_mod.S_IMODE(mode), "st_ino": node.ino if node else d.ino,
-            "st_nlink": 1, "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
+            "st_nlink": 0 if d.detached else 1, "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
             "st_size": st.st_size, "st_blocks": st.st_blocks, "st_blksize": 4096,
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
             "st_ctime": max(st.st_ctime_ns, node.ctime_ns if node else 0),

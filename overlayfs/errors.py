@@ -63,3 +63,11 @@ class Stale(ViewError):
 
 class NotObserved(ViewError):
     """``--require-read``: writing an existing file this agent never read."""
+
+
+class NoAttribute(ViewError):
+    """getxattr/removexattr of an attribute the path does not have."""
+
+
+class NotSupported(ViewError):
+    """An extended attribute outside the ``user.`` namespace."""

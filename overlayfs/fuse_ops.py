@@ -13,8 +13,10 @@ Choices (measured or forced, see README "Architecture"):
   slower for metadata work on two cores, and the view is one lock anyway.
 * no writeback cache: it would move writes after ``close``, where the
   version-token check lives.
-* ``hard_remove``: the view keeps unlinked-but-open files itself; libfuse's
-  ``.fuse_hidden`` renames would leak into the workspace.
+* no ``hard_remove``: with it libfuse answers ESTALE to ``fstat`` of a file
+  unlinked while open (the kernel sends no handle); instead libfuse renames
+  such a file to ``.fuse_hidden<N>``, which the view keeps out of the
+  namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
 """
@@ -58,6 +60,8 @@ ERRNO: dict[type, int] = {
     view_errors.Stale: errno.ESTALE,
     # --require-read: permission to write is earned by reading first.
     view_errors.NotObserved: errno.EACCES,
+    view_errors.NoAttribute: errno.ENODATA,
+    view_errors.NotSupported: errno.EOPNOTSUPP,
     CorruptObject: errno.EIO,
 }
 
@@ -212,6 +216,28 @@ class StepFS(mfusepy.Operations):
     def statfs(self, path):
         return self.view.statfs(path)
 
+    @_translating
+    def mknod(self, path, mode, dev):
+        self.view.mknod(path, mode, dev, owner=_owner(), agent=self._agent())
+
+    @_translating
+    def getxattr(self, path, name, position=0):
+        return self.view.getxattr(path, name)
+
+    @_translating
+    def listxattr(self, path):
+        return self.view.listxattr(path)
+
+    @_translating
+    def setxattr(self, path, name, value, options, position=0):
+        self.view.setxattr(path, name, value, options)
+        return 0
+
+    @_translating
+    def removexattr(self, path, name):
+        self.view.removexattr(path, name)
+        return 0
+
 
 class _FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
@@ -239,7 +265,6 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False) -> N
         subtype="stepfs",
         default_permissions=True,
         use_ino=True,
-        hard_remove=True,
         attr_timeout=1.0,
         entry_timeout=1.0,
         negative_timeout=0.0,

@@ -22,6 +22,7 @@ import os
 import stat as stat_mod
 import time
 
+from store import xattrs as xattr_codec
 from store.staging import StagedRow
 
 
@@ -44,7 +45,7 @@ class Node:
 
     __slots__ = (
         "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
-        "base", "scratch", "ino", "uid", "gid", "staged", "gen",
+        "base", "scratch", "ino", "uid", "gid", "staged", "gen", "xattrs",
     )
 
     def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
@@ -69,23 +70,28 @@ class Node:
         self.gid = gid
         self.staged = False  # a row exists in the store
         self.gen = 0  # bumped on every change; part of the version token
+        self.xattrs: dict[bytes, bytes] = {}  # user.* only
 
     def row(self, path: str) -> StagedRow:
         return StagedRow(
             path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
             size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.base,
+            uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs),
         )
 
     @classmethod
     def from_row(cls, row: StagedRow, ino: int) -> "Node":
         node = cls(row.kind, row.mode, base=row.base, ino=ino, size=row.size, oid=row.oid,
-                   target=row.target, opaque=row.opaque, mtime_ns=row.mtime_ns or None)
+                   target=row.target, opaque=row.opaque, mtime_ns=row.mtime_ns or None,
+                   uid=os.getuid() if row.uid is None else row.uid, gid=os.getgid() if row.gid is None else row.gid)
+        node.xattrs = xattr_codec.decode(row.xattrs)
         node.staged = True
         return node
 
     @property
     def type_bits(self) -> int:
-        return {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}.get(self.kind, 0)
+        return {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
+                "fifo": stat_mod.S_IFIFO}.get(self.kind, 0)
 
 
 class Upper:

@@ -38,14 +38,20 @@ from store.errors import NothingToCommit
 from store.workspace import Workspace
 
 from .agents import DEFAULT
+from store import xattrs as xattr_codec
+
 from .content import ContentMixin, Draft, Handle
 from .errors import (
-    Exists, Invalid, IsADirectory, NameTooLong, NotADirectory, NotEmpty, NotFound, ReadOnly,
-    Reserved, Unsupported,
+    Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
+    ReadOnly, Reserved, Unsupported,
 )
 from .metatree import MetaTree, is_meta
 from .upper import Node, Upper, parent_name, rel, view_path
 
+# libfuse's high-level API renames a file that is unlinked while open to
+# ".fuse_hidden<N>" and unlinks that name at the last release; the view keeps
+# such files out of the namespace (never listed, staged or committed).
+HIDDEN_PREFIX = ".fuse_hidden"
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
 # Inode numbers for paths that exist only in the upper layer; far above what
@@ -70,6 +76,12 @@ class Overlay(ContentMixin):
         self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
         self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
         self.last_errors: dict[str, str] = {}
+        # Inode numbers stay stable for the life of the mount: a committed
+        # path keeps the number the view showed, though the workspace file
+        # behind it is new.  (dev, workspace ino) -> ino shown.
+        self.ino_alias: dict[tuple[int, int], int] = {}
+        # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
+        self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
         self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
@@ -83,6 +95,7 @@ class Overlay(ContentMixin):
         self._scratch_seq = itertools.count(1)
         self.readonly_reason: str | None = None
         self.meta = MetaTree(self)
+        self.root_dev = os.fstat(self.root.fd).st_dev
         with ws.db.read() as conn:
             for row in staging.load(conn, self.step):
                 node = Node.from_row(row, next(self._ino))
@@ -134,6 +147,8 @@ class Overlay(ContentMixin):
             return "symlink"
         if stat_mod.S_ISREG(st.st_mode):
             return "file"
+        if stat_mod.S_ISFIFO(st.st_mode):
+            return "fifo"
         return "special"
 
     def _require_dir(self, path: str) -> None:
@@ -212,8 +227,17 @@ class Overlay(ContentMixin):
             return node
         kind = self._kind(None, st)
         base = self._lower_token(path)
+        attrs: dict[bytes, bytes] = {}
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
+            fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                attrs = xattr_codec.read_fd(fd)
+            finally:
+                os.close(fd)
+        elif kind == "fifo":
+            node = Node("fifo", st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid,
+                        gid=st.st_gid)
         elif kind == "symlink":
             node = Node("symlink", st.st_mode, base=base, ino=st.st_ino, target=self.root.readlink(rel(path)),
                         size=st.st_size, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
@@ -223,12 +247,14 @@ class Overlay(ContentMixin):
                 st = os.fstat(fd)
                 with self.ws.db.write() as conn:
                     oid, size = self.ws.objects.put_fd(conn, fd)
+                attrs = xattr_codec.read_fd(fd)
             finally:
                 os.close(fd)
             node = Node("file", st.st_mode, base=tokens.from_stat(st), ino=st.st_ino, size=size, oid=oid,
                         mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
         else:
             raise Unsupported(path)
+        node.xattrs = attrs
         node.atime_ns = st.st_atime_ns
         node.ctime_ns = st.st_ctime_ns
         self._bump(node)
@@ -288,9 +314,21 @@ class Overlay(ContentMixin):
             if h is not None and h.draft is not None:
                 return self._stat_draft(h.draft, self.upper.get(h.path))
             if h is not None and h.node is not None:
-                return self._stat_node(h.node)
+                out = self._stat_node(h.node)
+                if self.upper.get(h.path) is not h.node:
+                    out["st_nlink"] = 0  # unlinked or replaced while open
+                return out
+            if h is not None and h.fd >= 0 and h.data is None and not self._exists(h.path):
+                out = self._stat_lower(h.path, os.fstat(h.fd))
+                out["st_nlink"] = 0
+                return out
             if is_meta(path):
                 return self.meta.getattr(path)
+            if self.hidden and path in self.hidden:
+                d, attrs = self.hidden[path]
+                out = self._stat_draft(d, None) if d is not None else dict(attrs)
+                out["st_nlink"] = 0
+                return out
             if path in self.open_drafts:
                 d = self.drafts.get((agent() if callable(agent) else agent, path))
                 if d is not None and d.opens > 0:
@@ -304,8 +342,9 @@ class Overlay(ContentMixin):
         nlink = st.st_nlink
         if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
             nlink = 1  # "unknown": the upper layer changed its subdirectories
+        ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         return {
-            "st_mode": st.st_mode, "st_ino": st.st_ino, "st_nlink": nlink, "st_size": st.st_size,
+            "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
             "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns, "st_blocks": st.st_blocks,
             "st_blksize": st.st_blksize,
@@ -328,6 +367,8 @@ class Overlay(ContentMixin):
 
     def chmod(self, path: str, mode: int) -> None:
         with self.lock:
+            if path in self.hidden:
+                return
             self._check_writable(path)
             node = self._node_for_meta(path)
             node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
@@ -343,6 +384,73 @@ class Overlay(ContentMixin):
             if gid != -1:
                 node.gid = gid
             node.ctime_ns = time.time_ns()
+            self._persist(puts=[path])
+
+    # -- extended attributes (user.* only; see store/xattrs.py) -----------------
+
+    @staticmethod
+    def _xattr_name(name: str) -> bytes:
+        raw = os.fsencode(name)
+        if not raw.startswith(xattr_codec.PREFIX):
+            raise NotSupported(name)
+        return raw
+
+    def _xattrs_of(self, path: str) -> dict[bytes, bytes]:
+        node, st = self._resolve(path)
+        if node is not None:
+            return node.xattrs
+        kind = self._kind(None, st)
+        if kind not in ("file", "dir"):
+            return {}
+        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if kind == "dir" else 0))
+        try:
+            return xattr_codec.read_fd(fd)
+        finally:
+            os.close(fd)
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        with self.lock:
+            if is_meta(path):
+                raise NoAttribute(name)
+            raw = os.fsencode(name)
+            value = self._xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
+            if value is None:
+                raise NoAttribute(name)
+            return value
+
+    def listxattr(self, path: str) -> list[str]:
+        with self.lock:
+            if is_meta(path):
+                return []
+            return [os.fsdecode(n) for n in sorted(self._xattrs_of(path))]
+
+    XATTR_CREATE, XATTR_REPLACE = 1, 2
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        with self.lock:
+            self._check_writable(path)
+            raw = self._xattr_name(name)
+            node = self._node_for_meta(path)
+            if node.kind not in ("file", "dir"):
+                raise Unsupported(path)  # Linux allows user.* only on files and directories
+            if options & self.XATTR_CREATE and raw in node.xattrs:
+                raise Exists(name)
+            if options & self.XATTR_REPLACE and raw not in node.xattrs:
+                raise NoAttribute(name)
+            node.xattrs[raw] = bytes(value)
+            node.ctime_ns = time.time_ns()
+            self._persist(puts=[path])
+
+    def removexattr(self, path: str, name: str) -> None:
+        with self.lock:
+            self._check_writable(path)
+            raw = self._xattr_name(name)
+            if raw not in self._xattrs_of(path):
+                raise NoAttribute(name)
+            node = self._node_for_meta(path)
+            del node.xattrs[raw]
+            node.ctime_ns = time.time_ns()
+            self._persist(puts=[path])
 
     UTIME_NOW = (1 << 30) - 1
     UTIME_OMIT = (1 << 30) - 2
@@ -351,6 +459,8 @@ class Overlay(ContentMixin):
         """``times`` in ns; libfuse3 passes UTIME_NOW / UTIME_OMIT through as
         the nanosecond field with zero seconds."""
         with self.lock:
+            if path in self.hidden:
+                return
             self._check_writable(path)
             node = self._node_for_meta(path)
             now = time.time_ns()
@@ -388,8 +498,10 @@ class Overlay(ContentMixin):
             entries: dict[str, tuple[int, int]] = {}
             if node is None or not node.opaque:
                 try:
+                    dev = self.root_dev
+                    alias = self.ino_alias
                     for name, kind, ino in self.root.listdir(rel(path)):
-                        entries[os.fsdecode(name)] = (kind, ino)
+                        entries[os.fsdecode(name)] = (kind, alias.get((dev, ino), ino) if alias else ino)
                 except (FileNotFoundError, NotADirectoryError):
                     pass
             prefix = path if path != "/" else ""
@@ -448,6 +560,8 @@ class Overlay(ContentMixin):
 
     def unlink(self, path: str, agent: str = DEFAULT) -> None:
         with self.lock:
+            if self.hidden.pop(path, None) is not None:
+                return
             self._check_writable(path)
             node, st = self._resolve(path)
             if self._kind(node, st) == "dir":
@@ -472,6 +586,33 @@ class Overlay(ContentMixin):
             self._persist(puts=[path])
             self.observe(agent, path, self.node_token(node))
 
+    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
+              agent: str = DEFAULT) -> None:
+        """FIFOs (staged and committed like any path) and regular files;
+        device nodes and sockets are refused."""
+        with self.lock:
+            if stat_mod.S_ISREG(mode):
+                fh = self.create(path, mode, os.O_WRONLY | os.O_EXCL, owner=owner, agent=agent)
+                try:
+                    self.flush(fh)
+                finally:
+                    self.release(fh)
+                return
+            if not stat_mod.S_ISFIFO(mode):
+                raise Unsupported(path)
+            self._check_writable(path)
+            self._check_new_name(path)
+            self._require_dir(parent_name(path)[0])
+            if self._exists(path):
+                raise Exists(path)
+            node = Node("fifo", stat_mod.S_IFIFO | stat_mod.S_IMODE(mode), base=self._base_for(path),
+                        ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
+                        gid=owner[1] if owner else os.getgid())
+            self._bump(node)
+            self.upper.set(path, node)
+            self._persist(puts=[path])
+            self.observe(agent, path, self.node_token(node))
+
     def readlink(self, path: str) -> str:
         with self.lock:
             if is_meta(path):
@@ -485,6 +626,8 @@ class Overlay(ContentMixin):
 
     def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
         with self.lock:
+            if parent_name(new)[1].startswith(HIDDEN_PREFIX):
+                return self._hide(old, new, agent)
             self._check_writable(old)
             self._check_writable(new)
             self._check_new_name(new)
@@ -513,9 +656,22 @@ class Overlay(ContentMixin):
                 if dst_kind == "dir":
                     raise IsADirectory(new)
                 if src_kind == "special":
-                    raise Unsupported(old)
+                    raise Unsupported(old)  # sockets and devices stay where they are
                 self._rename_leaf(old, new)
             self._moved(agent, old, new)
+
+    def _hide(self, old: str, new: str, agent: str) -> None:
+        """An unlink of an open file (libfuse's hidden rename): the path is
+        removed as by ``unlink``; open descriptors keep working under the
+        hidden name, which reports ``st_nlink`` 0."""
+        node, st = self._resolve(old)
+        attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
+        d = self.drafts.get((agent, old))
+        self.unlink(old, agent)
+        self.hidden[new] = (d, attrs)
+        for h in self.handles.values():
+            if h.path == old:
+                h.path = new
 
     def _moved(self, agent: str, old: str, new: str) -> None:
         """The acting agent's drafts, handles and observations follow a
@@ -645,6 +801,8 @@ class Overlay(ContentMixin):
             new, st, _digest = self.current_token(path)
             if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
+            if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
+                self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
             renamed[path] = (old, new)
         for seen in self.observed.values():
             for path, (old, new) in renamed.items():

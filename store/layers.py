@@ -27,6 +27,9 @@ class State:
     mode: int | None = None
     oid: str | None = None
     target: bytes | None = None
+    uid: int | None = None
+    gid: int | None = None
+    xattrs: bytes | None = None  # store/xattrs.py encoding
 
     def op_against(self, before: "State") -> str:
         if before.kind is None:
@@ -36,7 +39,7 @@ class State:
         if before.kind != self.kind:
             return "replaced"
         if before.oid == self.oid and before.target == self.target:
-            return "mode"
+            return "mode" if before.mode != self.mode else "metadata"
         return "modified"
 
 
@@ -134,7 +137,9 @@ def entry_from_row(r) -> Entry:
 
     return Entry(
         path=bytes(r.path),
-        before=State(r.before_kind, r.before_mode, r.before_oid, t(r.before_target)),
-        after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target)),
+        before=State(r.before_kind, r.before_mode, r.before_oid, t(r.before_target),
+                     r.before_uid, r.before_gid, t(r.before_xattrs)),
+        after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target),
+                    r.after_uid, r.after_gid, t(r.after_xattrs)),
         after_mtime_ns=r.after_mtime_ns,
     )

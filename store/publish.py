@@ -39,12 +39,12 @@ import json
 import os
 import stat as stat_mod
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import xxhash
 from sqlalchemy import select, update
 
-from . import schema, staging, tokens
+from . import schema, staging, tokens, xattrs
 from .errors import CommitConflict, NothingToCommit
 from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
@@ -74,6 +74,8 @@ def _kind_of(mode: int) -> str | None:
         return "dir"
     if stat_mod.S_ISLNK(mode):
         return "symlink"
+    if stat_mod.S_ISFIFO(mode):
+        return "fifo"
     return "special"
 
 
@@ -86,31 +88,44 @@ def capture(ws: Workspace, conn, path: bytes) -> _Before:
     except NotADirectoryError:
         return _Before(State(None), tokens.ABSENT)
     kind = _kind_of(st.st_mode)
+    mode = stat_mod.S_IMODE(st.st_mode)
     if kind == "file":
         fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             st = os.fstat(fd)  # token and content from the same open file
             oid, _ = ws.objects.put_fd(conn, fd)
+            attrs = xattrs.encode(xattrs.read_fd(fd))
         finally:
             os.close(fd)
-        return _Before(State("file", stat_mod.S_IMODE(st.st_mode), oid), tokens.from_stat(st), st.st_uid, st.st_gid)
+        return _Before(State("file", stat_mod.S_IMODE(st.st_mode), oid, None, st.st_uid, st.st_gid, attrs),
+                       tokens.from_stat(st), st.st_uid, st.st_gid)
     if kind == "symlink":
         target = ws.root.readlink(path)
-        return _Before(State("symlink", None, None, target), tokens.from_stat(st, target), st.st_uid, st.st_gid)
+        return _Before(State("symlink", None, None, target, st.st_uid, st.st_gid),
+                       tokens.from_stat(st, target), st.st_uid, st.st_gid)
     if kind == "dir":
-        return _Before(State("dir", stat_mod.S_IMODE(st.st_mode)), tokens.from_stat(st), st.st_uid, st.st_gid)
-    # FIFOs, sockets, devices: recorded as present but without content.
-    return _Before(State("special", stat_mod.S_IMODE(st.st_mode)), tokens.from_stat(st), st.st_uid, st.st_gid)
+        fd = ws.root.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            attrs = xattrs.encode(xattrs.read_fd(fd))
+        finally:
+            os.close(fd)
+        return _Before(State("dir", mode, None, None, st.st_uid, st.st_gid, attrs), tokens.from_stat(st),
+                       st.st_uid, st.st_gid)
+    # FIFOs are recreated on publish; sockets and devices are recorded as
+    # present but never written.
+    return _Before(State(kind, mode, None, None, st.st_uid, st.st_gid), tokens.from_stat(st), st.st_uid, st.st_gid)
 
 
 def _after_of(row: staging.StagedRow) -> State:
     if row.kind == "whiteout":
         return State(None)
     if row.kind == "file":
-        return State("file", stat_mod.S_IMODE(row.mode), row.oid)
+        return State("file", stat_mod.S_IMODE(row.mode), row.oid, None, row.uid, row.gid, row.xattrs)
     if row.kind == "symlink":
-        return State("symlink", None, None, row.target)
-    return State("dir", stat_mod.S_IMODE(row.mode))
+        return State("symlink", None, None, row.target, row.uid, row.gid)
+    if row.kind == "fifo":
+        return State("fifo", stat_mod.S_IMODE(row.mode), None, None, row.uid, row.gid)
+    return State("dir", stat_mod.S_IMODE(row.mode), None, None, row.uid, row.gid, row.xattrs)
 
 
 def _walk(ws: Workspace, path: bytes) -> list[bytes]:
@@ -149,6 +164,10 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
             if base is not None and before.token != base and path not in overwrite:
                 plan.conflicts.append(path)
                 continue
+            if state.kind is not None and (state.uid is None or state.gid is None):
+                # An owner the view never learned: keep the workspace's.
+                state = replace(state, uid=before.uid if state.uid is None else state.uid,
+                                gid=before.gid if state.gid is None else state.gid)
             if before.state == state:
                 plan.noop_paths.append(path)
                 continue
@@ -166,7 +185,9 @@ def intent_checksum(entries: list[Entry]) -> str:
 
 
 def _state_parts(s: State) -> tuple[bytes, ...]:
-    return (str(s.kind).encode(), str(s.mode).encode(), str(s.oid).encode(), s.target if s.target is not None else b"\0")
+    return (str(s.kind).encode(), str(s.mode).encode(), str(s.oid).encode(),
+            s.target if s.target is not None else b"\0", str(s.uid).encode(), str(s.gid).encode(),
+            s.xattrs if s.xattrs is not None else b"\0")
 
 
 def _entry_row(layer: int, e: Entry) -> dict:
@@ -177,6 +198,8 @@ def _entry_row(layer: int, e: Entry) -> dict:
         "after_kind": e.after.kind, "after_mode": e.after.mode,
         "after_oid": e.after.oid, "after_target": e.after.target,
         "after_mtime_ns": e.after_mtime_ns,
+        "before_uid": e.before.uid, "before_gid": e.before.gid, "before_xattrs": e.before.xattrs,
+        "after_uid": e.after.uid, "after_gid": e.after.gid, "after_xattrs": e.after.xattrs,
     }
 
 
@@ -291,18 +314,18 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
         dirs_to_sync.add(parent_of(e.path))
         dirs_to_sync.add(e.path)
 
-    # 3. files and symlinks: temp file, fsync, rename over
+    # 3. files, symlinks and FIFOs: temp file, fsync, rename over
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for seq, e in enumerate(entries):
-            if e.after.kind not in ("file", "symlink"):
+            if e.after.kind not in ("file", "symlink", "fifo"):
                 continue
             tmp_name = f"L{number}-{seq}".encode()
             try:
                 os.unlink(tmp_name, dir_fd=tmp_fd)
             except FileNotFoundError:
                 pass
-            owner = _owner_for(ws, e.path)
+            owner = _owner_for(ws, e.path, e.after)
             if e.after.kind == "file":
                 fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
                 try:
@@ -311,11 +334,18 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
                     if owner is not None:
                         os.fchown(fd, *owner)
                     os.fchmod(fd, e.after.mode)
+                    if e.after.xattrs:
+                        xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
                     if e.after_mtime_ns:
                         os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
                     os.fsync(fd)
                 finally:
                     os.close(fd)
+            elif e.after.kind == "fifo":
+                os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
             else:
                 os.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
                 if owner is not None:
@@ -329,13 +359,18 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
     finally:
         os.close(tmp_fd)
 
-    # 4. directory modes (last, so a read-only directory is filled first)
+    # 4. directory metadata (last, so a read-only directory is filled first)
     for e in entries:
         if e.after.kind == "dir":
             fd = root.open(e.path, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                if stat_mod.S_IMODE(os.fstat(fd).st_mode) != e.after.mode:
+                st = os.fstat(fd)
+                owner = _owner_for(ws, e.path, e.after)
+                if owner is not None and (st.st_uid, st.st_gid) != owner:
+                    os.fchown(fd, *owner)
+                if stat_mod.S_IMODE(st.st_mode) != e.after.mode:
                     os.fchmod(fd, e.after.mode)
+                xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
             finally:
                 os.close(fd)
 
@@ -351,12 +386,14 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             os.close(fd)
 
 
-def _owner_for(ws: Workspace, path: bytes) -> tuple[int, int] | None:
-    """Keep the owner of the file being replaced (or of the directory a new
-    file lands in) when we run as root, so a commit never hands a user's
-    files to root."""
+def _owner_for(ws: Workspace, path: bytes, state: State | None = None) -> tuple[int, int] | None:
+    """The owner to give a published path when we run as root: the one the
+    view recorded, else that of the file being replaced or of the directory
+    a new file lands in, so a commit never hands a user's files to root."""
     if os.geteuid() != 0:
         return None
+    if state is not None and state.uid is not None and state.gid is not None:
+        return state.uid, state.gid
     for candidate in (path, path.rpartition(b"/")[0] or b"."):
         try:
             st = ws.root.lstat(candidate)

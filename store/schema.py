@@ -99,7 +99,8 @@ layers = Table(
 )
 
 # What a layer did to each path it touched: the state before and after.
-# A NULL kind means "absent".  kinds: file | dir | symlink.
+# A NULL kind means "absent".  kinds: file | dir | symlink | fifo | special
+# (special: a socket or device found in the workspace; recorded, never written).
 entries = Table(
     "entries",
     metadata,
@@ -114,6 +115,14 @@ entries = Table(
     Column("after_oid", String(48), ForeignKey("objects.oid")),
     Column("after_target", LargeBinary),
     Column("after_mtime_ns", BigInteger),
+    # Owner (recorded so a commit or rollback restores it when run as root)
+    # and user.* extended attributes (store/xattrs.py encoding, NULL = none).
+    Column("before_uid", Integer),
+    Column("before_gid", Integer),
+    Column("before_xattrs", LargeBinary),
+    Column("after_uid", Integer),
+    Column("after_gid", Integer),
+    Column("after_xattrs", LargeBinary),
     PrimaryKeyConstraint("layer", "path"),
 )
 
@@ -129,7 +138,7 @@ steps = Table(
 )
 
 # The staged state of an open step, one row per path it changed.
-#   kind     file | dir | symlink | whiteout (the path is deleted)
+#   kind     file | dir | symlink | fifo | whiteout (the path is deleted)
 #   opaque   for dir: the workspace directory at this path (if any) is hidden
 #            below it; only staged children are visible
 #   base     the workspace token of the path when it was first staged
@@ -147,6 +156,9 @@ staged = Table(
     Column("mtime_ns", BigInteger, nullable=False, default=0),
     Column("opaque", Boolean, nullable=False, default=False),
     Column("base", Text, nullable=False),
+    Column("uid", Integer),
+    Column("gid", Integer),
+    Column("xattrs", LargeBinary),
     PrimaryKeyConstraint("step", "path"),
 )
 

@@ -22,7 +22,7 @@ S = schema.staged
 
 @dataclass
 class StagedRow:
-    """One staged path.  ``kind`` is file | dir | symlink | whiteout."""
+    """One staged path.  ``kind`` is file | dir | symlink | fifo | whiteout."""
 
     path: bytes
     kind: str
@@ -33,6 +33,9 @@ class StagedRow:
     mtime_ns: int = 0
     opaque: bool = False
     base: str = "absent"
+    uid: int | None = None
+    gid: int | None = None
+    xattrs: bytes | None = None
 
 
 def open_step(conn: Connection, mountpoint: str, agent: str = "") -> int:
@@ -65,6 +68,7 @@ def load(conn: Connection, step: int) -> list[StagedRow]:
             path=bytes(r.path), kind=r.kind, mode=r.mode, oid=r.oid,
             target=bytes(r.target) if r.target is not None else None,
             size=r.size, mtime_ns=r.mtime_ns, opaque=bool(r.opaque), base=r.base,
+            uid=r.uid, gid=r.gid, xattrs=bytes(r.xattrs) if r.xattrs is not None else None,
         )
         for r in rows
     ]
@@ -77,6 +81,7 @@ def put(conn: Connection, step: int, row: StagedRow) -> None:
         S.insert().values(
             step=step, path=row.path, kind=row.kind, mode=row.mode, oid=row.oid, target=row.target,
             size=row.size, mtime_ns=row.mtime_ns, opaque=row.opaque, base=row.base,
+            uid=row.uid, gid=row.gid, xattrs=row.xattrs,
         )
     )
 

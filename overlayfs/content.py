@@ -258,6 +258,17 @@ class ContentMixin:
         else:
             self.open_drafts.pop(d.path, None)
 
+    def _reindex_draft(self, d: Draft, new_path: str) -> None:
+        """Move a draft to another path (rename by its own agent)."""
+        if d.opens:
+            count = self.open_drafts.get(d.path, 0) - d.opens
+            if count > 0:
+                self.open_drafts[d.path] = count
+            else:
+                self.open_drafts.pop(d.path, None)
+            self.open_drafts[new_path] = self.open_drafts.get(new_path, 0) + d.opens
+        d.path = new_path
+
     # -- publish and conflicts ---------------------------------------------------
 
     def _close_write(self, d: Draft) -> str:

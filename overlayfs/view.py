@@ -631,9 +631,14 @@ class Overlay(ContentMixin):
             self._check_writable(old)
             self._check_writable(new)
             self._check_new_name(new)
-            if flags & RENAME_EXCHANGE or flags & ~(RENAME_NOREPLACE):
-                raise Unsupported(f"rename flags {flags:#x}")
+            if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
+                raise Invalid(f"rename flags {flags:#x}")
             src, src_st = self._resolve(old)
+            if flags & RENAME_EXCHANGE:
+                self._resolve(new)  # both must exist
+                if old != new:
+                    self._exchange(old, new, agent)
+                return
             src_kind = self._kind(src, src_st)
             self._require_dir(parent_name(new)[0])
             if old == new:
@@ -680,14 +685,9 @@ class Overlay(ContentMixin):
         for (a, path), d in list(self.drafts.items()):
             if a == agent and (path == old or path.startswith(prefix)):
                 del self.drafts[(a, path)]
-                d.path = new + path[len(old):]
+                self._reindex_draft(d, new + path[len(old):])
                 d.base = self.current_token(d.path)[0]
                 self.drafts[(a, d.path)] = d
-                if d.opens:
-                    self.open_drafts[path] = self.open_drafts.get(path, 1) - d.opens
-                    if self.open_drafts[path] <= 0:
-                        del self.open_drafts[path]
-                    self.open_drafts[d.path] = self.open_drafts.get(d.path, 0) + d.opens
         for h in self.handles.values():
             if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
                 h.path = new + h.path[len(old):]
@@ -719,33 +719,67 @@ class Overlay(ContentMixin):
         self.upper.set(new, node)
         self._persist(puts=[new] + ([old] if old_lower else []), removes=[] if old_lower else [old])
 
-    def _rename_dir(self, old: str, new: str) -> None:
-        """Move a directory: every path below it is staged at its new place
-        (O(size of the subtree)); the old place becomes a whiteout."""
-        subtree: list[tuple[str, Node]] = []  # (relative suffix, node)
+    def _capture(self, top: str) -> list[tuple[str, Node]]:
+        """The merged subtree at ``top`` as ``(suffix, node)`` pairs, files
+        copied up as objects: what a move needs to restage it elsewhere
+        (O(size of the subtree))."""
+        subtree: list[tuple[str, Node]] = []
         todo = [""]
         while todo:
             suffix = todo.pop()
-            path = old + suffix
+            path = top + suffix
             node, st = self._resolve(path)
             if self._kind(node, st) == "dir":
                 moved = Node("dir", (node.mode if node else st.st_mode), base="", ino=(node.ino if node else st.st_ino),
-                             opaque=True, mtime_ns=(node.mtime_ns if node else st.st_mtime_ns))
+                             opaque=True, mtime_ns=(node.mtime_ns if node else st.st_mtime_ns),
+                             uid=(node.uid if node else st.st_uid), gid=(node.gid if node else st.st_gid))
+                moved.xattrs = dict(node.xattrs) if node else self._xattrs_of(path)
                 subtree.append((suffix, moved))
                 todo.extend(suffix + "/" + n for n, _k, _i in self.readdir(path)[2:])
             else:
                 subtree.append((suffix, self._take_leaf(path)))
+        return subtree
+
+    def _place(self, dest: str, subtree: list[tuple[str, Node]]) -> list[str]:
+        puts = []
+        for suffix, node in subtree:
+            path = dest + suffix
+            node.base = self._base_for(path)
+            node.ctime_ns = time.time_ns()
+            self._bump(node)
+            self.upper.set(path, node)
+            puts.append(path)
+        return puts
+
+    def _rename_dir(self, old: str, new: str) -> None:
+        """Move a directory: every path below it is staged at its new place;
+        the old place becomes a whiteout."""
+        subtree = self._capture(old)
         if self._exists(new):
             self._remove(new)
         self._remove(old)
-        puts = []
-        for suffix, node in subtree:
-            dest = new + suffix
-            node.base = self._base_for(dest)
-            self._bump(node)
-            self.upper.set(dest, node)
-            puts.append(dest)
-        self._persist(puts=puts)
+        self._persist(puts=self._place(new, subtree))
+
+    def _exchange(self, a: str, b: str, agent: str) -> None:
+        """RENAME_EXCHANGE: swap two existing paths (of any kinds)."""
+        if b.startswith(a + "/") or a.startswith(b + "/"):
+            raise Invalid(b)
+        sub_a, sub_b = self._capture(a), self._capture(b)
+        self._remove(a)
+        self._remove(b)
+        self._persist(puts=self._place(b, sub_a) + self._place(a, sub_b))
+        swap = {a: b, b: a}
+        moved = [self.drafts.pop(key) for key in list(self.drafts) if key[0] == agent and key[1] in swap]
+        for d in moved:
+            self._reindex_draft(d, swap[d.path])
+        for d in moved:
+            d.base = self.current_token(d.path)[0]
+            self.drafts[(d.agent, d.path)] = d
+        for h in self.handles.values():
+            if h.agent == agent and h.path in swap:
+                h.path = swap[h.path]
+        self.observe(agent, a, self.current_token(a)[0])
+        self.observe(agent, b, self.current_token(b)[0])
 
     def link(self, path: str, target: str) -> None:
         raise Unsupported("hard links")

@@ -1,0 +1,166 @@
+"""Real-mount tier: POSIX details that tools rely on."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+
+import pytest
+
+from conftest import manifest, sh, stepfs
+
+pytestmark = pytest.mark.mount
+
+_libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+
+
+def renameat2(a, b, flags) -> int:
+    if _libc.renameat2(AT_FDCWD, os.fsencode(str(a)), AT_FDCWD, os.fsencode(str(b)), flags) == 0:
+        return 0
+    return ctypes.get_errno()
+
+
+def test_xattrs_fifos_owner_survive_commit(workspace, mount):
+    (workspace / "f").write_text("x")
+    os.setxattr(workspace / "f", "user.lower", b"L")
+    m = mount(workspace)
+    assert os.getxattr(m.path("f"), "user.lower") == b"L"
+    os.setxattr(m.path("f"), "user.new", b"N")
+    os.removexattr(m.path("f"), "user.lower")
+    with pytest.raises(OSError) as exc:
+        os.getxattr(m.path("f"), "user.lower")
+    assert exc.value.errno == errno.ENODATA
+    with pytest.raises(OSError) as exc:
+        os.setxattr(m.path("f"), "trusted.x", b"1")
+    assert exc.value.errno == errno.EOPNOTSUPP
+    with pytest.raises(OSError) as exc:
+        os.setxattr(m.path("f"), "user.new", b"again", os.XATTR_CREATE)
+    assert exc.value.errno == errno.EEXIST
+    os.mkfifo(m.path("fifo"), 0o640)
+    m.path("d").mkdir()
+    os.setxattr(m.path("d"), "user.dir", b"D")
+    os.chown(m.path("f"), 1234, 4321)
+    assert os.listxattr(workspace / "f") == ["user.lower"], "workspace touched before the step"
+    assert stepfs("step", m.mountpoint).returncode == 0
+    assert os.listxattr(workspace / "f") == ["user.new"]
+    assert os.getxattr(workspace / "d", "user.dir") == b"D"
+    st = os.stat(workspace / "f")
+    assert (st.st_uid, st.st_gid) == (1234, 4321)
+    fst = os.stat(workspace / "fifo")
+    assert stat.S_ISFIFO(fst.st_mode) and stat.S_IMODE(fst.st_mode) == 0o640
+
+
+def test_fifo_works_across_processes(mnt):
+    os.mkfifo(mnt.path("pipe"))
+    result = sh("(echo through-the-fifo > pipe &) ; cat pipe", mnt.mountpoint, timeout=20)
+    assert result.stdout.strip() == b"through-the-fifo"
+
+
+def test_unlinked_open_file_keeps_working(workspace, mount):
+    (workspace / "old").write_text("lower bytes")
+    m = mount(workspace)
+    fd = os.open(m.path("new"), os.O_CREAT | os.O_RDWR, 0o644)
+    os.write(fd, b"data")
+    os.unlink(m.path("new"))
+    assert os.fstat(fd).st_nlink == 0
+    os.write(fd, b"more")
+    assert os.pread(fd, 8, 0) == b"datamore"
+    os.close(fd)
+    fd = os.open(m.path("old"), os.O_RDONLY)
+    os.unlink(m.path("old"))
+    assert os.fstat(fd).st_nlink == 0
+    assert os.read(fd, 100) == b"lower bytes"
+    os.close(fd)
+    assert os.listdir(m.mountpoint) == []
+    assert stepfs("step", m.mountpoint).returncode == 0
+    assert os.listdir(workspace) == [".stepfs"], "a .fuse_hidden file leaked into the workspace"
+
+
+def test_rename_flags(workspace, mount):
+    (workspace / "a").write_text("A")
+    (workspace / "d").mkdir()
+    (workspace / "d" / "x").write_text("in d")
+    m = mount(workspace)
+    assert renameat2(m.path("a"), m.path("d"), RENAME_EXCHANGE) == 0
+    assert m.path("d").read_text() == "A"
+    assert (m.path("a") / "x").read_text() == "in d"
+    m.path("b").write_text("B")
+    assert renameat2(m.path("a"), m.path("b"), RENAME_NOREPLACE) == errno.EEXIST
+    assert m.path("b").read_text() == "B"
+    assert renameat2(m.path("a"), m.path("c"), RENAME_NOREPLACE) == 0
+    assert renameat2(m.path("c"), m.path("c/x/deeper"), 0) in (errno.EINVAL, errno.ENOTDIR, errno.ENOENT)
+    view = manifest(m.mountpoint)
+    assert stepfs("step", m.mountpoint).returncode == 0
+    assert manifest(workspace) == view
+
+
+def test_rename_errors(mnt):
+    mnt.path("dir").mkdir()
+    (mnt.path("dir") / "child").write_text("x")
+    mnt.path("empty").mkdir()
+    mnt.path("file").write_text("f")
+    with pytest.raises(OSError) as exc:
+        os.rename(mnt.path("empty"), mnt.path("dir"))
+    assert exc.value.errno == errno.ENOTEMPTY
+    with pytest.raises(OSError) as exc:
+        os.rename(mnt.path("dir"), mnt.path("dir") / "sub")
+    assert exc.value.errno == errno.EINVAL
+    with pytest.raises(OSError) as exc:
+        os.rename(mnt.path("file"), mnt.path("empty"))
+    assert exc.value.errno == errno.EISDIR
+    os.rename(mnt.path("dir"), mnt.path("empty"))  # over an empty directory
+    assert (mnt.path("empty") / "child").read_text() == "x"
+
+
+def test_inode_numbers_stable_across_copy_up_and_commit(workspace, mount):
+    (workspace / "f").write_text("one")
+    m = mount(workspace)
+    ino = os.stat(m.path("f")).st_ino
+    m.path("f").write_text("two")
+    assert os.stat(m.path("f")).st_ino == ino
+    assert stepfs("step", m.mountpoint).returncode == 0
+    assert os.stat(m.path("f")).st_ino == ino
+    assert {e.name: e.inode() for e in os.scandir(m.mountpoint)}["f"] == ino
+
+
+def test_long_names_and_non_utf8(workspace, mount):
+    m = mount(workspace)
+    name = "n" * 255
+    m.path(name).write_text("max")
+    with pytest.raises(OSError) as exc:
+        open(m.path("n" * 256), "w")
+    assert exc.value.errno == errno.ENAMETOOLONG
+    raw = b"caf\xe9-\xff.txt"
+    with open(os.path.join(os.fsencode(str(m.mountpoint)), raw), "wb") as f:
+        f.write(b"latin-1 name")
+    assert raw in os.listdir(os.fsencode(str(m.mountpoint)))
+    assert stepfs("step", m.mountpoint).returncode == 0
+    with open(os.path.join(os.fsencode(str(workspace)), raw), "rb") as f:
+        assert f.read() == b"latin-1 name"
+    assert (workspace / name).read_text() == "max"
+
+
+def test_mmap_shared_write_and_locks(mnt):
+    import fcntl
+    import mmap
+
+    path = mnt.path("mapped")
+    with open(path, "wb") as f:
+        f.write(b"\0" * 8192)
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 8192)
+        mm[0:5] = b"hello"
+        mm.flush()
+        mm.close()
+    assert path.read_bytes()[:5] == b"hello"
+    with open(path, "r+b") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        other = sh(f"{os.sys.executable} -c \"import fcntl; f=open('mapped','r+b'); "
+                   f"fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\"", mnt.mountpoint, check=False)
+        assert other.returncode != 0
+        assert b"BlockingIOError" in other.stderr or b"Resource temporarily unavailable" in other.stderr
+        fcntl.lockf(f, fcntl.LOCK_UN)

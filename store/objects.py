@@ -19,7 +19,7 @@ import os
 from typing import Callable, Iterator
 
 import xxhash
-from sqlalchemy import select
+from sqlalchemy import case, select
 from sqlalchemy.engine import Connection
 
 from . import schema
@@ -30,6 +30,21 @@ Hasher = Callable[[bytes], str]
 def xxh3_hex(data: bytes) -> str:
     """The digest function; tests swap in a deliberately weak one to force collisions."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def _key_family(column, digest: str):
+    """``column`` is ``digest`` or ``digest.<n>`` (a range, so the primary
+    key index answers it; ``/`` is the byte after ``.``)."""
+    return (column == digest) | ((column > digest + ".") & (column < digest + "/"))
+
+
+def _free_key(digest: str, taken: list[str]) -> str:
+    """The first unused key of ``digest``'s family: ``digest``, ``digest.1``, …"""
+    used = set(taken)
+    n = 0
+    while (digest if n == 0 else f"{digest}.{n}") in used:
+        n += 1
+    return digest if n == 0 else f"{digest}.{n}"
 
 
 class ObjectStore:
@@ -81,34 +96,46 @@ class ObjectStore:
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:
         digest = self.hasher(data)
-        n = 0
-        while True:
-            cid = digest if n == 0 else f"{digest}.{n}"
-            row = conn.execute(select(schema.chunks.c.data).where(schema.chunks.c.cid == cid)).first()
-            if row is None:
-                conn.execute(schema.chunks.insert().values(cid=cid, size=len(data), data=data))
+        C = schema.chunks
+        # One query for the key and all its collision suffixes (a flood of
+        # crafted colliding chunks must not turn every put into a linear
+        # probe); only same-size candidates' bytes are fetched and compared.
+        family = conn.execute(
+            select(C.c.cid, case((C.c.size == len(data), C.c.data), else_=None))
+            .where(_key_family(C.c.cid, digest))
+        ).all()
+        for cid, stored in family:
+            if stored is not None and bytes(stored) == data:
                 return cid
-            if bytes(row.data) == data:
-                return cid
-            n += 1  # a real collision: same hash, other bytes
+        # New bytes, or a real collision: take the first free suffix.
+        cid = _free_key(digest, [cid for cid, _ in family])
+        conn.execute(C.insert().values(cid=cid, size=len(data), data=data))
+        return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int) -> str:
-        n = 0
-        while True:
-            oid = digest if n == 0 else f"{digest}.{n}"
-            row = conn.execute(select(schema.objects.c.size).where(schema.objects.c.oid == oid)).first()
-            if row is None:
-                conn.execute(schema.objects.insert().values(oid=oid, size=size))
-                rows, pos = [], 0
-                for seq, (cid, length) in enumerate(cids):
-                    rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
-                    pos += length
-                if rows:
-                    conn.execute(schema.object_chunks.insert(), rows)
-                return oid
-            if row.size == size and self.chunk_ids(conn, oid) == [cid for cid, _ in cids]:
-                return oid
-            n += 1
+        O, OC = schema.objects, schema.object_chunks
+        taken = conn.execute(select(O.c.oid, O.c.size).where(_key_family(O.c.oid, digest))).all()
+        same_size = [oid for oid, osize in taken if osize == size]
+        if same_size:
+            # Chunks being verified byte for byte, equal chunk lists mean equal bytes.
+            lists: dict[str, list[str]] = {oid: [] for oid in same_size}
+            for oid, cid in conn.execute(
+                select(OC.c.oid, OC.c.cid).where(OC.c.oid.in_(same_size)).order_by(OC.c.oid, OC.c.seq)
+            ):
+                lists[oid].append(cid)
+            wanted = [cid for cid, _ in cids]
+            for oid in same_size:
+                if lists[oid] == wanted:
+                    return oid
+        oid = _free_key(digest, [oid for oid, _ in taken])
+        conn.execute(O.insert().values(oid=oid, size=size))
+        rows, pos = [], 0
+        for seq, (cid, length) in enumerate(cids):
+            rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
+            pos += length
+        if rows:
+            conn.execute(OC.insert(), rows)
+        return oid
 
     # -- reading ------------------------------------------------------------
 

@@ -88,6 +88,9 @@ class ObjectStore:
 
         cids = [(self._put_chunk(conn, p), len(p)) for p in read_pieces()]
         whole_hash = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
+        # The size is what was read: a file cut short meanwhile must not give
+        # an object whose recorded size disagrees with its chunks.
+        size = sum(length for _, length in cids)
         return self._put_object(conn, whole_hash, cids, size), size
 
     def _put_pieces(self, conn: Connection, pieces: Iterator[bytes], whole_hash: str, size: int) -> str:

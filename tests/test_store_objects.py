@@ -174,6 +174,32 @@ def test_a_colliding_put_costs_a_few_statements_not_a_probe_per_collision():
     assert len(statements) <= 10, statements
 
 
+def test_put_fd_records_the_bytes_it_read_when_the_file_shrinks(db, tmp_path):
+    path = tmp_path / "shrinking"
+    path.write_bytes(b"0123456789ab")
+    fd = os.open(path, os.O_RDONLY)
+    calls = []
+
+    def hasher(data: bytes) -> str:
+        # Called once per chunk while put_fd streams: cut the file short
+        # after the first chunk, as a concurrent writer would.
+        if not calls:
+            os.truncate(path, 6)
+        calls.append(data)
+        return xxh3_hex(data)
+
+    objects = ObjectStore(hasher=hasher, chunk_size=4)
+    try:
+        with db.write() as conn:
+            oid, size = objects.put_fd(conn, fd)
+            assert size == 6
+            assert objects.size(conn, oid) == 6
+            assert objects.verify(conn, oid) == []
+            assert objects.read_all(conn, oid) == b"012345"
+    finally:
+        os.close(fd)
+
+
 def _corrupt(path, sql: str, *args) -> None:
     raw = sqlite3.connect(path)
     try:

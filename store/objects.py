@@ -162,17 +162,26 @@ class ObjectStore:
     def iter_chunks(self, conn: Connection, oid: str, verify: bool = True) -> Iterator[bytes]:
         """Yield the object's bytes chunk by chunk; with ``verify`` each chunk
         is re-hashed and :class:`CorruptObject` raised on a mismatch, so
-        corrupt bytes are never served."""
+        corrupt bytes are never served.  A missing chunk row or a gap in the
+        offsets raises too (even without ``verify``): a short read would
+        otherwise pass for the file's content."""
+        C, OC = schema.chunks, schema.object_chunks
         rows = conn.execute(
-            select(schema.chunks.c.cid, schema.chunks.c.data)
-            .join(schema.object_chunks, schema.object_chunks.c.cid == schema.chunks.c.cid)
-            .where(schema.object_chunks.c.oid == oid)
-            .order_by(schema.object_chunks.c.seq)
+            select(OC.c.cid, OC.c.offset, C.c.data)
+            .select_from(OC.outerjoin(C, C.c.cid == OC.c.cid))
+            .where(OC.c.oid == oid)
+            .order_by(OC.c.seq)
         )
+        pos = 0
         for row in rows:
+            if row.data is None or row.offset != pos:
+                raise CorruptObject(
+                    f"object {oid} is missing its bytes at offset {pos}; run 'stepfs verify' for a full report."
+                )
             data = bytes(row.data)
             if verify and self.hasher(data) != row.cid.split(".", 1)[0]:
                 raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            pos += len(data)
             yield data
 
     def read_all(self, conn: Connection, oid: str) -> bytes:

@@ -231,3 +231,21 @@ def test_flipped_byte_is_detected(tmp_path):
         with pytest.raises(CorruptObject):
             objects.read_all(conn, oid)
     db.close()
+
+
+def test_missing_chunk_is_detected_not_served_short(tmp_path):
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    objects = ObjectStore(chunk_size=4)
+    with db.write() as conn:
+        oid = objects.put_bytes(conn, b"aaaabbbbcccc")
+        victim = objects.chunk_ids(conn, oid)[1]
+    # Plain sqlite3 has foreign keys off: the damage a foreign writer can do.
+    _corrupt(path, "DELETE FROM chunks WHERE cid = ?", victim)
+    with db.read() as conn:
+        with pytest.raises(CorruptObject):
+            objects.read_all(conn, oid)
+        with pytest.raises(CorruptObject):
+            list(objects.iter_chunks(conn, oid, verify=False))
+        assert objects.verify(conn, oid) != []
+    db.close()

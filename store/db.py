@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from sqlalchemy import create_engine, event, inspect, select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.pool import StaticPool
 
@@ -50,8 +50,10 @@ class Database:
         Raises :class:`StoreFormatError` for a file that is not a stepfs
         store, or one written by a newer stepfs.
         """
+        # URL.create, not an f-string URL: a path is a file name, and '?',
+        # '#' or '%' in a workspace name must not be parsed as URL syntax.
         engine = create_engine(
-            f"sqlite:///{path}",
+            URL.create("sqlite", database=path),
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
         )
         _install_sqlite_hooks(engine, wal=True)

@@ -58,7 +58,11 @@ class Database:
         )
         _install_sqlite_hooks(engine, wal=True)
         db = cls(engine, path)
-        db._check_or_create(create)
+        try:
+            db._check_or_create(create)
+        except BaseException:
+            engine.dispose()  # a refused store keeps no file open
+            raise
         return db
 
     @classmethod

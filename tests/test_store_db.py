@@ -130,6 +130,15 @@ def test_non_sqlite_file_is_refused_with_store_format_error(tmp_path, content):
         assert f.read() == content  # never "repaired" or overwritten
 
 
+def test_refused_store_leaves_no_open_file(tmp_path):
+    path = str(tmp_path / "store.db")
+    with open(path, "wb") as f:
+        f.write(b"not a database at all" * 100)
+    with pytest.raises(StoreFormatError):
+        Database.open(path)
+    assert open_fds_to(path) == []
+
+
 def test_empty_file_without_create_is_refused(tmp_path):
     path = str(tmp_path / "store.db")
     open(path, "wb").close()

@@ -116,16 +116,20 @@ class Database:
             if not create:
                 raise StoreFormatError(f"{self.label} holds no stepfs store.")
             with self.write(durable=True) as conn:
-                schema.metadata.create_all(conn)
-                conn.execute(
-                    schema.meta.insert(),
-                    [
-                        {"key": "format_version", "value": str(schema.FORMAT_VERSION)},
-                        {"key": "hash_algorithm", "value": schema.HASH_ALGORITHM},
-                        {"key": "chunk_size", "value": str(schema.CHUNK_SIZE)},
-                    ],
-                )
-            return
+                # Look again under the write lock: another process may have
+                # created the store since we looked (two first mounts at once).
+                names = set(inspect(conn).get_table_names())
+                if "meta" not in names:
+                    schema.metadata.create_all(conn)
+                    conn.execute(
+                        schema.meta.insert(),
+                        [
+                            {"key": "format_version", "value": str(schema.FORMAT_VERSION)},
+                            {"key": "hash_algorithm", "value": schema.HASH_ALGORITHM},
+                            {"key": "chunk_size", "value": str(schema.CHUNK_SIZE)},
+                        ],
+                    )
+                    return
         with self.read() as conn:
             facts = dict(conn.execute(select(schema.meta.c.key, schema.meta.c.value)).all())
         try:

@@ -161,6 +161,31 @@ def test_store_path_is_taken_literally(tmp_path, dirname):
     assert meta_rows(Database.open(path, create=False))["probe"] == "here"
 
 
+def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
+    """Two processes opening a new store at once: the second looked before
+    the first created the tables, then waits for the write lock.  It must
+    open the store the first made, not fail on the meta rows."""
+    path = str(tmp_path / "store.db")
+    Database.open(path).close()  # the winner
+    real_inspect = db_mod.inspect
+    calls = []
+
+    class Stale:
+        """What the loser saw before the winner committed: no tables."""
+
+        def get_table_names(self):
+            return []
+
+    def stale_once(bind):
+        calls.append(bind)
+        return Stale() if len(calls) == 1 else real_inspect(bind)
+
+    monkeypatch.setattr(db_mod, "inspect", stale_once)
+    db = Database.open(path)
+    assert meta_rows(db)["format_version"] == "1"
+    db.close()
+
+
 def test_memory_database_works():
     db = Database.memory()
     assert meta_rows(db)["format_version"] == "1"

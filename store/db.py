@@ -135,7 +135,9 @@ class Database:
         try:
             version = int(facts.get("format_version", ""))
         except ValueError:
-            raise StoreFormatError(f"{self.label} has no readable format version; it is not a stepfs store.") from None
+            version = 0
+        if version < 1:  # no stepfs ever wrote a version below 1
+            raise StoreFormatError(f"{self.label} has no readable format version; it is not a stepfs store.")
         if version > schema.FORMAT_VERSION:
             raise StoreFormatError(
                 f"{self.label} was written by a newer stepfs (format {version}, this one reads up to "

@@ -81,10 +81,11 @@ def test_unknown_hash_algorithm_is_refused(tmp_path):
         Database.open(path)
 
 
-def test_unreadable_format_version_is_refused(tmp_path):
+@pytest.mark.parametrize("version", ["one", "", "0", "-3"])
+def test_unreadable_format_version_is_refused(tmp_path, version):
     path = str(tmp_path / "store.db")
     Database.open(path).close()
-    set_meta(path, "format_version", "one")
+    set_meta(path, "format_version", version)
     with pytest.raises(StoreFormatError, match="format version"):
         Database.open(path)
 

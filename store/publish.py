@@ -114,7 +114,11 @@ def _after_of(row: staging.StagedRow) -> State:
 
 
 def _walk(ws: Workspace, path: bytes) -> list[bytes]:
-    """Every workspace path strictly below directory ``path``."""
+    """Every workspace path strictly below directory ``path``; nothing if
+    ``path`` is not a directory (a symlink in particular is never followed:
+    listing it would fail with ELOOP under the contained root)."""
+    if _current_kind(ws, path) != "dir":
+        return []
     out, todo = [], [path]
     while todo:
         d = todo.pop()

@@ -263,10 +263,17 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
     the layer then stays pending.
     """
     root = ws.root
-    dirs_to_sync: set[bytes] = set()
 
     def parent_of(p: bytes) -> bytes:
         return p.rpartition(b"/")[0] or b"."
+
+    # Every parent of a touched path, and every directory whose mode the
+    # layer sets, is fsynced at the end, whether or not this run changed it:
+    # after a crash the re-run finds a removal or chmod already done (in the
+    # page cache, maybe not on disk) and must still make it durable before
+    # the layer is marked committed.
+    dirs_to_sync: set[bytes] = {parent_of(e.path) for e in entries}
+    dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
 
     # 1. removals, deepest first
     for e in sorted(entries, key=lambda e: -_depth(e.path)):
@@ -281,7 +288,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 os.unlink(name, dir_fd=pfd)
         finally:
             os.close(pfd)
-        dirs_to_sync.add(parent_of(e.path))
 
     # 2. new directories, shallowest first
     for e in sorted((e for e in entries if e.after.kind == "dir"), key=lambda e: _depth(e.path)):
@@ -292,8 +298,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             os.mkdir(name, 0o700, dir_fd=pfd)
         finally:
             os.close(pfd)
-        dirs_to_sync.add(parent_of(e.path))
-        dirs_to_sync.add(e.path)
 
     # 3. files and symlinks: temp file, fsync, rename over
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -329,7 +333,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
             finally:
                 os.close(pfd)
-            dirs_to_sync.add(parent_of(e.path))
     finally:
         os.close(tmp_fd)
 

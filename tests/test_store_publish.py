@@ -403,6 +403,42 @@ def test_workspace_open_runs_recovery(ws, monkeypatch):
     assert manifest(ws.path) == expected_manifest(AFTER)
 
 
+def test_recovery_makes_every_touched_directory_durable_again(ws, monkeypatch):
+    """A crash can come after a removal or chmod reached the page cache but
+    before its directory was fsynced; the re-run finds nothing to redo for
+    that path, yet must still fsync it before the layer counts as committed."""
+    st = Stager(ws)
+    stage_after(st)
+    real = publish.apply_entries
+
+    def apply_then_die(*args):
+        real(*args)
+        raise Crash("killed before the layer was marked committed")
+
+    with monkeypatch.context() as m:
+        m.setattr(publish, "apply_entries", apply_then_die)
+        with pytest.raises(Crash):
+            publish.commit_step(ws, st.step)
+    synced: set[tuple[int, int]] = set()
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):
+        st_ = os.fstat(fd)
+        synced.add((st_.st_dev, st_.st_ino))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(publish.os, "fsync", recording_fsync)
+    assert publish.recover(ws) == [1]
+
+    def ident(rel: str) -> tuple[int, int]:
+        st_ = os.stat(os.path.join(ws.path, rel))
+        return st_.st_dev, st_.st_ino
+
+    # parents of removals (src/pkg/c.py, old), directories whose mode changed
+    for rel in ("src/pkg", ".", "modedir", "src", "emptydir", "newdir/nested"):
+        assert ident(rel) in synced, rel
+
+
 def test_temp_files_of_a_dead_commit_are_removed_by_recover(ws):
     junk = os.path.join(ws.tmp_dir, "L7-3")
     with open(junk, "wb") as f:

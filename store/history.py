@@ -30,9 +30,12 @@ def user_path(ws: Workspace, path: str) -> bytes:
     raw = os.fsencode(path)
     if raw.startswith(b"/"):
         root = os.fsencode(ws.path).rstrip(b"/") + b"/"
-        if not raw.startswith(root):
+        if raw.rstrip(b"/") + b"/" == root:
+            raw = b""  # the workspace itself: refused below with that reason
+        elif not raw.startswith(root):
             raise ContainmentError(f"{path} is outside the workspace {ws.path}; give a path inside it.")
-        raw = raw[len(root):]
+        else:
+            raw = raw[len(root):]
     parts: list[bytes] = []
     for part in raw.split(b"/"):
         if part in (b"", b"."):

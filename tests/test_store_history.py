@@ -153,3 +153,9 @@ def test_user_path_refuses_absolute_paths_outside_or_into_the_store(ws):
     ):
         with pytest.raises(ContainmentError):
             history.user_path(ws, path)
+
+
+def test_user_path_names_the_workspace_itself_clearly(ws):
+    for path in (ws.path, ws.path + "/"):
+        with pytest.raises(ContainmentError, match="names the workspace itself"):
+            history.user_path(ws, path)

@@ -202,14 +202,27 @@ class ObjectStore:
         return pos
 
     def verify(self, conn: Connection, oid: str) -> list[str]:
-        """Problems with one object (empty list: intact)."""
+        """Problems with one object (empty list: intact): every chunk
+        re-hashed, the chunk sizes summed, and the whole content re-hashed
+        against the object id (which catches chunks listed in the wrong
+        order or a wrong chunk listed, each chunk being intact)."""
         problems = []
         total = 0
+        streaming = self.hasher is xxh3_hex
+        whole = xxhash.xxh3_128() if streaming else None
+        pieces: list[bytes] = []
         try:
             for data in self.iter_chunks(conn, oid):
                 total += len(data)
+                if whole is not None:
+                    whole.update(data)
+                else:
+                    pieces.append(data)
         except CorruptObject as exc:
             return [str(exc)]
         if total != self.size(conn, oid):
             problems.append(f"object {oid} has {total} bytes in its chunks, {self.size(conn, oid)} recorded.")
+        digest = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
+        if digest != oid.split(".", 1)[0]:
+            problems.append(f"object {oid} does not hash to its id: its chunk list is damaged.")
         return problems

@@ -249,3 +249,31 @@ def test_missing_chunk_is_detected_not_served_short(tmp_path):
             list(objects.iter_chunks(conn, oid, verify=False))
         assert objects.verify(conn, oid) != []
     db.close()
+
+
+def test_verify_rehashes_the_whole_object(tmp_path):
+    """Intact chunks listed in the wrong order read back as the wrong bytes;
+    only the object hash tells."""
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    objects = ObjectStore(chunk_size=4)
+    with db.write() as conn:
+        oid = objects.put_bytes(conn, b"aaaabbbbcccc")
+        first, second, _ = objects.chunk_ids(conn, oid)
+        assert objects.verify(conn, oid) == []
+    _corrupt(path, "UPDATE object_chunks SET cid = ? WHERE oid = ? AND seq = 0", second, oid)
+    _corrupt(path, "UPDATE object_chunks SET cid = ? WHERE oid = ? AND seq = 1", first, oid)
+    with db.read() as conn:
+        problems = objects.verify(conn, oid)
+        assert len(problems) == 1 and "does not hash to its id" in problems[0]
+    db.close()
+
+
+def test_verify_with_a_custom_hasher():
+    db = Database.memory()
+    objects = ObjectStore(hasher=weak_hasher, chunk_size=4)
+    with db.write() as conn:
+        oids = [objects.put_bytes(conn, b"blob %d" % i) for i in range(100)]
+        assert any("." in oid for oid in oids)  # the suffixed ids are verified too
+        assert all(objects.verify(conn, oid) == [] for oid in oids)
+    db.close()

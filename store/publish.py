@@ -18,7 +18,8 @@ Commit protocol (the order is the whole point; FORMAT.md repeats it):
    directories (shallowest first), write each new file or symlink to a
    temporary file in ``.stepfs/tmp`` (same filesystem), ``fsync`` it, and
    ``rename`` it over the target; then set directory modes and ``fsync``
-   every touched directory.  A crash here leaves a mix of old and new paths
+   the parent of every entry and every directory entry (on every run, so a
+   re-run after a crash makes earlier removals durable too).  A crash here leaves a mix of old and new paths
    that recovery completes to NEW.
 5. **Done.**  A durable transaction sets ``state='committed'``.
 
@@ -26,8 +27,9 @@ Recovery (:func:`recover`) runs before anything else uses a store: every
 ``pending`` layer whose checksum verifies is published again (each step is
 idempotent: a file is rewritten, an absent path is skipped, an existing
 directory kept) and marked committed; a layer whose checksum does not verify
-is marked ``void`` (it never reached a consistent commit point).  Recovery is
-itself safe to kill and re-run.  Temporary files are removed.
+is marked ``void`` and left as it is (its row and entries are written in one
+transaction, so a mismatch means the database was damaged afterwards).
+Recovery is itself safe to kill and re-run.  Temporary files are removed.
 
 A failing ``fsync`` raises and the layer stays ``pending``: it is never
 reported as committed until a later publish has fsynced every byte again.

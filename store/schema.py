@@ -39,7 +39,7 @@ CHUNK_SIZE = 1 << 20
 metadata = MetaData()
 
 # Key/value facts about the store itself: format_version, hash_algorithm,
-# chunk_size, created_ns, workspace (absolute path at creation).
+# chunk_size (informational: readers go by the stored chunk offsets).
 meta = Table(
     "meta",
     metadata,
@@ -82,7 +82,8 @@ Index("object_chunks_cid", object_chunks.c.cid)
 
 # Numbered layers (committed steps).  Layer 0 is the baseline written when the
 # store is created.  ``state`` is 'pending' between the intent record and the
-# end of publishing, then 'committed'.  ``intent_sum`` is the checksum of the
+# end of publishing, then 'committed'; 'void' if recovery found its intent
+# damaged (never history).  ``intent_sum`` is the checksum of the
 # layer's entries, verified before a pending layer is rolled forward.
 layers = Table(
     "layers",
@@ -99,7 +100,8 @@ layers = Table(
 )
 
 # What a layer did to each path it touched: the state before and after.
-# A NULL kind means "absent".  kinds: file | dir | symlink.
+# A NULL kind means "absent".  kinds: file | dir | symlink, and as a before
+# state only, special (FIFO, socket, device: mode, no content).
 entries = Table(
     "entries",
     metadata,

@@ -37,6 +37,7 @@ reported as committed until a later publish has fsynced every byte again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat as stat_mod
@@ -79,13 +80,25 @@ def _kind_of(mode: int) -> str | None:
     return "special"
 
 
+def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
+    """``lstat`` inside the contained root; None if ``path`` is not in the
+    tree: missing, below a non-directory, or reached through a symlink (the
+    overlay's tokens treat such a path as absent too, and it must never be
+    followed to wherever the symlink points)."""
+    try:
+        return ws.root.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EXDEV):
+            return None
+        raise
+
+
 def capture(ws: Workspace, conn, path: bytes) -> _Before:
     """The workspace state of ``path`` now (file contents stored as an object)."""
-    try:
-        st = ws.root.lstat(path)
-    except FileNotFoundError:
-        return _Before(State(None), tokens.ABSENT)
-    except NotADirectoryError:
+    st = _lstat(ws, path)
+    if st is None:
         return _Before(State(None), tokens.ABSENT)
     kind = _kind_of(st.st_mode)
     if kind == "file":
@@ -251,10 +264,8 @@ def _depth(path: bytes) -> int:
 
 
 def _current_kind(ws: Workspace, path: bytes) -> str | None:
-    try:
-        return _kind_of(ws.root.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    st = _lstat(ws, path)
+    return None if st is None else _kind_of(st.st_mode)
 
 
 def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
@@ -367,11 +378,9 @@ def _owner_for(ws: Workspace, path: bytes) -> tuple[int, int] | None:
     if os.geteuid() != 0:
         return None
     for candidate in (path, path.rpartition(b"/")[0] or b"."):
-        try:
-            st = ws.root.lstat(candidate)
+        st = _lstat(ws, candidate)
+        if st is not None:
             return st.st_uid, st.st_gid
-        except (FileNotFoundError, NotADirectoryError):
-            continue
     return None
 
 

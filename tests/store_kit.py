@@ -3,6 +3,7 @@ by hand, the way the overlay would, without FUSE."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_mod
 from pathlib import Path
@@ -45,11 +46,16 @@ def expected_manifest(tree: dict[str, tuple]) -> dict[bytes, tuple]:
 
 
 def token_of(ws: Workspace, path: bytes) -> str:
-    """The workspace token of ``path`` now, as the overlay records it."""
+    """The workspace token of ``path`` now, as the overlay records it
+    (``overlayfs.view.Overlay._lower_token``)."""
     try:
         st = ws.root.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return tokens.ABSENT
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EXDEV):  # through a symlink: not in the tree
+            return tokens.ABSENT
+        raise
     target = ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None
     return tokens.from_stat(st, target)
 

@@ -486,3 +486,31 @@ def test_workspace_symlinks_are_retargeted_replaced_and_deleted_not_followed(tmp
 def test_build_tree_helper_round_trips(tmp_path):
     build_tree(tmp_path / "t", BEFORE)
     assert manifest(tmp_path / "t") == expected_manifest(BEFORE)
+
+
+def test_a_directory_replacing_a_workspace_symlink_gets_its_children(tmp_path):
+    """In the mount: rm ln; mkdir ln; echo > ln/f.  In the workspace ln/f is
+    reached through a symlink while planning and while removing: it is
+    absent there, never followed into the symlink's target."""
+    ws = open_workspace(tmp_path / "ws", {
+        "d": ("dir", 0o755),
+        "d/f": ("file", 0o644, b"the target's own f\n"),
+        "ln": ("symlink", "d"),
+    })
+    try:
+        st = Stager(ws)
+        st.dir("ln", 0o755, opaque=True)
+        st.file("ln/f", b"new f\n")
+        assert [r.base for r in st.rows()] == ["link:" + b"d".hex(), "absent"]
+        publish.commit_step(ws, st.step)
+        assert manifest(ws.path) == expected_manifest({
+            "d": ("dir", 0o755),
+            "d/f": ("file", 0o644, b"the target's own f\n"),
+            "ln": ("dir", 0o755),
+            "ln/f": ("file", 0o644, b"new f\n"),
+        })
+        with ws.db.read() as conn:
+            got = {e.path: (e.before.kind, e.after.kind) for e in layers.entries(conn, 1)}
+        assert got == {b"ln": ("symlink", "dir"), b"ln/f": (None, "file")}
+    finally:
+        ws.close()

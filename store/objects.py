@@ -19,7 +19,7 @@ import os
 from typing import Callable, Iterator
 
 import xxhash
-from sqlalchemy import case, select
+from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 
 from . import schema
@@ -32,10 +32,37 @@ def xxh3_hex(data: bytes) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
-def _key_family(column, digest: str):
-    """``column`` is ``digest`` or ``digest.<n>`` (a range, so the primary
-    key index answers it; ``/`` is the byte after ``.``)."""
-    return (column == digest) | ((column > digest + ".") & (column < digest + "/"))
+def _key_family(column):
+    """``column`` is ``:digest`` or ``:digest.<n>``: a range, so the primary
+    key index answers it (``/`` is the byte after ``.``).  Binds ``digest``,
+    ``lo`` (digest + ".") and ``hi`` (digest + "/")."""
+    return (column == bindparam("digest")) | ((column > bindparam("lo")) & (column < bindparam("hi")))
+
+
+def _family_params(digest: str) -> dict:
+    return {"digest": digest, "lo": digest + ".", "hi": digest + "/"}
+
+
+# Statements of the put and read paths, built once: every close-write and
+# every read of a staged file runs them, and building a statement costs
+# more than SQLite takes to run it.
+_C, _O, _OC = schema.chunks, schema.objects, schema.object_chunks
+_CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None)).where(
+    _key_family(_C.c.cid))
+_CHUNK_INSERT = _C.insert()
+_OBJECT_FAMILY = select(_O.c.oid, _O.c.size).where(_key_family(_O.c.oid))
+_OBJECT_CHUNK_LISTS = (
+    select(_OC.c.oid, _OC.c.cid).where(_OC.c.oid.in_(bindparam("oids", expanding=True)))
+    .order_by(_OC.c.oid, _OC.c.seq)
+)
+_OBJECT_INSERT = _O.insert()
+_OBJECT_READ = (
+    select(_OC.c.cid, _OC.c.offset, _C.c.data)
+    .select_from(_OC.outerjoin(_C, _C.c.cid == _OC.c.cid))
+    .where(_OC.c.oid == bindparam("oid"))
+    .order_by(_OC.c.seq)
+)
+_OBJECT_CHUNKS_INSERT = _OC.insert()
 
 
 def _free_key(digest: str, taken: list[str]) -> str:
@@ -99,45 +126,38 @@ class ObjectStore:
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:
         digest = self.hasher(data)
-        C = schema.chunks
         # One query for the key and all its collision suffixes (a flood of
         # crafted colliding chunks must not turn every put into a linear
         # probe); only same-size candidates' bytes are fetched and compared.
-        family = conn.execute(
-            select(C.c.cid, case((C.c.size == len(data), C.c.data), else_=None))
-            .where(_key_family(C.c.cid, digest))
-        ).all()
+        family = conn.execute(_CHUNK_FAMILY, {"size": len(data), **_family_params(digest)}).all()
         for cid, stored in family:
             if stored is not None and bytes(stored) == data:
                 return cid
         # New bytes, or a real collision: take the first free suffix.
         cid = _free_key(digest, [cid for cid, _ in family])
-        conn.execute(C.insert().values(cid=cid, size=len(data), data=data))
+        conn.execute(_CHUNK_INSERT, {"cid": cid, "size": len(data), "data": data})
         return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int) -> str:
-        O, OC = schema.objects, schema.object_chunks
-        taken = conn.execute(select(O.c.oid, O.c.size).where(_key_family(O.c.oid, digest))).all()
+        taken = conn.execute(_OBJECT_FAMILY, _family_params(digest)).all()
         same_size = [oid for oid, osize in taken if osize == size]
         if same_size:
             # Chunks being verified byte for byte, equal chunk lists mean equal bytes.
             lists: dict[str, list[str]] = {oid: [] for oid in same_size}
-            for oid, cid in conn.execute(
-                select(OC.c.oid, OC.c.cid).where(OC.c.oid.in_(same_size)).order_by(OC.c.oid, OC.c.seq)
-            ):
+            for oid, cid in conn.execute(_OBJECT_CHUNK_LISTS, {"oids": same_size}):
                 lists[oid].append(cid)
             wanted = [cid for cid, _ in cids]
             for oid in same_size:
                 if lists[oid] == wanted:
                     return oid
         oid = _free_key(digest, [oid for oid, _ in taken])
-        conn.execute(O.insert().values(oid=oid, size=size))
+        conn.execute(_OBJECT_INSERT, {"oid": oid, "size": size})
         rows, pos = [], 0
         for seq, (cid, length) in enumerate(cids):
             rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
             pos += length
         if rows:
-            conn.execute(OC.insert(), rows)
+            conn.execute(_OBJECT_CHUNKS_INSERT, rows)
         return oid
 
     # -- reading ------------------------------------------------------------
@@ -165,13 +185,7 @@ class ObjectStore:
         corrupt bytes are never served.  A missing chunk row or a gap in the
         offsets raises too (even without ``verify``): a short read would
         otherwise pass for the file's content."""
-        C, OC = schema.chunks, schema.object_chunks
-        rows = conn.execute(
-            select(OC.c.cid, OC.c.offset, C.c.data)
-            .select_from(OC.outerjoin(C, C.c.cid == OC.c.cid))
-            .where(OC.c.oid == oid)
-            .order_by(OC.c.seq)
-        )
+        rows = conn.execute(_OBJECT_READ, {"oid": oid})
         pos = 0
         for row in rows:
             if row.data is None or row.offset != pos:

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select, update
 
 from conftest import manifest
-from store import layers, publish, schema, staging
+from store import layers, publish, schema
 from store.errors import CommitConflict, NothingToCommit
 from store.layers import State
 from store_kit import Stager, build_tree, expected_manifest, open_workspace

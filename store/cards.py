@@ -29,6 +29,18 @@ def _text(data: bytes) -> list[str] | None:
         return None
 
 
+def line_counts(a: list[str], b: list[str]) -> tuple[int, int]:
+    """``(added, removed)`` lines from ``a`` to ``b``, from the matcher's
+    opcodes (not by parsing diff text, where a removed ``-- x`` line looks
+    like a ``---`` header)."""
+    added = removed = 0
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
+        if tag != "equal":
+            removed += i2 - i1
+            added += j2 - j1
+    return added, removed
+
+
 def content(objects: ObjectStore, conn: Connection, state: layers.State) -> bytes:
     if state.kind == "file" and state.oid is not None:
         return objects.read_all(conn, state.oid)
@@ -55,12 +67,7 @@ def file_card(objects: ObjectStore, conn: Connection, e: layers.Entry) -> dict:
     if a is None or b is None:
         out.update(binary=True, bytes_before=len(old), bytes_after=len(new))
         return out
-    added = removed = 0
-    for line in difflib.unified_diff(a, b, n=0):
-        if line.startswith("+") and not line.startswith("+++"):
-            added += 1
-        elif line.startswith("-") and not line.startswith("---"):
-            removed += 1
+    added, removed = line_counts(a, b)
     out.update(binary=False, lines_added=added, lines_removed=removed)
     return out
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from sqlalchemy import create_engine, event, inspect, select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DatabaseError, OperationalError
 from sqlalchemy.pool import StaticPool
 
@@ -50,13 +50,19 @@ class Database:
         Raises :class:`StoreFormatError` for a file that is not a stepfs
         store, or one written by a newer stepfs.
         """
+        # URL.create, not an f-string URL: a path is a file name, and '?',
+        # '#' or '%' in a workspace name must not be parsed as URL syntax.
         engine = create_engine(
-            f"sqlite:///{path}",
+            URL.create("sqlite", database=path),
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
         )
         _install_sqlite_hooks(engine, wal=True)
         db = cls(engine, path)
-        db._check_or_create(create)
+        try:
+            db._check_or_create(create)
+        except BaseException:
+            engine.dispose()  # a refused store keeps no file open
+            raise
         return db
 
     @classmethod
@@ -110,22 +116,28 @@ class Database:
             if not create:
                 raise StoreFormatError(f"{self.label} holds no stepfs store.")
             with self.write(durable=True) as conn:
-                schema.metadata.create_all(conn)
-                conn.execute(
-                    schema.meta.insert(),
-                    [
-                        {"key": "format_version", "value": str(schema.FORMAT_VERSION)},
-                        {"key": "hash_algorithm", "value": schema.HASH_ALGORITHM},
-                        {"key": "chunk_size", "value": str(schema.CHUNK_SIZE)},
-                    ],
-                )
-            return
+                # Look again under the write lock: another process may have
+                # created the store since we looked (two first mounts at once).
+                names = set(inspect(conn).get_table_names())
+                if "meta" not in names:
+                    schema.metadata.create_all(conn)
+                    conn.execute(
+                        schema.meta.insert(),
+                        [
+                            {"key": "format_version", "value": str(schema.FORMAT_VERSION)},
+                            {"key": "hash_algorithm", "value": schema.HASH_ALGORITHM},
+                            {"key": "chunk_size", "value": str(schema.CHUNK_SIZE)},
+                        ],
+                    )
+                    return
         with self.read() as conn:
             facts = dict(conn.execute(select(schema.meta.c.key, schema.meta.c.value)).all())
         try:
             version = int(facts.get("format_version", ""))
         except ValueError:
-            raise StoreFormatError(f"{self.label} has no readable format version; it is not a stepfs store.") from None
+            version = 0
+        if version < 1:  # no stepfs ever wrote a version below 1
+            raise StoreFormatError(f"{self.label} has no readable format version; it is not a stepfs store.")
         if version > schema.FORMAT_VERSION:
             raise StoreFormatError(
                 f"{self.label} was written by a newer stepfs (format {version}, this one reads up to "

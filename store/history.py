@@ -12,6 +12,7 @@ The state of path ``p`` after layer ``n`` is, in order of precedence:
 from __future__ import annotations
 
 import os
+import stat as stat_mod
 
 from sqlalchemy import select
 
@@ -29,9 +30,12 @@ def user_path(ws: Workspace, path: str) -> bytes:
     raw = os.fsencode(path)
     if raw.startswith(b"/"):
         root = os.fsencode(ws.path).rstrip(b"/") + b"/"
-        if not raw.startswith(root):
+        if raw.rstrip(b"/") + b"/" == root:
+            raw = b""  # the workspace itself: refused below with that reason
+        elif not raw.startswith(root):
             raise ContainmentError(f"{path} is outside the workspace {ws.path}; give a path inside it.")
-        raw = raw[len(root):]
+        else:
+            raw = raw[len(root):]
     parts: list[bytes] = []
     for part in raw.split(b"/"):
         if part in (b"", b"."):
@@ -84,12 +88,18 @@ def file_bytes(ws: Workspace, number: int, path: str) -> bytes:
                 raise ContainmentError(f"{path} was a {state.kind} as of layer {number}, not a file.")
             return ws.objects.read_all(conn, state.oid)
     try:
-        fd = ws.root.open(rel, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore it).
+        fd = ws.root.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ContainmentError(f"{path} did not exist as of layer {number}.") from None
     except OSError as exc:
         raise ContainmentError(f"{path} cannot be read inside the workspace ({exc.strerror}).") from None
     try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode):
+            # Untouched by any layer: the workspace's kind now is its kind then.
+            kind = "dir" if stat_mod.S_ISDIR(st.st_mode) else "special file"
+            raise ContainmentError(f"{path} was a {kind} as of layer {number}, not a file.")
         chunks = []
         while True:
             data = os.read(fd, 1 << 20)

@@ -19,7 +19,7 @@ import os
 from typing import Callable, Iterator
 
 import xxhash
-from sqlalchemy import select
+from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 
 from . import schema
@@ -30,6 +30,48 @@ Hasher = Callable[[bytes], str]
 def xxh3_hex(data: bytes) -> str:
     """The digest function; tests swap in a deliberately weak one to force collisions."""
     return xxhash.xxh3_128_hexdigest(data)
+
+
+def _key_family(column):
+    """``column`` is ``:digest`` or ``:digest.<n>``: a range, so the primary
+    key index answers it (``/`` is the byte after ``.``).  Binds ``digest``,
+    ``lo`` (digest + ".") and ``hi`` (digest + "/")."""
+    return (column == bindparam("digest")) | ((column > bindparam("lo")) & (column < bindparam("hi")))
+
+
+def _family_params(digest: str) -> dict:
+    return {"digest": digest, "lo": digest + ".", "hi": digest + "/"}
+
+
+# Statements of the put and read paths, built once: every close-write and
+# every read of a staged file runs them, and building a statement costs
+# more than SQLite takes to run it.
+_C, _O, _OC = schema.chunks, schema.objects, schema.object_chunks
+_CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None)).where(
+    _key_family(_C.c.cid))
+_CHUNK_INSERT = _C.insert()
+_OBJECT_FAMILY = select(_O.c.oid, _O.c.size).where(_key_family(_O.c.oid))
+_OBJECT_CHUNK_LISTS = (
+    select(_OC.c.oid, _OC.c.cid).where(_OC.c.oid.in_(bindparam("oids", expanding=True)))
+    .order_by(_OC.c.oid, _OC.c.seq)
+)
+_OBJECT_INSERT = _O.insert()
+_OBJECT_READ = (
+    select(_OC.c.cid, _OC.c.offset, _C.c.data)
+    .select_from(_OC.outerjoin(_C, _C.c.cid == _OC.c.cid))
+    .where(_OC.c.oid == bindparam("oid"))
+    .order_by(_OC.c.seq)
+)
+_OBJECT_CHUNKS_INSERT = _OC.insert()
+
+
+def _free_key(digest: str, taken: list[str]) -> str:
+    """The first unused key of ``digest``'s family: ``digest``, ``digest.1``, …"""
+    used = set(taken)
+    n = 0
+    while (digest if n == 0 else f"{digest}.{n}") in used:
+        n += 1
+    return digest if n == 0 else f"{digest}.{n}"
 
 
 class ObjectStore:
@@ -73,6 +115,9 @@ class ObjectStore:
 
         cids = [(self._put_chunk(conn, p), len(p)) for p in read_pieces()]
         whole_hash = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
+        # The size is what was read: a file cut short meanwhile must not give
+        # an object whose recorded size disagrees with its chunks.
+        size = sum(length for _, length in cids)
         return self._put_object(conn, whole_hash, cids, size), size
 
     def _put_pieces(self, conn: Connection, pieces: Iterator[bytes], whole_hash: str, size: int) -> str:
@@ -81,34 +126,39 @@ class ObjectStore:
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:
         digest = self.hasher(data)
-        n = 0
-        while True:
-            cid = digest if n == 0 else f"{digest}.{n}"
-            row = conn.execute(select(schema.chunks.c.data).where(schema.chunks.c.cid == cid)).first()
-            if row is None:
-                conn.execute(schema.chunks.insert().values(cid=cid, size=len(data), data=data))
+        # One query for the key and all its collision suffixes (a flood of
+        # crafted colliding chunks must not turn every put into a linear
+        # probe); only same-size candidates' bytes are fetched and compared.
+        family = conn.execute(_CHUNK_FAMILY, {"size": len(data), **_family_params(digest)}).all()
+        for cid, stored in family:
+            if stored is not None and bytes(stored) == data:
                 return cid
-            if bytes(row.data) == data:
-                return cid
-            n += 1  # a real collision: same hash, other bytes
+        # New bytes, or a real collision: take the first free suffix.
+        cid = _free_key(digest, [cid for cid, _ in family])
+        conn.execute(_CHUNK_INSERT, {"cid": cid, "size": len(data), "data": data})
+        return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int) -> str:
-        n = 0
-        while True:
-            oid = digest if n == 0 else f"{digest}.{n}"
-            row = conn.execute(select(schema.objects.c.size).where(schema.objects.c.oid == oid)).first()
-            if row is None:
-                conn.execute(schema.objects.insert().values(oid=oid, size=size))
-                rows, pos = [], 0
-                for seq, (cid, length) in enumerate(cids):
-                    rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
-                    pos += length
-                if rows:
-                    conn.execute(schema.object_chunks.insert(), rows)
-                return oid
-            if row.size == size and self.chunk_ids(conn, oid) == [cid for cid, _ in cids]:
-                return oid
-            n += 1
+        taken = conn.execute(_OBJECT_FAMILY, _family_params(digest)).all()
+        same_size = [oid for oid, osize in taken if osize == size]
+        if same_size:
+            # Chunks being verified byte for byte, equal chunk lists mean equal bytes.
+            lists: dict[str, list[str]] = {oid: [] for oid in same_size}
+            for oid, cid in conn.execute(_OBJECT_CHUNK_LISTS, {"oids": same_size}):
+                lists[oid].append(cid)
+            wanted = [cid for cid, _ in cids]
+            for oid in same_size:
+                if lists[oid] == wanted:
+                    return oid
+        oid = _free_key(digest, [oid for oid, _ in taken])
+        conn.execute(_OBJECT_INSERT, {"oid": oid, "size": size})
+        rows, pos = [], 0
+        for seq, (cid, length) in enumerate(cids):
+            rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
+            pos += length
+        if rows:
+            conn.execute(_OBJECT_CHUNKS_INSERT, rows)
+        return oid
 
     # -- reading ------------------------------------------------------------
 
@@ -132,17 +182,20 @@ class ObjectStore:
     def iter_chunks(self, conn: Connection, oid: str, verify: bool = True) -> Iterator[bytes]:
         """Yield the object's bytes chunk by chunk; with ``verify`` each chunk
         is re-hashed and :class:`CorruptObject` raised on a mismatch, so
-        corrupt bytes are never served."""
-        rows = conn.execute(
-            select(schema.chunks.c.cid, schema.chunks.c.data)
-            .join(schema.object_chunks, schema.object_chunks.c.cid == schema.chunks.c.cid)
-            .where(schema.object_chunks.c.oid == oid)
-            .order_by(schema.object_chunks.c.seq)
-        )
+        corrupt bytes are never served.  A missing chunk row or a gap in the
+        offsets raises too (even without ``verify``): a short read would
+        otherwise pass for the file's content."""
+        rows = conn.execute(_OBJECT_READ, {"oid": oid})
+        pos = 0
         for row in rows:
+            if row.data is None or row.offset != pos:
+                raise CorruptObject(
+                    f"object {oid} is missing its bytes at offset {pos}; run 'stepfs verify' for a full report."
+                )
             data = bytes(row.data)
             if verify and self.hasher(data) != row.cid.split(".", 1)[0]:
                 raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            pos += len(data)
             yield data
 
     def read_all(self, conn: Connection, oid: str) -> bytes:
@@ -163,14 +216,27 @@ class ObjectStore:
         return pos
 
     def verify(self, conn: Connection, oid: str) -> list[str]:
-        """Problems with one object (empty list: intact)."""
+        """Problems with one object (empty list: intact): every chunk
+        re-hashed, the chunk sizes summed, and the whole content re-hashed
+        against the object id (which catches chunks listed in the wrong
+        order or a wrong chunk listed, each chunk being intact)."""
         problems = []
         total = 0
+        streaming = self.hasher is xxh3_hex
+        whole = xxhash.xxh3_128() if streaming else None
+        pieces: list[bytes] = []
         try:
             for data in self.iter_chunks(conn, oid):
                 total += len(data)
+                if whole is not None:
+                    whole.update(data)
+                else:
+                    pieces.append(data)
         except CorruptObject as exc:
             return [str(exc)]
         if total != self.size(conn, oid):
             problems.append(f"object {oid} has {total} bytes in its chunks, {self.size(conn, oid)} recorded.")
+        digest = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
+        if digest != oid.split(".", 1)[0]:
+            problems.append(f"object {oid} does not hash to its id: its chunk list is damaged.")
         return problems

@@ -18,7 +18,8 @@ Commit protocol (the order is the whole point; FORMAT.md repeats it):
    directories (shallowest first), write each new file or symlink to a
    temporary file in ``.stepfs/tmp`` (same filesystem), ``fsync`` it, and
    ``rename`` it over the target; then set directory modes and ``fsync``
-   every touched directory.  A crash here leaves a mix of old and new paths
+   the parent of every entry and every directory entry (on every run, so a
+   re-run after a crash makes earlier removals durable too).  A crash here leaves a mix of old and new paths
    that recovery completes to NEW.
 5. **Done.**  A durable transaction sets ``state='committed'``.
 
@@ -26,8 +27,9 @@ Recovery (:func:`recover`) runs before anything else uses a store: every
 ``pending`` layer whose checksum verifies is published again (each step is
 idempotent: a file is rewritten, an absent path is skipped, an existing
 directory kept) and marked committed; a layer whose checksum does not verify
-is marked ``void`` (it never reached a consistent commit point).  Recovery is
-itself safe to kill and re-run.  Temporary files are removed.
+is marked ``void`` and left as it is (its row and entries are written in one
+transaction, so a mismatch means the database was damaged afterwards).
+Recovery is itself safe to kill and re-run.  Temporary files are removed.
 
 A failing ``fsync`` raises and the layer stays ``pending``: it is never
 reported as committed until a later publish has fsynced every byte again.
@@ -35,6 +37,7 @@ reported as committed until a later publish has fsynced every byte again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat as stat_mod
@@ -79,13 +82,25 @@ def _kind_of(mode: int) -> str | None:
     return "special"
 
 
+def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
+    """``lstat`` inside the contained root; None if ``path`` is not in the
+    tree: missing, below a non-directory, or reached through a symlink (the
+    overlay's tokens treat such a path as absent too, and it must never be
+    followed to wherever the symlink points)."""
+    try:
+        return ws.root.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EXDEV):
+            return None
+        raise
+
+
 def capture(ws: Workspace, conn, path: bytes) -> _Before:
     """The workspace state of ``path`` now (file contents stored as an object)."""
-    try:
-        st = ws.root.lstat(path)
-    except FileNotFoundError:
-        return _Before(State(None), tokens.ABSENT)
-    except NotADirectoryError:
+    st = _lstat(ws, path)
+    if st is None:
         return _Before(State(None), tokens.ABSENT)
     kind = _kind_of(st.st_mode)
     mode = stat_mod.S_IMODE(st.st_mode)
@@ -129,7 +144,11 @@ def _after_of(row: staging.StagedRow) -> State:
 
 
 def _walk(ws: Workspace, path: bytes) -> list[bytes]:
-    """Every workspace path strictly below directory ``path``."""
+    """Every workspace path strictly below directory ``path``; nothing if
+    ``path`` is not a directory (a symlink in particular is never followed:
+    listing it would fail with ELOOP under the contained root)."""
+    if _current_kind(ws, path) != "dir":
+        return []
     out, todo = [], [path]
     while todo:
         d = todo.pop()
@@ -268,10 +287,8 @@ def _depth(path: bytes) -> int:
 
 
 def _current_kind(ws: Workspace, path: bytes) -> str | None:
-    try:
-        return _kind_of(ws.root.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    st = _lstat(ws, path)
+    return None if st is None else _kind_of(st.st_mode)
 
 
 def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
@@ -282,10 +299,17 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
     the layer then stays pending.
     """
     root = ws.root
-    dirs_to_sync: set[bytes] = set()
 
     def parent_of(p: bytes) -> bytes:
         return p.rpartition(b"/")[0] or b"."
+
+    # Every parent of a touched path, and every directory whose mode the
+    # layer sets, is fsynced at the end, whether or not this run changed it:
+    # after a crash the re-run finds a removal or chmod already done (in the
+    # page cache, maybe not on disk) and must still make it durable before
+    # the layer is marked committed.
+    dirs_to_sync: set[bytes] = {parent_of(e.path) for e in entries}
+    dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
 
     # 1. removals, deepest first
     for e in sorted(entries, key=lambda e: -_depth(e.path)):
@@ -300,7 +324,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 os.unlink(name, dir_fd=pfd)
         finally:
             os.close(pfd)
-        dirs_to_sync.add(parent_of(e.path))
 
     # 2. new directories, shallowest first
     for e in sorted((e for e in entries if e.after.kind == "dir"), key=lambda e: _depth(e.path)):
@@ -311,8 +334,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             os.mkdir(name, 0o700, dir_fd=pfd)
         finally:
             os.close(pfd)
-        dirs_to_sync.add(parent_of(e.path))
-        dirs_to_sync.add(e.path)
 
     # 3. files, symlinks and FIFOs: temp file, fsync, rename over
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -355,7 +376,6 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
             finally:
                 os.close(pfd)
-            dirs_to_sync.add(parent_of(e.path))
     finally:
         os.close(tmp_fd)
 
@@ -395,11 +415,9 @@ def _owner_for(ws: Workspace, path: bytes, state: State | None = None) -> tuple[
     if state is not None and state.uid is not None and state.gid is not None:
         return state.uid, state.gid
     for candidate in (path, path.rpartition(b"/")[0] or b"."):
-        try:
-            st = ws.root.lstat(candidate)
+        st = _lstat(ws, candidate)
+        if st is not None:
             return st.st_uid, st.st_gid
-        except (FileNotFoundError, NotADirectoryError):
-            continue
     return None
 
 

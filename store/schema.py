@@ -39,7 +39,7 @@ CHUNK_SIZE = 1 << 20
 metadata = MetaData()
 
 # Key/value facts about the store itself: format_version, hash_algorithm,
-# chunk_size, created_ns, workspace (absolute path at creation).
+# chunk_size (informational: readers go by the stored chunk offsets).
 meta = Table(
     "meta",
     metadata,
@@ -82,7 +82,8 @@ Index("object_chunks_cid", object_chunks.c.cid)
 
 # Numbered layers (committed steps).  Layer 0 is the baseline written when the
 # store is created.  ``state`` is 'pending' between the intent record and the
-# end of publishing, then 'committed'.  ``intent_sum`` is the checksum of the
+# end of publishing, then 'committed'; 'void' if recovery found its intent
+# damaged (never history).  ``intent_sum`` is the checksum of the
 # layer's entries, verified before a pending layer is rolled forward.
 layers = Table(
     "layers",
@@ -99,8 +100,9 @@ layers = Table(
 )
 
 # What a layer did to each path it touched: the state before and after.
-# A NULL kind means "absent".  kinds: file | dir | symlink | fifo | special
-# (special: a socket or device found in the workspace; recorded, never written).
+# A NULL kind means "absent".  kinds: file | dir | symlink | fifo, and as a
+# before state only, special (a socket or device: mode, no content; never
+# written by a commit).
 entries = Table(
     "entries",
     metadata,

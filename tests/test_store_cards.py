@@ -1,0 +1,127 @@
+"""Layer listings and change cards (kernel-free tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import cards, layers, publish
+from store.errors import NoSuchLayer
+from store_kit import Stager, open_workspace
+
+TEXT_BEFORE = b"one\ntwo\nthree\n"
+TEXT_AFTER = b"one\nTWO\nthree\nfour\n"  # 1 line changed, 1 added: +2 -1
+BINARY_BEFORE = b"\x00\x01\x02" * 100
+BINARY_AFTER = b"\x00\x01\x02" * 150
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    """Layer 1: 2 added, 3 modified (text, binary, mode), 3 deleted (a
+    directory with one file, and a text file).  Layer 2: one symlink added."""
+    w = open_workspace(tmp_path_factory.mktemp("cards") / "ws", {
+        "text": ("file", 0o644, TEXT_BEFORE),
+        "blob": ("file", 0o644, BINARY_BEFORE),
+        "script": ("file", 0o644, b"#!/bin/sh\n"),
+        "gone.txt": ("file", 0o644, b"a\nb\nc\nd\n"),
+        "olddir": ("dir", 0o755),
+        "olddir/f": ("file", 0o644, b"f\n"),
+    })
+    st = Stager(w)
+    st.file("text", TEXT_AFTER)
+    st.file("blob", BINARY_AFTER)
+    st.file("script", b"#!/bin/sh\n", mode=0o755)
+    st.file("new.txt", b"x\ny\n")
+    st.dir("newdir", opaque=True)
+    st.whiteout("gone.txt")
+    st.whiteout("olddir")
+    publish.commit_step(w, st.step, message="first", agent="agent-1", mount="/m", meta={"tool": "edit"})
+    st = Stager(w)
+    st.symlink("ln", "text")
+    publish.commit_step(w, st.step, message="second")
+    yield w
+    w.close()
+
+
+def test_list_layers_counts_added_modified_deleted(ws):
+    with ws.db.read() as conn:
+        listed = layers.list_layers(conn)
+    assert [layer.number for layer in listed] == [2, 1, 0]  # newest first
+    second, first, baseline = listed
+    assert (first.added, first.modified, first.deleted) == (2, 3, 3)
+    assert (second.added, second.modified, second.deleted) == (1, 0, 0)
+    assert (baseline.added, baseline.modified, baseline.deleted) == (0, 0, 0)
+    assert (first.message, first.agent, first.mount, first.meta) == ("first", "agent-1", "/m", {"tool": "edit"})
+    assert baseline.kind == "baseline" and first.kind == "step"
+
+
+def test_list_layers_limit_and_single(ws):
+    with ws.db.read() as conn:
+        assert [layer.number for layer in layers.list_layers(conn, limit=1)] == [2]
+        assert layers.get(conn, 1).number == 1
+        with pytest.raises(NoSuchLayer):
+            layers.get(conn, 3)
+        assert layers.head(conn) == 2
+
+
+def test_card_counts_lines_for_text_and_bytes_for_binary(ws):
+    with ws.db.read() as conn:
+        card = cards.card(ws.objects, conn, 1)
+    files = {f["path"]: f for f in card["files"]}
+    assert files["text"]["op"] == "modified"
+    assert (files["text"]["binary"], files["text"]["lines_added"], files["text"]["lines_removed"]) == (False, 2, 1)
+    assert files["blob"]["binary"] is True
+    assert (files["blob"]["bytes_before"], files["blob"]["bytes_after"]) == (300, 450)
+    assert "lines_added" not in files["blob"]
+    assert files["script"]["op"] == "mode"
+    assert (files["script"]["lines_added"], files["script"]["lines_removed"]) == (0, 0)
+    assert (files["new.txt"]["op"], files["new.txt"]["lines_added"]) == ("added", 2)
+    assert (files["gone.txt"]["op"], files["gone.txt"]["lines_removed"]) == ("deleted", 4)
+    assert files["olddir/f"]["lines_removed"] == 1
+    assert files["olddir"]["kind"] == "dir" and "lines_added" not in files["olddir"]
+    assert (card["added"], card["modified"], card["deleted"]) == (2, 3, 3)
+    assert (card["lines_added"], card["lines_removed"]) == (2 + 2, 1 + 4 + 1)
+    assert (card["message"], card["meta"]) == ("first", {"tool": "edit"})
+
+
+def test_card_of_a_symlink_has_no_line_counts(ws):
+    with ws.db.read() as conn:
+        card = cards.card(ws.objects, conn, 2)
+    (only,) = card["files"]
+    assert (only["path"], only["op"], only["kind"]) == ("ln", "added", "symlink")
+    assert "lines_added" not in only and "binary" not in only
+
+
+def test_card_of_a_missing_layer(ws):
+    with ws.db.read() as conn:
+        with pytest.raises(NoSuchLayer):
+            cards.card(ws.objects, conn, 7)
+
+
+def test_lines_that_look_like_diff_headers_are_counted(tmp_path):
+    """Removed '-- comment' lines and added '++x' lines render as '---' and
+    '+++' in a unified diff; they are content, not file headers."""
+    w = open_workspace(tmp_path / "ws", {"q.sql": ("file", 0o644, b"-- setup\nselect 1;\n--\n++i;\n")})
+    try:
+        st = Stager(w)
+        st.file("q.sql", b"select 1;\n++ new\n++j;\n")
+        publish.commit_step(w, st.step)
+        with w.db.read() as conn:
+            (card,) = cards.card(w.objects, conn, 1)["files"]
+        assert (card["lines_added"], card["lines_removed"]) == (2, 3)
+    finally:
+        w.close()
+
+
+def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(cards, "LINE_COUNT_LIMIT", 10)
+    w = open_workspace(tmp_path / "ws", {"big": ("file", 0o644, b"1\n2\n3\n4\n5\n6\n")})
+    try:
+        st = Stager(w)
+        st.file("big", b"1\n")
+        publish.commit_step(w, st.step)
+        with w.db.read() as conn:
+            (card,) = cards.card(w.objects, conn, 1)["files"]
+        assert card["binary"] is None
+        assert (card["bytes_before"], card["bytes_after"]) == (12, 2)
+    finally:
+        w.close()

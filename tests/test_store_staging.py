@@ -1,0 +1,52 @@
+"""Open steps and staged rows (kernel-free tier, in-memory store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from store import staging
+from store.db import Database
+from store.staging import StagedRow
+
+
+@pytest.fixture
+def db():
+    d = Database.memory()
+    yield d
+    d.close()
+
+
+def test_one_open_step_per_mountpoint(db):
+    with db.write() as conn:
+        a = staging.open_step(conn, "/m/a", agent="x")
+        assert staging.open_step(conn, "/m/a") == a
+        b = staging.open_step(conn, "/m/b")
+        assert b != a
+        staging.put(conn, a, StagedRow(b"f", "file", 0o100644, size=3))
+    with db.read() as conn:
+        counts = {s["mountpoint"]: s["staged"] for s in staging.list_steps(conn)}
+    assert counts == {"/m/a": 1, "/m/b": 0}
+
+
+def test_put_replaces_the_row_of_a_path(db):
+    with db.write() as conn:
+        step = staging.open_step(conn, "/m")
+        staging.put(conn, step, StagedRow(b"p", "file", 0o100644, size=1, base="tok1"))
+        staging.put(conn, step, StagedRow(b"p", "whiteout", base="tok1"))
+        assert staging.load(conn, step) == [StagedRow(b"p", "whiteout", base="tok1")]
+
+
+def test_remove_tree_removes_exactly_the_subtree(db):
+    names = [b"d", b"d/x", b"d/sub/y", b"d-x", b"d.x", b"d0", b"d2/z", b"e", b"d\xff", b"d/\xff"]
+    with db.write() as conn:
+        step = staging.open_step(conn, "/m")
+        other = staging.open_step(conn, "/other")
+        for name in names:
+            staging.put(conn, step, StagedRow(name, "dir"))
+        staging.put(conn, other, StagedRow(b"d/x", "dir"))
+        staging.remove_tree(conn, step, b"d")
+        assert [r.path for r in staging.load(conn, step)] == sorted(
+            [b"d-x", b"d.x", b"d0", b"d2/z", b"e", b"d\xff"])
+        assert [r.path for r in staging.load(conn, other)] == [b"d/x"]  # other steps untouched
+        staging.remove(conn, step, b"e")
+        assert b"e" not in [r.path for r in staging.load(conn, step)]

@@ -308,11 +308,13 @@ class ContentMixin:
                 node.oid, node.size = oid, size
                 node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
                 node.ctime_ns = time.time_ns()
-                staging.put(conn, self.step, node.row(d.path))
+                for name in (node.names if node.link_group is not None else (d.path,)):
+                    staging.put(conn, self.step, node.row(name))
         finally:
             os.close(fd)
         node.staged = True
         self._drop_scratch(node)  # readers of the old version keep their fds
+        self._invalidate_names(node, except_path=d.path)
         self._bump(node)
         d.dirty = False
         d.base = self.node_token(node)
@@ -372,6 +374,9 @@ class ContentMixin:
         cache.  The default agent alone keeps the cache (and shared mmap)."""
         if agent != self.default_agent:
             return True
+        node = self.upper.get(path)
+        if node is not None and node.link_group is not None:
+            return True  # the kernel caches each name of a hard link as its own inode
         if path in self.open_drafts:
             return any(p == path and a != agent and d.opens for (a, p), d in self.drafts.items())
         return False

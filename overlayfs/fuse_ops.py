@@ -23,6 +23,7 @@ Choices (measured or forced, see README "Architecture"):
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -111,12 +112,30 @@ class StepFS(mfusepy.Operations):
         self.view = view
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
+        self._fuse = None  # struct fuse *, known from init on
+
+    def invalidate(self, path: str) -> None:
+        """Drop the kernel's cached attributes and pages of ``path``.
+
+        libfuse's high-level API gives every name its own kernel inode, so
+        when a change through one name of a hard link (or a rollback)
+        alters another name, the kernel must be told.  Safe from inside a
+        request: the notification only takes the other inode's page locks.
+        """
+        if self._fuse is None:
+            return
+        rc = mfusepy._libfuse.fuse_invalidate_path(self._fuse, os.fsencode(path))
+        if rc not in (0, -errno.ENOENT):
+            log.debug("fuse_invalidate_path(%s) = %d", path, rc)
 
     def _agent(self) -> str:
         """The calling process's agent (pid from the FUSE request)."""
         return self.agents.of(mfusepy.fuse_get_context()[2])
 
     def init(self, path):
+        self._fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
+        mfusepy._libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        self.view.invalidate = self.invalidate
         if self.on_ready is not None:
             self.on_ready()
 
@@ -157,7 +176,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def link(self, target, source):
-        self.view.link(target, source)
+        self.view.link(target, source, agent=self._agent())
 
     @_translating
     def chmod(self, path, mode):

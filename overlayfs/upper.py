@@ -45,7 +45,7 @@ class Node:
 
     __slots__ = (
         "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
-        "base", "scratch", "ino", "uid", "gid", "staged", "gen", "xattrs",
+        "base", "scratch", "ino", "uid", "gid", "staged", "gen", "xattrs", "link_group", "names", "name_bases",
     )
 
     def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
@@ -71,12 +71,17 @@ class Node:
         self.staged = False  # a row exists in the store
         self.gen = 0  # bumped on every change; part of the version token
         self.xattrs: dict[bytes, bytes] = {}  # user.* only
+        # Hard links made in the mount: one Node under several paths.
+        # ``names`` is kept only for such nodes (link_group is not None).
+        self.link_group: int | None = None
+        self.names: set[str] = set()
+        self.name_bases: dict[str, str] = {}  # workspace token per name (commit check)
 
     def row(self, path: str) -> StagedRow:
         return StagedRow(
             path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
-            size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.base,
-            uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs),
+            size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.name_bases.get(path, self.base),
+            uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs), link_group=self.link_group,
         )
 
     @classmethod
@@ -85,8 +90,13 @@ class Node:
                    target=row.target, opaque=row.opaque, mtime_ns=row.mtime_ns or None,
                    uid=os.getuid() if row.uid is None else row.uid, gid=os.getgid() if row.gid is None else row.gid)
         node.xattrs = xattr_codec.decode(row.xattrs)
+        node.link_group = row.link_group
         node.staged = True
         return node
+
+    @property
+    def nlink(self) -> int:
+        return len(self.names) if self.link_group is not None else 1
 
     @property
     def type_bits(self) -> int:

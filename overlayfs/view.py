@@ -95,12 +95,25 @@ class Overlay(ContentMixin):
         self._scratch_seq = itertools.count(1)
         self.readonly_reason: str | None = None
         self.meta = MetaTree(self)
+        # Set by the FUSE adapter: drop the kernel's caches of a path.
+        self.invalidate = lambda path: None
         self.root_dev = os.fstat(self.root.fd).st_dev
         with ws.db.read() as conn:
+            groups: dict[int, Node] = {}
             for row in staging.load(conn, self.step):
-                node = Node.from_row(row, next(self._ino))
-                self._bump(node)
-                self.upper.set(view_path(row.path), node)
+                path = view_path(row.path)
+                if row.link_group is not None and row.link_group in groups:
+                    node = groups[row.link_group]  # another name of the same file
+                else:
+                    node = Node.from_row(row, next(self._ino))
+                    self._bump(node)
+                    if row.link_group is not None:
+                        groups[row.link_group] = node
+                if node.link_group is not None:
+                    node.names.add(path)
+                    node.name_bases[path] = row.base
+                self.upper.set(path, node)
+            self._link_groups = itertools.count(max(groups, default=0) + 1)
 
     # -- resolution ---------------------------------------------------------
 
@@ -190,7 +203,8 @@ class Overlay(ContentMixin):
                 staging.remove(conn, self.step, rel(path))
             for path in puts:
                 node = self.upper.nodes[path]
-                staging.put(conn, self.step, node.row(path))
+                for name in (node.names if node.link_group is not None else (path,)):
+                    staging.put(conn, self.step, node.row(name))
                 node.staged = True
 
     def _new_scratch(self) -> str:
@@ -262,6 +276,12 @@ class Overlay(ContentMixin):
         self._retoken(path, base, self.node_token(node))
         return node
 
+    def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
+        if node.link_group is not None:
+            for name in node.names:
+                if name != except_path:
+                    self.invalidate(name)
+
     def _retoken(self, path: str, old: str, new: str) -> None:
         """Same content, new token representation (copy-up for a metadata
         change): nobody's observation of the old version goes stale."""
@@ -299,9 +319,19 @@ class Overlay(ContentMixin):
             self._persist(trees=[path])
 
     def _detach(self, path: str, node: Node | None) -> None:
-        """A node leaves the tree; open readers keep its scratch through their fds."""
-        if node is not None:
-            self._drop_scratch(node)
+        """A name leaves the tree; the node goes with its last name (open
+        readers keep its scratch through their fds)."""
+        if node is None:
+            return
+        if node.link_group is not None:
+            node.names.discard(path)
+            node.name_bases.pop(path, None)
+            if node.names:
+                node.ctime_ns = time.time_ns()
+                self._persist(puts=[next(iter(node.names))])  # their link count changed
+                self._invalidate_names(node)
+                return
+        self._drop_scratch(node)
 
     # -- attributes ---------------------------------------------------------
 
@@ -353,7 +383,7 @@ class Overlay(ContentMixin):
     def _stat_node(self, node: Node) -> dict:
         out = {
             "st_mode": node.type_bits | stat_mod.S_IMODE(node.mode), "st_ino": node.ino,
-            "st_nlink": 1, "st_uid": node.uid, "st_gid": node.gid, "st_size": node.size,
+            "st_nlink": node.nlink, "st_uid": node.uid, "st_gid": node.gid, "st_size": node.size,
             "st_atime": node.atime_ns, "st_mtime": node.mtime_ns, "st_ctime": node.ctime_ns,
             "st_blocks": (node.size + 511) // 512, "st_blksize": 4096,
         }
@@ -710,6 +740,11 @@ class Overlay(ContentMixin):
         new_base = self._base_for(new)
         self._remove(new) if self._exists(new) else None
         self.upper.pop(old)
+        if node.link_group is not None:
+            node.names.discard(old)
+            node.name_bases.pop(old, None)
+            node.names.add(new)
+            node.name_bases[new] = new_base
         old_lower = self.root.exists(rel(old))
         if old_lower:
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
@@ -745,6 +780,9 @@ class Overlay(ContentMixin):
         for suffix, node in subtree:
             path = dest + suffix
             node.base = self._base_for(path)
+            if node.link_group is not None:
+                node.names.add(path)
+                node.name_bases[path] = node.base
             node.ctime_ns = time.time_ns()
             self._bump(node)
             self.upper.set(path, node)
@@ -781,8 +819,33 @@ class Overlay(ContentMixin):
         self.observe(agent, a, self.current_token(a)[0])
         self.observe(agent, b, self.current_token(b)[0])
 
-    def link(self, path: str, target: str) -> None:
-        raise Unsupported("hard links")
+    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
+        """A hard link ``path`` to ``existing`` (files only).  Both names
+        share one node: edits through either are seen through both, and the
+        commit publishes them as hard links.  Workspace files that were
+        already hard links are copied up separately (the workspace link is not
+        followed into the upper layer)."""
+        with self.lock:
+            self._check_writable(path)
+            self._check_new_name(path)
+            self._require_dir(parent_name(path)[0])
+            node, st = self._resolve(existing)
+            if self._kind(node, st) != "file":
+                raise Unsupported(existing)  # no hard links to directories, symlinks or FIFOs here
+            if self._exists(path):
+                raise Exists(path)
+            node = self._node_for_meta(existing)
+            if node.link_group is None:
+                node.link_group = next(self._link_groups)
+                node.names = {existing}
+                node.name_bases = {existing: node.base}
+            node.name_bases[path] = self._base_for(path)
+            node.names.add(path)
+            node.ctime_ns = time.time_ns()
+            self.upper.set(path, node)
+            self._persist(puts=[path])
+            self._invalidate_names(node, except_path=path)
+            self.observe(agent, path, self.node_token(node))
 
     # -- the step ---------------------------------------------------------------
 

@@ -49,6 +49,7 @@ class Entry:
     before: State
     after: State
     after_mtime_ns: int | None = None
+    after_link: bytes | None = None  # publish as a hard link of this path
 
     @property
     def op(self) -> str:
@@ -142,4 +143,5 @@ def entry_from_row(r) -> Entry:
         after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target),
                     r.after_uid, r.after_gid, t(r.after_xattrs)),
         after_mtime_ns=r.after_mtime_ns,
+        after_link=t(r.after_link),
     )

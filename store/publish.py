@@ -175,6 +175,17 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
             for child in _walk(ws, row.path):
                 if child not in staged:
                     after.setdefault(child, (State(None), None, None))
+    # Hard links made in the mount: every name of a group but the first (in
+    # byte order) is published as a link to the first.
+    groups: dict[int, list[bytes]] = {}
+    for row in rows:
+        if row.kind == "file" and row.link_group is not None:
+            groups.setdefault(row.link_group, []).append(row.path)
+    link_to: dict[bytes, bytes] = {}
+    for names in groups.values():
+        names.sort()
+        for name in names[1:]:
+            link_to[name] = names[0]
     plan = Plan()
     with ws.db.write() as conn:
         for path in sorted(after):
@@ -187,17 +198,29 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
                 # An owner the view never learned: keep the workspace's.
                 state = replace(state, uid=before.uid if state.uid is None else state.uid,
                                 gid=before.gid if state.gid is None else state.gid)
-            if before.state == state:
+            link = link_to.get(path)
+            if before.state == state and (link is None or _same_inode(ws, path, link)):
                 plan.noop_paths.append(path)
                 continue
-            plan.entries.append(Entry(path, before.state, state, mtime))
+            plan.entries.append(Entry(path, before.state, state, mtime, link))
     return plan
+
+
+def _same_inode(ws: Workspace, a: bytes, b: bytes) -> bool:
+    try:
+        sa, sb = ws.root.lstat(a), ws.root.lstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def intent_checksum(entries: list[Entry]) -> str:
     h = xxhash.xxh3_128()
     for e in sorted(entries, key=lambda e: e.path):
-        for part in (e.path, *_state_parts(e.before), *_state_parts(e.after), str(e.after_mtime_ns).encode()):
+        parts = (e.path, *_state_parts(e.before), *_state_parts(e.after), str(e.after_mtime_ns).encode())
+        if e.after_link is not None:
+            parts += (b"link", e.after_link)
+        for part in parts:
             h.update(len(part).to_bytes(4, "big"))
             h.update(part)
     return h.hexdigest()
@@ -219,6 +242,7 @@ def _entry_row(layer: int, e: Entry) -> dict:
         "after_mtime_ns": e.after_mtime_ns,
         "before_uid": e.before.uid, "before_gid": e.before.gid, "before_xattrs": e.before.xattrs,
         "after_uid": e.after.uid, "after_gid": e.after.gid, "after_xattrs": e.after.xattrs,
+        "after_link": e.after_link,
     }
 
 
@@ -335,10 +359,13 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
         finally:
             os.close(pfd)
 
-    # 3. files, symlinks and FIFOs: temp file, fsync, rename over
+    # 3. files, symlinks and FIFOs: temp file, fsync, rename over; hard
+    #    links after the file they link to
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    order = sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None)
     try:
-        for seq, e in enumerate(entries):
+        for seq in order:
+            e = entries[seq]
             if e.after.kind not in ("file", "symlink", "fifo"):
                 continue
             tmp_name = f"L{number}-{seq}".encode()
@@ -347,7 +374,13 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             except FileNotFoundError:
                 pass
             owner = _owner_for(ws, e.path, e.after)
-            if e.after.kind == "file":
+            if e.after_link is not None:
+                sfd, sname = root.parent(e.after_link)
+                try:
+                    os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
+                finally:
+                    os.close(sfd)
+            elif e.after.kind == "file":
                 fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
                 try:
                     with ws.db.read() as conn:

@@ -125,6 +125,9 @@ entries = Table(
     Column("after_uid", Integer),
     Column("after_gid", Integer),
     Column("after_xattrs", LargeBinary),
+    # A file published as a hard link of another path of the same layer
+    # (the group's first path in byte order); NULL otherwise.
+    Column("after_link", LargeBinary),
     PrimaryKeyConstraint("layer", "path"),
 )
 
@@ -161,6 +164,9 @@ staged = Table(
     Column("uid", Integer),
     Column("gid", Integer),
     Column("xattrs", LargeBinary),
+    # Files with the same link_group are one file with several names (hard
+    # links made in the mount); NULL for a file with one name.
+    Column("link_group", Integer),
     PrimaryKeyConstraint("step", "path"),
 )
 

@@ -36,6 +36,7 @@ class StagedRow:
     uid: int | None = None
     gid: int | None = None
     xattrs: bytes | None = None
+    link_group: int | None = None
 
 
 def open_step(conn: Connection, mountpoint: str, agent: str = "") -> int:
@@ -69,6 +70,7 @@ def load(conn: Connection, step: int) -> list[StagedRow]:
             target=bytes(r.target) if r.target is not None else None,
             size=r.size, mtime_ns=r.mtime_ns, opaque=bool(r.opaque), base=r.base,
             uid=r.uid, gid=r.gid, xattrs=bytes(r.xattrs) if r.xattrs is not None else None,
+            link_group=r.link_group,
         )
         for r in rows
     ]
@@ -81,7 +83,7 @@ def put(conn: Connection, step: int, row: StagedRow) -> None:
         S.insert().values(
             step=step, path=row.path, kind=row.kind, mode=row.mode, oid=row.oid, target=row.target,
             size=row.size, mtime_ns=row.mtime_ns, opaque=row.opaque, base=row.base,
-            uid=row.uid, gid=row.gid, xattrs=row.xattrs,
+            uid=row.uid, gid=row.gid, xattrs=row.xattrs, link_group=row.link_group,
         )
     )
 

@@ -164,3 +164,43 @@ def test_mmap_shared_write_and_locks(mnt):
         assert other.returncode != 0
         assert b"BlockingIOError" in other.stderr or b"Resource temporarily unavailable" in other.stderr
         fcntl.lockf(f, fcntl.LOCK_UN)
+
+
+def test_hard_links_share_content_and_commit_as_links(workspace, mount):
+    (workspace / "a").write_text("hello\n")
+    m = mount(workspace)
+    os.link(m.path("a"), m.path("b"))
+    with open(m.path("b"), "a") as f:
+        f.write("more\n")
+    assert m.path("a").read_text() == "hello\nmore\n"  # edits are seen through every name
+    os.link(m.path("b"), m.path("c"))
+    # every name at once, though the kernel caches each name separately
+    assert [os.stat(m.path(n)).st_nlink for n in ("a", "b", "c")] == [3, 3, 3]
+    assert os.stat(m.path("c")).st_ino == os.stat(m.path("b")).st_ino
+    m.path("sub").mkdir()
+    os.link(m.path("c"), m.path("sub", "d"))
+    os.unlink(m.path("a"))
+    assert [os.stat(m.path(n)).st_nlink for n in ("b", "c")] == [3, 3]
+    os.rename(m.path("sub"), m.path("moved"))
+    assert os.stat(m.path("moved", "d")).st_nlink == 3
+    assert stepfs("step", m.mountpoint).returncode == 0
+    st = [os.stat(workspace / p) for p in ("b", "c", "moved/d")]
+    assert {s.st_ino for s in st} == {st[0].st_ino} and st[0].st_nlink == 3
+    assert not (workspace / "a").exists()
+    assert (workspace / "moved" / "d").read_text() == "hello\nmore\n"
+
+
+def test_hard_links_survive_a_daemon_restart(workspace, mount):
+    from overlayfs import manage
+
+    (workspace / "a").write_text("x")
+    m = mount(workspace)
+    os.link(m.path("a"), m.path("b"))
+    manage.unmount(str(m.mountpoint))
+    m2 = mount(workspace, m.mountpoint)
+    assert os.stat(m2.path("b")).st_nlink == 2
+    with open(m2.path("a"), "a") as f:
+        f.write("y")
+    assert m2.path("b").read_text() == "xy"
+    assert stepfs("step", m2.mountpoint).returncode == 0
+    assert os.stat(workspace / "a").st_ino == os.stat(workspace / "b").st_ino

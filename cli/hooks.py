@@ -25,7 +25,8 @@ shell        a wrapper script for shell harnesses: 'stepfs-tool COMMAND...'
              $STEPFS_TOOL_CALL_ID (save it, chmod +x, call it per tool call)"""
 
 HOOK_COMMIT_HELP = "Commit the step behind one agent tool call, reading the hook's JSON payload on stdin."
-HOOK_COMMIT_EXAMPLE = """echo '{"cwd": "/mnt/agent", "tool_name": "Edit", "tool_use_id": "toolu_01"}' | stepfs hook-commit
+HOOK_COMMIT_EXAMPLE = """stepfs hook-commit < payload.json
+         (payload.json: {"cwd": "/mnt/agent", "tool_name": "Edit", "tool_use_id": "toolu_01"})
 
 Commits the open step of the mount the payload's "cwd" lies in (or of WS),
 with meta tool_name, tool_use_id, session_id and hook_event taken from the

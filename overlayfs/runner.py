@@ -138,15 +138,16 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
 def _resolve(workspace, start_dir: str) -> tuple[api.Workspace, "api.Mount | None"]:
     """The workspace, and the live mount of it that the caller named or
     stands in (to be reused), if any."""
+    named = None
     if isinstance(workspace, api.Workspace):
-        ws, probe = workspace, start_dir
+        ws = workspace
     else:
         named = os.path.abspath(os.path.expanduser(os.fspath(workspace))) if workspace is not None else None
         ws = api.open_workspace(named if named is not None else start_dir, create=named is not None)
-        probe = named if named is not None else start_dir
-    entry = mounts.containing(probe)
-    if entry is not None and entry.workspace == ws.path:
-        return ws, api.Mount(ws, entry.mountpoint, pid=None, owned=False)
+    for probe in (named, start_dir):
+        entry = mounts.containing(probe) if probe is not None else None
+        if entry is not None and entry.workspace == ws.path:
+            return ws, api.Mount(ws, entry.mountpoint, pid=None, owned=False)
     return ws, None
 
 

@@ -194,7 +194,15 @@ class _Signals:
         (exit status, started)."""
         if not self.enabled:
             proc = _start(command, **popen)
-            return (_status(proc.wait()), True) if proc is not None else (_not_started(command), False)
+            if proc is None:
+                return _not_started(command), False
+            try:
+                return _status(proc.wait()), True
+            except BaseException:
+                # The caller is unwinding (KeyboardInterrupt in a harness):
+                # the command must not outlive its mount.
+                _stop(proc)
+                raise
         with self._blocked() as old_mask:
             # The child must not inherit the blocked mask (exec keeps it).
             proc = _start(command, preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask),
@@ -239,6 +247,21 @@ def _start(command: list[str], **popen) -> subprocess.Popen | None:
     except OSError as exc:
         log.error("cannot run %s: %s", command[0], exc.strerror)
     return None
+
+
+STOP_GRACE = 10.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after STOP_GRACE seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _not_started(command: list[str]) -> int:

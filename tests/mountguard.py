@@ -13,7 +13,6 @@ Import the fixture into a test module with
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -42,7 +41,3 @@ def private_tmp(tmp_path, monkeypatch) -> Path:
         manage.abort_connection(mp)
         subprocess.run(["fusermount3", "-u", "-z", mp], capture_output=True)
     assert not left, f"a self-mounting command left mounts behind: {left}"
-
-
-def env_with_tmp(directory: Path) -> dict:
-    return {**os.environ, "TMPDIR": str(directory)}

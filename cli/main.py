@@ -19,14 +19,22 @@ import time
 from . import exitcodes
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit, " \
-              "7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, 12 corrupt object, 1 bug"
+              "7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, 12 corrupt object, 13 bad input, " \
+              "1 bug"
 
 
-def _emit(args, obj: dict, text: str) -> None:
+def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
+    """One JSON object with --json, else the text; --quiet drops text that
+    is not the command's result (a confirmation such as "mounted ...")."""
     if getattr(args, "json", False):
         print(json.dumps(obj, sort_keys=True))
-    elif text:
+    elif text and (essential or not getattr(args, "quiet", False)):
         print(text)
+
+
+def _usage(message: str) -> None:
+    print(f"stepfs: usage: {message}", file=sys.stderr)
+    raise SystemExit(exitcodes.USAGE)
 
 
 def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, list[str]]:
@@ -35,7 +43,7 @@ def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, lis
         return None, values
     if len(values) == want + 1:
         return values[0], values[1:]
-    raise SystemExit(f"stepfs: usage: {usage}")
+    _usage(usage)
 
 
 def _layer_number(text: str) -> int:
@@ -52,7 +60,7 @@ def _parse_meta(items: list[str]) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"stepfs: --meta takes KEY=VALUE, got {item!r}")
+            _usage(f"--meta takes KEY=VALUE, got {item!r}")
         meta[key] = value
     return meta
 
@@ -71,7 +79,7 @@ def cmd_mount(args) -> int:
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
-          f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})")
+          f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
     return 0
 
 
@@ -80,7 +88,7 @@ def cmd_unmount(args) -> int:
 
     manage.unmount(args.mountpoint, force=args.force)
     _emit(args, {"message_type": "unmount", "mountpoint": os.path.abspath(args.mountpoint)},
-          f"unmounted {os.path.abspath(args.mountpoint)}")
+          f"unmounted {os.path.abspath(args.mountpoint)}", essential=False)
     return 0
 
 
@@ -177,6 +185,16 @@ def cmd_cat(args) -> int:
     number = _layer_number(n)
     with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
         data = history.file_bytes(ws, number, path)
+    if args.json:
+        try:
+            content, encoding = data.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            import base64
+
+            content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+        _emit(args, {"message_type": "cat", "number": number, "path": path, "size": len(data),
+                     "encoding": encoding, "content": content}, "")
+        return 0
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
     return 0
@@ -198,12 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.set_defaults(func=func)
         sp.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        sp.add_argument("-q", "--quiet", action="store_true", help="print only the result and errors")
         return sp
 
     sp = add("mount", cmd_mount, "Mount WORKSPACE at MOUNTPOINT; returns once the mount is ready.",
              "stepfs mount ~/project /mnt/agent")
-    sp.add_argument("workspace")
-    sp.add_argument("mountpoint")
+    sp.add_argument("workspace", help="the project directory (becomes a workspace at the first mount)")
+    sp.add_argument("mountpoint", help="an empty directory outside the workspace")
     sp.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C unmounts")
     sp.add_argument("--debug", action="store_true", help="log every FUSE call to the daemon log")
     sp.add_argument("--require-read", action="store_true",
@@ -211,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")
-    sp.add_argument("mountpoint")
+    sp.add_argument("mountpoint", help="a stepfs mountpoint")
     sp.add_argument("--force", action="store_true", help="abort the connection if the mount is busy or dead")
 
     sp = add("status", cmd_status, "Show the mounts of a workspace, their staged paths, and conflicts.",
@@ -232,10 +251,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
              "stepfs show 3")
-    sp.add_argument("args", nargs="+", metavar="[WS] N")
+    sp.add_argument("args", nargs="+", metavar="[WS] N",
+                    help="workspace or mountpoint (default: current directory), then the layer number")
 
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
-    sp.add_argument("args", nargs="+", metavar="[WS] N PATH")
+    sp.add_argument("args", nargs="+", metavar="[WS] N PATH",
+                    help="workspace or mountpoint (default: current directory), layer number, path in the workspace")
+
+    from . import completion, hooks, run
+
+    run.register(add)
+    hooks.register(add)
+    completion.register(add)
     return p
 
 

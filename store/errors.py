@@ -58,3 +58,8 @@ class NoSuchLayer(StepfsError):
 
 class CorruptObject(StepfsError):
     """Stored bytes no longer hash to their key."""
+
+
+class InputError(StepfsError):
+    """Data a command reads (a hook payload on stdin) is not in the form it
+    expects."""

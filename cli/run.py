@@ -1,0 +1,129 @@
+"""``stepfs run``: argument parsing and output only (the work is
+``overlayfs.runner.run_command``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shlex
+import sys
+
+from . import progress
+
+USAGE = "stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] -- COMMAND..."
+HELP = "Run COMMAND in a mount of the workspace and commit what it changed as one step."
+EXAMPLE = """stepfs run ~/project -m 'agent turn 1' --meta run=7 -- claude -p 'fix the tests'
+
+The command runs with its working directory mapped into the mount (started
+in WS/sub, it runs in MOUNT/sub; started outside WS, at the mount's root),
+with STEPFS_WORKSPACE and STEPFS_MOUNT set.  An existing mount of WS is
+reused (and left mounted); otherwise WS is mounted at a private temporary
+mountpoint (or --mountpoint) and unmounted afterwards.  When the command
+exits its changes are committed as one layer (message: the command line;
+meta exit_code=N) and the change card is printed; no change, no layer.
+SIGINT, SIGTERM and SIGHUP are forwarded to the command.
+
+exit status: the command's (128+N if signal N ended it, 127/126 if it could
+not be started); a stepfs error code if mounting or the commit failed."""
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--message", help="the layer's message (default: the command line)")
+    p.add_argument("--meta", action="append", metavar="KEY=VALUE",
+                   help="metadata stored with the layer (repeatable)")
+    p.add_argument("--mountpoint", metavar="DIR",
+                   help="mount here instead of a private temporary directory (reused if already a mount of WS)")
+    p.add_argument("--private", action="store_true",
+                   help="always mount afresh, even if WS is already mounted")
+
+
+def register(add) -> None:
+    sp = add("run", cmd_run, HELP, EXAMPLE)
+    sp.usage = USAGE
+    _options(sp)
+    sp.add_argument("rest", nargs=argparse.REMAINDER, metavar="[WS] -- COMMAND...",
+                    help="workspace or mountpoint (default: current directory), then -- and the command")
+    sp.set_defaults(workspace=None)
+
+
+def _head_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stepfs run", usage=USAGE)
+    p.add_argument("workspace", nargs="?")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true")
+    _options(p)
+    return p
+
+
+def split_command(args) -> None:
+    """Argparse's REMAINDER keeps everything from WS on; split it at the
+    first ``--`` into WS with its options, and the command."""
+    rest = list(args.rest)
+    if "--" not in rest:
+        _usage("put -- before the command")
+    i = rest.index("--")
+    head, args.command = rest[:i], rest[i + 1:]
+    if not args.command:
+        _usage("the command after -- is missing")
+    if head:
+        _head_parser().parse_args(head, namespace=args)
+
+
+def _usage(why: str) -> None:
+    print(f"stepfs: usage: {USAGE} ({why}).", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def setup_logging(args) -> None:
+    """Library log lines (warnings, "command not found") as ``stepfs: ...`` on stderr."""
+    logging.basicConfig(format="stepfs: %(message)s",
+                        level=logging.ERROR if getattr(args, "quiet", False) else logging.WARNING)
+
+
+def cmd_run(args) -> int:
+    from overlayfs import api, runner
+    from store.errors import StepfsError
+
+    from .main import _parse_meta
+    from .render import card_text
+
+    split_command(args)
+    meta = _parse_meta(args.meta)
+    setup_logging(args)
+    bar = progress.for_args(args, "mounting")
+
+    def on_phase(name: str) -> None:
+        if name == "running":
+            bar.close()  # the terminal belongs to the command now
+            sys.stdout.flush()
+        else:
+            bar.phase(name)
+
+    try:
+        result = runner.run_command(args.command, args.workspace, message=args.message, meta=meta,
+                                    mountpoint=args.mountpoint, private=args.private,
+                                    forward_signals=True, on_phase=on_phase)
+    except StepfsError as exc:
+        bar.close()
+        code = getattr(exc, "command_exit_code", None)
+        if code is not None:
+            print(f"stepfs: {shlex.join(args.command)} exited {code}; its changes were not committed and "
+                  f"stay staged in the store.", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
+    card = api.Workspace(result.workspace).card(result.number) if result.number is not None else None
+    if args.json:
+        print(json.dumps({
+            "message_type": "run", "command": result.command, "exit_code": result.exit_code,
+            "number": result.number, "mountpoint": result.mountpoint, "reused": result.reused,
+            "cwd": result.cwd, "workspace": result.workspace, "started": result.started, "card": card,
+            "signals": result.signals, "forwarded": result.forwarded,
+        }, sort_keys=True))
+    elif card is not None:
+        if not args.quiet:
+            print(card_text(card))
+    elif result.started and not args.quiet:
+        print("stepfs: the command changed nothing; no layer was made.", file=sys.stderr)
+    return result.exit_code

@@ -32,8 +32,12 @@ import logging
 import os
 import tempfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from store import cards, history, layers
+
+if TYPE_CHECKING:
+    from . import runner
 from store.errors import (  # noqa: F401  (re-exported for harnesses)
     CommitConflict, ContainmentError, CorruptObject, DaemonError, MountpointError, NoSuchLayer,
     NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,

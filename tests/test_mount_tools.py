@@ -125,7 +125,7 @@ def test_rsync_in_and_tar_round_trip(workspace, mount, tmp_path):
     m = mount(workspace)
     sh(f"rsync -a {src}/ copy/", m.mountpoint)
     assert sh(f"diff -r {src} copy", m.mountpoint, check=False).returncode == 0
-    sh("tar --format=posix cf ../archive.tar copy", m.mountpoint)  # pax keeps nanoseconds
+    sh("tar --format=posix -cf ../archive.tar copy", m.mountpoint)  # pax keeps nanoseconds
     sh(f"mkdir untar && tar xf {tmp_path}/archive.tar -C untar", m.mountpoint)
     st = os.stat(m.path("untar", "copy", "d2", "f7"))
     assert st.st_mtime_ns == 1_600_000_000_000_000_007

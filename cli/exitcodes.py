@@ -23,6 +23,7 @@ CODES: list[tuple[type, int]] = [
     (errors.ContainmentError, 10),
     (errors.NoSuchLayer, 11),
     (errors.CorruptObject, 12),
+    (errors.NoSuchPath, 13),
 ]
 
 

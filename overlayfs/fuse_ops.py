@@ -17,10 +17,14 @@ Choices (measured or forced, see README "Architecture"):
   ``.fuse_hidden`` renames would leak into the workspace.
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
+* 1 s attribute and entry timeouts, no negative caching; when the workspace
+  changes under a mount (a rollback), :meth:`KernelCache.invalidate` drops the
+  kernel's cached attributes and pages of the paths at once.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -88,6 +92,47 @@ def _translating(method):
     return wrapper
 
 
+class KernelCache:
+    """Invalidation of the kernel's caches for paths of one mount.
+
+    libfuse3's ``fuse_invalidate_path(struct fuse *, path)`` makes the kernel
+    forget the cached attributes and page cache of a path it knows (a path
+    the kernel never looked up is not cached: -ENOENT, ignored).  The
+    ``struct fuse *`` is only reachable from inside a callback, so ``init``
+    records it here.
+
+    Threading: call from any thread except the FUSE loop's, and never while
+    holding the view's lock: the kernel may have to wait for a request in
+    flight (a read holding a page lock) that the loop can only finish by
+    taking that lock.  Dentries are not invalidated (libfuse3 3.14 offers
+    that only by node id): a path whose kind changed can fail once with EIO
+    within the 1 s entry timeout, after which the kernel looks it up again.
+    """
+
+    def __init__(self) -> None:
+        self._fuse: int | None = None
+        self._call = mfusepy._libfuse.fuse_invalidate_path
+        self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        self._call.restype = ctypes.c_int
+
+    def attach(self) -> None:
+        """Record the running ``struct fuse *`` (from inside a callback)."""
+        self._fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
+
+    def invalidate(self, paths: list[str]) -> int:
+        """Invalidate ``paths`` (view paths); returns how many the kernel had cached."""
+        if not self._fuse:
+            return 0
+        done = 0
+        for path in paths:
+            rc = self._call(self._fuse, os.fsencode(path))
+            if rc == 0:
+                done += 1
+            elif rc != -errno.ENOENT:
+                log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
+        return done
+
+
 def _owner() -> tuple[int, int]:
     uid, gid, _pid = mfusepy.fuse_get_context()
     return uid, gid
@@ -98,11 +143,14 @@ class StepFS(mfusepy.Operations):
 
     use_ns = True
 
-    def __init__(self, view: Overlay, on_ready=None):
+    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None):
         self.view = view
         self.on_ready = on_ready
+        self.kernel_cache = kernel_cache
 
     def init(self, path):
+        if self.kernel_cache is not None:
+            self.kernel_cache.attach()
         if self.on_ready is not None:
             self.on_ready()
 
@@ -214,10 +262,11 @@ def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,")
 
 
-def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False) -> None:
+def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
+        kernel_cache: KernelCache | None = None) -> None:
     """Mount and serve until unmounted (blocks)."""
     _FUSE(
-        StepFS(view, on_ready),
+        StepFS(view, on_ready, kernel_cache),
         mountpoint,
         raw_fi=True,
         foreground=True,

@@ -607,6 +607,8 @@ class Overlay:
                 h.path = new + h.path[len(old):]
 
     def link(self, path: str, target: str) -> None:
+        self._check_writable(path)
+        self._check_writable(target)
         raise Unsupported("hard links")
 
     # -- files ------------------------------------------------------------------
@@ -799,6 +801,23 @@ class Overlay:
             else:
                 self.upper.pop(path)
                 self._drop_scratch(node)
+
+    def forget(self, paths: list[str]) -> None:
+        """Drop what the view holds for ``paths`` (and below) after the
+        workspace changed under it (a rollback): clean copy-ups go, so the
+        workspace shows through.  Staged or dirty nodes stay: they are this
+        mount's own changes, and committing them checks their base token
+        against the new workspace state.  Open handles keep their node (like
+        a descriptor of a file replaced by rename)."""
+        with self.lock:
+            for path in paths:
+                for p in [path] + self.upper.below(path):
+                    node = self.upper.get(p)
+                    if node is None or node.staged or node.dirty:
+                        continue
+                    self.upper.pop(p)
+                    if node.opens == 0:
+                        self._drop_scratch(node)
 
     def status_text(self) -> str:
         lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]

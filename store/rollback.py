@@ -276,6 +276,9 @@ def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dr
                 [os.fsdecode(c.path) for c in p.conflicts],
             )
         if not p.entries:
+            if not p.unchanged:
+                where = " at the given paths" if paths else ""
+                raise NothingToRollBack(f"nothing to roll back: no layer after {number} changed anything{where}.")
             raise NothingToRollBack(
                 f"nothing to roll back: every path changed after layer {number} already holds its state as of layer {number}."
             )

@@ -36,6 +36,7 @@ import mfusepy  # noqa: E402  (needs the environment variable above)
 from store.errors import CorruptObject, StepfsError  # noqa: E402
 
 from . import errors as view_errors  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT  # noqa: E402
 from .view import Overlay  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
@@ -105,8 +106,10 @@ class KernelCache:
     holding the view's lock: the kernel may have to wait for a request in
     flight (a read holding a page lock) that the loop can only finish by
     taking that lock.  Dentries are not invalidated (libfuse3 3.14 offers
-    that only by node id): a path whose kind changed can fail once with EIO
-    within the 1 s entry timeout, after which the kernel looks it up again.
+    that only by node id, which the high-level API keeps to itself): a name
+    whose kind changed (file -> directory, say) would fail once with EIO
+    until its entry timeout expires, so ``manage.rollback`` waits out
+    :data:`ENTRY_TIMEOUT` before returning when a kind changed.
     """
 
     def __init__(self) -> None:
@@ -277,7 +280,7 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         default_permissions=True,
         use_ino=True,
         hard_remove=True,
-        attr_timeout=1.0,
-        entry_timeout=1.0,
+        attr_timeout=ATTR_TIMEOUT,
+        entry_timeout=ENTRY_TIMEOUT,
         negative_timeout=0.0,
     )

@@ -85,6 +85,7 @@ class Result:
     skipped: list[Conflict]  # conflicts left alone (skip_conflicts)
     dry_run: bool
     paths: list[bytes] = field(default_factory=list)  # what was (or would be) written
+    kind_changed: bool = False  # some path turned into another kind (file -> directory, ...)
 
 
 # -- the disk side ---------------------------------------------------------------
@@ -291,9 +292,15 @@ def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dr
                 header = {"number": next_number(conn), "kind": "rollback", "created_ns": time.time_ns(),
                           "message": message, "agent": agent, "mount": mount, "meta": meta}
                 card = cards.card_for(ws.objects, conn, header, diff.from_entries(conn, p.entries))
-            return Result(number, p.head, None, card, p.conflicts, True, [e.path for e in p.entries])
+            return Result(number, p.head, None, card, p.conflicts, True, [e.path for e in p.entries],
+                          _kind_changed(p.entries))
         layer = publish.write_layer(ws, p.entries, kind="rollback", message=message, agent=agent, mount=mount,
                                     meta=meta, consume_step=None)
         with ws.db.read() as conn:
             card = cards.card(ws.objects, conn, layer)
-        return Result(number, p.head, layer, card, p.conflicts, False, [e.path for e in p.entries])
+        return Result(number, p.head, layer, card, p.conflicts, False, [e.path for e in p.entries],
+                      _kind_changed(p.entries))
+
+
+def _kind_changed(entries: list[Entry]) -> bool:
+    return any(None not in (e.before.kind, e.after.kind) and e.before.kind != e.after.kind for e in entries)

@@ -70,6 +70,7 @@ def look(stat_first):
             out[name] = [size, data]
         except FileNotFoundError:
             out[name] = None
+    out["kind"] = oct(os.stat("kind").st_mode & 0o170000)
     out["names"] = sorted(os.listdir("."))
     return out
 print(json.dumps(look(False)), flush=True)
@@ -81,10 +82,10 @@ print(json.dumps(look(True)), flush=True)
 def test_rollback_is_seen_at_once_by_a_process_in_the_mount(workspace, mount):
     m = mount(workspace)
     target = manage.Target(str(workspace), str(m.mountpoint))
-    sh("printf 'short\\n' > app.py && printf 'bye\\n' > gone.txt", m.mountpoint)
+    sh("printf 'short\\n' > app.py && printf 'bye\\n' > gone.txt && touch kind", m.mountpoint)
     (n1,) = manage.step(target, message="one")
-    sh("printf 'a much longer line than before\\n' >> app.py && rm gone.txt && printf 'new\\n' > added.txt",
-       m.mountpoint)
+    sh("printf 'a much longer line than before\\n' >> app.py && rm gone.txt && printf 'new\\n' > added.txt"
+       " && rm kind && mkdir kind", m.mountpoint)
     (n2,) = manage.step(target, message="two")
     sh("printf 'staged, not committed\\n' > staged.txt", m.mountpoint)
 
@@ -111,8 +112,10 @@ def test_rollback_is_seen_at_once_by_a_process_in_the_mount(workspace, mount):
     assert after["app.py"] == [6, "short\n"]
     assert after["gone.txt"] == [4, "bye\n"]
     assert after["added.txt"] is None
-    assert before["names"] == ["added.txt", "app.py", "staged.txt"]
-    assert after["names"] == ["app.py", "gone.txt"]
+    assert before["names"] == ["added.txt", "app.py", "kind", "staged.txt"]
+    assert after["names"] == ["app.py", "gone.txt", "kind"]
+    # A name whose kind changed (directory -> file) is not bound to its old inode.
+    assert before["kind"] == oct(0o040000) and after["kind"] == oct(0o100000)
     assert sh(f"cat .stepfs/layers/{n2 + 1}/staged.txt", m.mountpoint).stdout == b"staged, not committed\n"
     # The mount keeps working on the rolled-back state, and the rollback is undoable.
     sh("printf 'again\\n' >> app.py", m.mountpoint)

@@ -167,7 +167,7 @@ def lines_of(objects: ObjectStore, conn: Connection, c: Change) -> tuple[list[st
 def count_lines(a: list[str], b: list[str]) -> tuple[int, int]:
     """``(added, removed)`` lines between two texts."""
     added = removed = 0
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
         if tag in ("replace", "delete"):
             removed += i2 - i1
         if tag in ("replace", "insert"):

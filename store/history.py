@@ -53,23 +53,28 @@ def user_path(ws: Workspace, path: str, mountpoint: str | None = None, allow_roo
                 break
         else:
             raise ContainmentError(f"{path} is outside the workspace {ws.path}; give a path relative to the workspace.")
-    todo = [p for p in raw.split(b"/")]
-    todo.reverse()  # a stack: the next component is last
+    # A stack of (component, the symlink whose target it came from or None).
+    todo: list[tuple[bytes, bytes | None]] = [(p, None) for p in reversed(raw.split(b"/"))]
     done: list[bytes] = []
     hops = 0
     while todo:
-        part = todo.pop()
+        part, origin = todo.pop()
         if part in (b"", b"."):
             continue
         if part == b"..":
             if not done:
+                if origin is not None:
+                    raise ContainmentError(
+                        f"{path} goes through the symbolic link {os.fsdecode(origin)}, which points outside the "
+                        f"workspace; give a path inside the workspace."
+                    )
                 raise ContainmentError(f"{path} leaves the workspace through '..'; give a path inside it.")
             done.pop()
             continue
         if not done and part == STORE_DIR.encode():
             raise ContainmentError(f"{path} is inside the stepfs store, which is not part of the workspace.")
         here = b"/".join(done + [part])
-        if not any(p not in (b"", b".") for p in todo):
+        if not any(p not in (b"", b".") for p, _o in todo):
             done.append(part)  # the last component: never followed
             continue
         try:
@@ -93,9 +98,8 @@ def user_path(ws: Workspace, path: str, mountpoint: str | None = None, allow_roo
                     )
                 done = []
                 target = target[len(prefix):]
-            pieces = target.split(b"/")
             # A relative target climbing out is caught by the '..' rule above.
-            todo.extend(reversed(pieces))
+            todo.extend((p, here) for p in reversed(target.split(b"/")))
             continue
         if not stat_mod.S_ISDIR(st.st_mode):
             raise ContainmentError(

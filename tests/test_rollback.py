@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import manifest
-from history_helpers import layer_tree, open_ws, write
+from history_helpers import layer_tree, open_ws, read, write
 from overlayfs.errors import ViewError
 from store import publish, rollback
 from store.errors import CommitConflict, NoSuchLayer, NothingToCommit, NothingToRollBack
@@ -160,6 +160,23 @@ def test_rollback_of_one_path_brings_back_its_directory(workspace):
     assert (workspace / "src" / "app.py").read_bytes() == b"print(1)\n"
     assert (workspace / "src").stat().st_mode & 0o777 == 0o750
     assert (workspace / "top").read_bytes() == b"t2"  # not asked for
+    ws.close()
+
+
+def test_view_forgets_clean_copies_after_a_rollback(workspace):
+    ws, view = open_ws(workspace)
+    write(view, "/f", b"one")
+    n1 = commit(view)
+    write(view, "/f", b"two")
+    commit(view)
+    fh = view.open("/f", os.O_RDWR)  # a clean copy-up held open across the rollback
+    res = rollback.rollback(ws, n1)
+    assert read(view, "/f") == b"two"  # the view still serves its copy...
+    view.forget(["/" + os.fsdecode(p) for p in res.paths])  # ...until the daemon is told
+    assert read(view, "/f") == b"one"
+    assert view.read(fh, 10, 0) == b"two"  # an open descriptor keeps its file, as after a rename over it
+    view.release(fh)
+    assert read(view, "/f") == b"one"
     ws.close()
 
 

@@ -24,6 +24,7 @@ CODES: list[tuple[type, int]] = [
     (errors.NoSuchLayer, 11),
     (errors.CorruptObject, 12),
     (errors.InputError, 13),
+    (errors.NoSuchPath, 14),
 ]
 
 

@@ -14,13 +14,12 @@ import argparse
 import json
 import os
 import sys
-import time
 
 from . import exitcodes
 
-EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit, " \
-              "7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, 12 corrupt object, 13 bad input, " \
-              "1 bug"
+EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
+              "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
+              "12 corrupt object, 13 bad input, 14 no such path in that layer, 1 bug"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -123,26 +122,61 @@ def cmd_step(args) -> int:
 
 def cmd_log(args) -> int:
     from overlayfs import manage
-    from store import layers
+    from store import cards
     from store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws, ws.db.read() as conn:
-        items = layers.list_layers(conn, limit=args.limit)
-    rows = []
-    for layer in items:
-        rows.append({
-            "number": layer.number, "kind": layer.kind, "created_ns": layer.created_ns,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(layer.created_ns / 1e9)),
-            "agent": layer.agent, "mount": layer.mount, "message": layer.message, "meta": layer.meta,
-            "added": layer.added, "modified": layer.modified, "deleted": layer.deleted,
-        })
-    text = "\n".join(
-        f"{r['number']:>4}  {r['time']}  +{r['added']} ~{r['modified']} -{r['deleted']}  {r['message']}"
-        + (f"  {json.dumps(r['meta'], sort_keys=True)}" if r["meta"] else "")
-        for r in rows
-    )
-    _emit(args, {"message_type": "log", "layers": rows}, text)
+        rows = cards.log(ws.objects, conn, limit=args.limit)
+    lines = []
+    for r in rows:
+        who = f"  [{r['agent']}]" if r["agent"] else ""
+        renamed = f" >{r['renamed']}" if r["renamed"] else ""
+        line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
+                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
+        if r["meta"]:
+            line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
+        lines.append(line)
+    _emit(args, {"message_type": "log", "layers": rows}, "\n".join(lines))
     return 0
+
+
+def _file_line(f: dict) -> str:
+    op = f["op"]
+    if op == "renamed":
+        op_text = f"renamed   {f['from']} -> {f['path']}"
+    else:
+        op_text = f"{op:<9} {f['path']}"
+    if f.get("binary"):
+        detail = f"binary {f['bytes_before']} -> {f['bytes_after']} bytes"
+    elif f.get("binary") is None and "bytes_before" in f:
+        detail = f"too large to count lines, {f['bytes_before']} -> {f['bytes_after']} bytes"
+    elif "lines_added" in f:
+        detail = f"+{f['lines_added']} -{f['lines_removed']}"
+    else:
+        detail = f["kind"] or ""
+    if f["kind"] == "symlink":
+        target = (f["after"] if f["after"]["kind"] else f["before"]).get("target", "")
+        detail = f"symlink -> {target}"
+    b, a = f["before"], f["after"]
+    if b["kind"] == a["kind"] and b["mode"] is not None and a["mode"] is not None and b["mode"] != a["mode"]:
+        detail += f"  mode {b['mode']:o} -> {a['mode']:o}"
+    return f"  {op_text}  {detail}"
+
+
+def card_text(card: dict) -> str:
+    lines = [
+        f"layer {card['number']} ({card['kind']})  {card['time']}",
+        f"message: {card['message']}" if card["message"] else "message: (none)",
+    ]
+    if card["mount"] or card["agent"]:
+        lines.append(f"mount: {card['mount'] or '-'}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
+    for key, value in sorted(card["meta"].items()):
+        lines.append(f"meta: {key}={value}")
+    renamed = f" >{card['renamed']}" if card["renamed"] else ""
+    lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
+                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
+    lines += [_file_line(f) for f in card["files"]]
+    return "\n".join(lines)
 
 
 def cmd_show(args) -> int:
@@ -154,25 +188,50 @@ def cmd_show(args) -> int:
     number = _layer_number(n)
     with Workspace.open(manage.resolve(ws_arg).workspace) as ws, ws.db.read() as conn:
         card = cards.card(ws.objects, conn, number)
-    lines = [
-        f"layer {card['number']} ({card['kind']})  {card['time']}",
-        f"message: {card['message']}" if card["message"] else "message: (none)",
-    ]
-    if card["mount"]:
-        lines.append(f"mount: {card['mount']}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
-    for key, value in sorted(card["meta"].items()):
-        lines.append(f"meta: {key}={value}")
-    lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}   "
-                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
-    for f in card["files"]:
-        if f.get("binary"):
-            detail = f"binary {f['bytes_before']} -> {f['bytes_after']} bytes"
-        elif "lines_added" in f:
-            detail = f"+{f['lines_added']} -{f['lines_removed']}"
-        else:
-            detail = f["kind"] or ""
-        lines.append(f"  {f['op']:<9} {f['path']}  {detail}")
-    _emit(args, {"message_type": "show", **card}, "\n".join(lines))
+        patch = cards.layer_patch(ws.objects, conn, number) if args.patch else None
+    text = card_text(card)
+    out = {"message_type": "show", **card}
+    if patch is not None:
+        out["patch"] = patch
+        text += "\n\n" + patch.rstrip("\n")
+    _emit(args, out, text)
+    return 0
+
+
+def cmd_diff(args) -> int:
+    from overlayfs import manage
+    from store import diff, history
+    from store.workspace import Workspace
+
+    values = list(args.args)
+    ws_arg = None
+    if len(values) == 3 or (len(values) == 2 and not values[0].lstrip("-").isdigit()):
+        ws_arg = values.pop(0)
+    if len(values) not in (1, 2):
+        raise SystemExit("stepfs: usage: stepfs diff [WS] N [M] [-- PATH...]")
+    new = _layer_number(values[0])
+    if len(values) == 1 and new == 0:
+        from store.errors import NoSuchLayer
+
+        raise NoSuchLayer("layer 0 is the baseline and has no layer before it; name two layers: 'stepfs diff N M'.")
+    old = _layer_number(values[1]) if len(values) == 2 else new - 1
+    target = manage.resolve(ws_arg)
+    with Workspace.open(target.workspace) as ws:
+        rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in args.paths] or None
+        with ws.db.read() as conn:
+            changes = diff.changes_between(conn, old, new, rels)
+            patch = diff.patch(ws.objects, conn, changes)
+    obj = {
+        "message_type": "diff", "old": old, "new": new,
+        "changes": [{"path": os.fsdecode(c.path), "op": c.op,
+                     **({"from": os.fsdecode(c.old_path)} if c.old_path is not None else {}),
+                     "before_kind": c.before.kind, "after_kind": c.after.kind} for c in changes],
+        "patch": patch,
+    }
+    if args.json:
+        _emit(args, obj, "")
+    else:
+        sys.stdout.write(patch)
     return 0
 
 
@@ -183,8 +242,9 @@ def cmd_cat(args) -> int:
 
     ws_arg, (n, path) = _split_ws(args.args, 2, "stepfs cat [WS] N PATH")
     number = _layer_number(n)
-    with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
-        data = history.file_bytes(ws, number, path)
+    target = manage.resolve(ws_arg)
+    with Workspace.open(target.workspace) as ws:
+        data = history.file_bytes(ws, number, path, target.mountpoint)
     if args.json:
         try:
             content, encoding = data.decode("utf-8"), "utf-8"
@@ -192,11 +252,38 @@ def cmd_cat(args) -> int:
             import base64
 
             content, encoding = base64.b64encode(data).decode("ascii"), "base64"
-        _emit(args, {"message_type": "cat", "number": number, "path": path, "size": len(data),
+        _emit(args, {"message_type": "cat", "layer": number, "path": path, "size": len(data),
                      "encoding": encoding, "content": content}, "")
         return 0
     sys.stdout.buffer.write(data)
     sys.stdout.buffer.flush()
+    return 0
+
+
+def cmd_rollback(args) -> int:
+    from overlayfs import manage
+
+    ws_arg, (n,) = _split_ws(args.args, 1, "stepfs rollback [WS] N [--path PATH...] [--dry-run]")
+    number = _layer_number(n)
+    res = manage.rollback(manage.resolve(ws_arg), number, paths=args.path or [], dry_run=args.dry_run,
+                          skip_conflicts=args.skip_conflicts)
+    lines = []
+    if res["committed_first"]:
+        lines.append("committed staged changes first as layer(s) " + ", ".join(map(str, res["committed_first"])))
+    if res["dry_run"]:
+        lines.append(f"dry run: rolling back to layer {number} would commit this layer (nothing was changed):")
+        if res["open_steps_with_changes"]:
+            lines.append(f"note: {res['open_steps_with_changes']} open step(s) with staged changes would be "
+                         f"committed first, and their changes rolled back too.")
+    else:
+        lines.append(f"rolled back to layer {number} as layer {res['layer']} "
+                     f"(undo with 'stepfs rollback {res['head_before']}')")
+    for c in res["skipped"]:
+        lines.append(f"skipped (conflict): {c['path']}: {c['reason']}")
+    for mp in res["unreachable"]:
+        lines.append(f"warning: the mount {mp} did not answer; it may show old attributes for a second")
+    lines.append(card_text(res["card"]))
+    _emit(args, {"message_type": "rollback", **res}, "\n".join(lines))
     return 0
 
 
@@ -250,13 +337,32 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--limit", type=int, help="show at most N layers")
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
-             "stepfs show 3")
+             "stepfs show 3 --patch")
     sp.add_argument("args", nargs="+", metavar="[WS] N",
                     help="workspace or mountpoint (default: current directory), then the layer number")
+    sp.add_argument("--patch", action="store_true", help="add the unified diff of the layer")
+
+    sp = add("diff", cmd_diff, "Unified diff from layer M (default N-1) to layer N, optionally only below PATHs.",
+             "stepfs diff 5 2 -- src/")
+    sp.add_argument("args", nargs="+", metavar="[WS] N [M]",
+                    help="workspace or mountpoint (default: current directory), layer N, optional layer M")
+    sp.set_defaults(paths=[])
 
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
     sp.add_argument("args", nargs="+", metavar="[WS] N PATH",
                     help="workspace or mountpoint (default: current directory), layer number, path in the workspace")
+
+    sp = add("rollback", cmd_rollback,
+             "Make every path changed after layer N equal to its state as of N, recorded as a new layer "
+             "(staged changes are committed first; paths changed outside stepfs are never overwritten).",
+             "stepfs rollback 3 --path src/app.py --dry-run")
+    sp.add_argument("args", nargs="+", metavar="[WS] N",
+                    help="workspace or mountpoint (default: current directory), then the layer to roll back to")
+    sp.add_argument("--path", action="extend", nargs="+", metavar="PATH",
+                    help="roll back only these paths (and what is below them)")
+    sp.add_argument("--dry-run", action="store_true", help="print the change card it would commit; change nothing")
+    sp.add_argument("--skip-conflicts", action="store_true",
+                    help="leave paths changed outside stepfs as they are and roll back the rest")
 
     from . import completion, hooks, run
 
@@ -266,9 +372,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_paths(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``stepfs diff ... -- PATH...``: the paths after ``--`` belong to diff."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "diff" and "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv, paths = _split_paths(list(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
+    if paths:
+        args.paths = paths
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:

@@ -53,10 +53,6 @@ log = logging.getLogger("stepfs.api")
 PRIVATE_PREFIX = "stepfs-mnt-"
 
 
-class RollbackUnavailable(StepfsError, NotImplementedError):
-    """This build has no rollback yet (the browse-and-rollback work adds it)."""
-
-
 def open_workspace(path: str | os.PathLike | None = None, create: bool = False) -> "Workspace":
     """The workspace that ``path`` names: the workspace directory, one of its
     mountpoints, or a path inside either (default: the current directory).
@@ -167,24 +163,11 @@ class Workspace:
     def rollback(self, number: int, paths: list[str] | None = None, dry_run: bool = False):
         """Make layer ``number``'s state current again, as a new layer.
 
-        Delegates to ``overlayfs.manage.rollback`` (or ``store.rollback``)
-        when this build has it; otherwise raises :class:`RollbackUnavailable`.
+        Staged changes of open steps are committed first; see
+        ``overlayfs.manage.rollback``.  Returns its result (the new layer's
+        layer number under "layer", and its change card).
         """
-        impl = getattr(manage, "rollback", None)
-        if impl is not None:
-            return impl(manage.Target(self.path), number, paths=paths, dry_run=dry_run)
-        try:
-            from store import rollback as store_rollback
-        except ImportError:
-            store_rollback = None
-        impl = getattr(store_rollback, "rollback", None)
-        if impl is None:
-            raise RollbackUnavailable(
-                "rollback is not available in this build of stepfs; "
-                "read old versions with Workspace.read(number, path) meanwhile."
-            )
-        with Store.open(self.path) as ws:
-            return impl(ws, number, paths=paths, dry_run=dry_run)
+        return manage.rollback(manage.Target(self.path), number, paths=list(paths or ()), dry_run=dry_run)
 
     def run(self, command: list[str], **kwargs) -> "runner.RunResult":
         """Run ``command`` in a mount of this workspace and commit what it
@@ -293,7 +276,7 @@ def _rmdir(path: str) -> None:
 
 
 __all__ = [
-    "open_workspace", "Workspace", "Mount", "relative_to_workspace", "RollbackUnavailable",
+    "open_workspace", "Workspace", "Mount", "relative_to_workspace",
     "StepfsError", "WorkspaceError", "MountpointError", "NotMountedError", "StoreFormatError",
     "NothingToCommit", "CommitConflict", "DaemonError", "ContainmentError", "NoSuchLayer", "CorruptObject",
 ]

@@ -410,8 +410,12 @@ class ContentMixin:
             if self._kind(node, st) == "dir":
                 raise IsADirectory(path)
             d = self.drafts.get((agent, path))
-            if d is not None and d.opens == 0 and (d.stale or not self.still(d.base, path)):
-                self._discard_draft(d)
+            if d is not None and (d.stale or (not d.dirty and not self.still(d.base, path))):
+                # An outdated clean copy (the path moved on: another agent's
+                # close, a commit from another mount, a rollback) is not what
+                # a new open should see; one still in use stays with its handles.
+                if d.opens == 0:
+                    self._discard_draft(d)
                 d = None
             if d is not None:
                 h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct)
@@ -467,7 +471,7 @@ class ContentMixin:
                 # The same agent may have started a draft since this handle
                 # was opened: POSIX says it reads those bytes.
                 d = self.drafts.get((h.agent, h.path))
-                if d is not None and d.opens > 0 and not d.stale:
+                if d is not None and d.opens > 0 and not d.stale and (d.dirty or self.still(d.base, h.path)):
                     os.close(h.fd)
                     h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                     h.draft, h.node = d, None

@@ -7,7 +7,11 @@ peers with the daemon's uid (or root) are answered.
 
 Protocol: the client sends one JSON object and a newline; the server answers
 with one JSON object and a newline and closes.  Requests: ``{"op": "ping"}``,
-``{"op": "commit", "message", "meta", "allow_empty", "overwrite"}``.
+``{"op": "commit", "message", "meta", "allow_empty", "overwrite"}``,
+``{"op": "invalidate", "paths": ["/a/b", ...]}`` (the workspace changed under
+the mount: the view forgets its copies of those paths and the kernel its
+cached attributes and pages; answered once done, so a caller that got the
+answer knows the mount shows the new state).
 Answers: ``{"ok": true, ...}`` or ``{"ok": false, "error": <class name>,
 "message": <sentence>, "paths": [...]}``.
 

@@ -70,6 +70,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
 
     view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read)
+    kernel_cache = fuse_ops.KernelCache()
 
     def handle(req: dict) -> dict:
         op = req.get("op")
@@ -84,6 +85,14 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             return {"number": number}
         if op == "status":
             return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        if op == "invalidate":
+            # The workspace changed under this mount (a rollback): first the
+            # view forgets its copies, then (outside the view's lock) the
+            # kernel forgets attributes and pages of each path and its parent.
+            paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
+            view.forget(paths)
+            targets = sorted({q for p in paths for q in (p, p.rpartition("/")[0] or "/")})
+            return {"invalidated": kernel_cache.invalidate(targets)}
         raise ValueError(f"unknown op {op!r}")
 
     control = ControlServer(mountpoint, handle)
@@ -98,7 +107,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
                 pass
 
     try:
-        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug)
+        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache)
     finally:
         control.stop()
         view.close()

@@ -19,6 +19,9 @@ Choices (measured or forced, see README "Architecture"):
   namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
+* 1 s attribute and entry timeouts, no negative caching; when the workspace
+  changes under a mount (a rollback), :meth:`KernelCache.invalidate` drops the
+  kernel's cached attributes and pages of the paths at once.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from store.errors import CorruptObject, StepfsError  # noqa: E402
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT  # noqa: E402
 from .view import Overlay  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
@@ -98,6 +102,49 @@ def _translating(method):
     return wrapper
 
 
+class KernelCache:
+    """Invalidation of the kernel's caches for paths of one mount.
+
+    libfuse3's ``fuse_invalidate_path(struct fuse *, path)`` makes the kernel
+    forget the cached attributes and page cache of a path it knows (a path
+    the kernel never looked up is not cached: -ENOENT, ignored).  The
+    ``struct fuse *`` is only reachable from inside a callback, so ``init``
+    records it here.
+
+    Threading: call from any thread except the FUSE loop's, and never while
+    holding the view's lock: the kernel may have to wait for a request in
+    flight (a read holding a page lock) that the loop can only finish by
+    taking that lock.  Dentries are not invalidated (libfuse3 3.14 offers
+    that only by node id, which the high-level API keeps to itself): a name
+    whose kind changed (file -> directory, say) would fail once with EIO
+    until its entry timeout expires, so ``manage.rollback`` waits out
+    :data:`ENTRY_TIMEOUT` before returning when a kind changed.
+    """
+
+    def __init__(self) -> None:
+        self._fuse: int | None = None
+        self._call = mfusepy._libfuse.fuse_invalidate_path
+        self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        self._call.restype = ctypes.c_int
+
+    def attach(self) -> None:
+        """Record the running ``struct fuse *`` (from inside a callback)."""
+        self._fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
+
+    def invalidate(self, paths: list[str]) -> int:
+        """Invalidate ``paths`` (view paths); returns how many the kernel had cached."""
+        if not self._fuse:
+            return 0
+        done = 0
+        for path in paths:
+            rc = self._call(self._fuse, os.fsencode(path))
+            if rc == 0:
+                done += 1
+            elif rc != -errno.ENOENT:
+                log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
+        return done
+
+
 def _owner() -> tuple[int, int]:
     uid, gid, _pid = mfusepy.fuse_get_context()
     return uid, gid
@@ -108,33 +155,29 @@ class StepFS(mfusepy.Operations):
 
     use_ns = True
 
-    def __init__(self, view: Overlay, on_ready=None):
+    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None):
         self.view = view
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
-        self._fuse = None  # struct fuse *, known from init on
+        self.kernel_cache = kernel_cache
 
     def invalidate(self, path: str) -> None:
-        """Drop the kernel's cached attributes and pages of ``path``.
-
-        libfuse's high-level API gives every name its own kernel inode, so
-        when a change through one name of a hard link (or a rollback)
-        alters another name, the kernel must be told.  Safe from inside a
-        request: the notification only takes the other inode's page locks.
-        """
-        if self._fuse is None:
-            return
-        rc = mfusepy._libfuse.fuse_invalidate_path(self._fuse, os.fsencode(path))
-        if rc not in (0, -errno.ENOENT):
-            log.debug("fuse_invalidate_path(%s) = %d", path, rc)
+        """Drop the kernel's cached attributes and pages of another name of
+        a hard-linked file, from inside a request.  libfuse's high-level API
+        gives every name its own kernel inode, so a change through one name
+        must be announced for the others.  Safe on the loop thread because
+        opens of linked files are direct_io: no page of theirs is locked by
+        a read waiting for this loop (see KernelCache for the general rule)."""
+        if self.kernel_cache is not None:
+            self.kernel_cache.invalidate([path])
 
     def _agent(self) -> str:
         """The calling process's agent (pid from the FUSE request)."""
         return self.agents.of(mfusepy.fuse_get_context()[2])
 
     def init(self, path):
-        self._fuse = ctypes.c_void_p(mfusepy._libfuse.fuse_get_context().contents.fuse)
-        mfusepy._libfuse.fuse_invalidate_path.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        if self.kernel_cache is not None:
+            self.kernel_cache.attach()
         self.view.invalidate = self.invalidate
         if self.on_ready is not None:
             self.on_ready()
@@ -271,10 +314,11 @@ def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,")
 
 
-def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False) -> None:
+def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
+        kernel_cache: KernelCache | None = None) -> None:
     """Mount and serve until unmounted (blocks)."""
     _FUSE(
-        StepFS(view, on_ready),
+        StepFS(view, on_ready, kernel_cache),
         mountpoint,
         raw_fi=True,
         foreground=True,
@@ -284,7 +328,7 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False) -> N
         subtype="stepfs",
         default_permissions=True,
         use_ino=True,
-        attr_timeout=1.0,
-        entry_timeout=1.0,
+        attr_timeout=ATTR_TIMEOUT,
+        entry_timeout=ENTRY_TIMEOUT,
         negative_timeout=0.0,
     )

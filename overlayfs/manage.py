@@ -286,5 +286,77 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     return numbers
 
 
-__all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "abort_connection",
-           "CommitConflict", "errno"]
+# -- rollback ----------------------------------------------------------------------
+
+
+def _open_steps_with_changes(ws: Workspace) -> int:
+    with ws.db.read() as conn:
+        return sum(1 for st in staging.list_steps(conn) if st["staged"])
+
+
+def invalidate_mounts(ws: Workspace, paths: list[bytes]) -> dict:
+    """Tell every live mount of ``ws`` that ``paths`` changed in the
+    workspace under it; returns ``{"invalidated": [mountpoints],
+    "unreachable": [mountpoints]}``.  A mount that does not answer only
+    serves cached attributes until its 1 s timeouts expire, so this never
+    fails the caller."""
+    view_paths = ["/" + os.fsdecode(p) for p in paths]
+    view_paths += ["/.stepfs/layers", "/.stepfs/layers/latest"]
+    out: dict[str, list[str]] = {"invalidated": [], "unreachable": []}
+    for m in mounts.stepfs_mounts(ws.path):
+        if not daemon_alive(ws.run_dir, m.mountpoint):
+            continue
+        try:
+            control.request(m.mountpoint, {"op": "invalidate", "paths": view_paths}, timeout=60.0)
+            out["invalidated"].append(m.mountpoint)
+        except DaemonError:
+            out["unreachable"].append(m.mountpoint)
+    return out
+
+
+def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool = False,
+             skip_conflicts: bool = False) -> dict:
+    """Roll the workspace of ``target`` back to layer ``number``.
+
+    Order: check the layer exists; commit every open step with changes (live
+    mounts through their daemons, dead ones from the store) so nothing
+    staged is thrown away; run ``store.rollback.rollback``; then invalidate
+    every live mount so processes in it see the result as soon as this
+    returns.  A dry run commits nothing and changes nothing; its card does
+    not include staged changes (``open_steps_with_changes`` counts them).
+    Paths are user paths (``store.history.user_path``).
+    """
+    from store import history
+    from store import rollback as store_rollback
+
+    with Workspace.open(target.workspace) as ws:
+        rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in paths] or None
+        with ws.db.read() as conn:
+            history.require_layer(conn, number)
+        committed: list[int] = []
+        if not dry_run and _open_steps_with_changes(ws):
+            try:
+                committed = step(Target(ws.path), message=f"staged changes, committed before rollback to {number}")
+            except NothingToCommit:
+                pass
+        pending = _open_steps_with_changes(ws) if dry_run else 0
+        result = store_rollback.rollback(ws, number, rels, dry_run=dry_run, skip_conflicts=skip_conflicts,
+                                         mount=target.mountpoint or "")
+        published = time.monotonic()
+        seen = {"invalidated": [], "unreachable": []}
+        if result.layer is not None:
+            seen = invalidate_mounts(ws, result.paths)
+            if seen["invalidated"] and result.kind_changed:
+                # The kernel keeps a looked-up name bound to its inode until
+                # the entry timeout; a name whose kind changed would fail once
+                # with EIO before then (see fuse_ops.KernelCache).  Wait it out.
+                time.sleep(max(0.0, mounts.ENTRY_TIMEOUT + 0.1 - (time.monotonic() - published)))
+        return {
+            "number": number, "head_before": result.head, "layer": result.layer, "dry_run": dry_run,
+            "committed_first": committed, "open_steps_with_changes": pending,
+            "skipped": [c.as_dict() for c in result.skipped], "card": result.card, **seen,
+        }
+
+
+__all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "rollback", "invalidate_mounts",
+           "abort_connection", "CommitConflict", "errno"]

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 FSTYPE = "fuse.stepfs"
 FSNAME_PREFIX = "stepfs:"
+#: How long the kernel trusts a looked-up name and its attributes in every
+#: stepfs mount (``fuse_ops.run``); no negative entries are cached.
+ENTRY_TIMEOUT = 1.0
+ATTR_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,9 @@ class Overlay(ContentMixin):
 
     def _base_for(self, path: str) -> str:
         node = self.upper.get(path)
-        return node.base if node is not None else self._lower_token(path)
+        if node is None:
+            return self._lower_token(path)
+        return node.name_bases.get(path, node.base)
 
     def _check_writable(self, path: str) -> None:
         if is_meta(path):
@@ -678,6 +680,8 @@ class Overlay(ContentMixin):
                 if flags & RENAME_NOREPLACE:
                     raise Exists(new)
                 dnode, dst_st = self._resolve(new)
+                if dnode is not None and dnode is src:
+                    return  # two names of one hard-linked file: POSIX says do nothing
                 dst_kind = self._kind(dnode, dst_st)
             if src_kind == "dir":
                 if new.startswith(old + "/"):
@@ -827,6 +831,7 @@ class Overlay(ContentMixin):
         followed into the upper layer)."""
         with self.lock:
             self._check_writable(path)
+            self._check_writable(existing)
             self._check_new_name(path)
             self._require_dir(parent_name(path)[0])
             node, st = self._resolve(existing)
@@ -909,6 +914,29 @@ class Overlay(ContentMixin):
             if d.path in renamed and d.base == renamed[d.path][0]:
                 d.base = renamed[d.path][1]
                 d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
+
+    def forget(self, paths: list[str]) -> None:
+        """Drop what the view holds for ``paths`` (and below) after the
+        workspace changed under it (a rollback): idle drafts and unstaged
+        nodes go, so the workspace shows through.  Staged nodes stay: they
+        are this mount's own changes, and committing them checks their base
+        token against the new workspace state.  Drafts in use stay too, and
+        their close fails with ESTALE (the path changed since they opened)."""
+        with self.lock:
+            targets = set()
+            for path in paths:
+                targets.add(path)
+                targets.update(self.upper.below(path))
+            for p in targets:
+                node = self.upper.get(p)
+                if node is None or node.staged or p in self.open_drafts:
+                    continue
+                self.upper.pop(p)
+                self._drop_scratch(node)
+            prefixes = tuple(p.rstrip("/") + "/" for p in paths)
+            for d in list(self.drafts.values()):
+                if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):
+                    self._discard_draft(d)
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

@@ -1,86 +1,99 @@
 """Change cards: what a layer did, per path, in words and line counts.
 
-Pure reads of the store.  Text is anything without a NUL byte in its first
-8 KiB that decodes as UTF-8 (git's heuristic, roughly); for binary content
-the card reports byte sizes instead of lines.
+Pure reads of the store.  A card lists every path a layer touched with its
+operation (added, modified, deleted, renamed, mode, replaced), lines added
+and removed for text, byte sizes for binary content (see ``store.diff`` for
+what counts as text), the layer's message, agent and metadata.  A rollback
+that has not happened yet (``--dry-run``) gets a card through
+:func:`card_for` from the entries it would write.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import time
 
 from sqlalchemy.engine import Connection
 
-from . import layers
+from . import diff, layers
 from .objects import ObjectStore
 
-#: Above this size a file's lines are not counted (the card says so).
-LINE_COUNT_LIMIT = 4 << 20
+#: Kept for callers of the old name: files above this size are not line-counted.
+LINE_COUNT_LIMIT = diff.TEXT_LIMIT
 
 
-def _text(data: bytes) -> list[str] | None:
-    if b"\0" in data[:8192]:
-        return None
-    try:
-        return data.decode("utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError:
-        return None
+def _state(s: layers.State) -> dict:
+    out = {"kind": s.kind, "mode": s.mode, "oid": s.oid}
+    if s.kind == "symlink":
+        out["target"] = os.fsdecode(s.target or b"")
+    return out
 
 
-def line_counts(a: list[str], b: list[str]) -> tuple[int, int]:
-    """``(added, removed)`` lines from ``a`` to ``b``, from the matcher's
-    opcodes (not by parsing diff text, where a removed ``-- x`` line looks
-    like a ``---`` header)."""
-    added = removed = 0
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
-        if tag != "equal":
-            removed += i2 - i1
-            added += j2 - j1
-    return added, removed
-
-
-def content(objects: ObjectStore, conn: Connection, state: layers.State) -> bytes:
-    if state.kind == "file" and state.oid is not None:
-        return objects.read_all(conn, state.oid)
-    if state.kind == "symlink":
-        return state.target or b""
-    return b""
-
-
-def file_card(objects: ObjectStore, conn: Connection, e: layers.Entry) -> dict:
+def file_card(objects: ObjectStore, conn: Connection, c: diff.Change) -> dict:
     out = {
-        "path": os.fsdecode(e.path), "op": e.op, "kind": e.after.kind or e.before.kind,
-        "before": {"kind": e.before.kind, "mode": e.before.mode, "oid": e.before.oid},
-        "after": {"kind": e.after.kind, "mode": e.after.mode, "oid": e.after.oid},
+        "path": os.fsdecode(c.path), "op": c.op, "kind": c.after.kind or c.before.kind,
+        "before": _state(c.before), "after": _state(c.after),
     }
-    if "file" not in (e.before.kind, e.after.kind):
+    if c.old_path is not None:
+        out["from"] = os.fsdecode(c.old_path)
+    if "file" not in (c.before.kind, c.after.kind):
         return out
-    sizes = [objects.size(conn, s.oid) if s.kind == "file" and s.oid else 0 for s in (e.before, e.after)]
-    if max(sizes) > LINE_COUNT_LIMIT:
-        out.update(binary=None, bytes_before=sizes[0], bytes_after=sizes[1])
+    if c.before.kind == c.after.kind and c.before.oid == c.after.oid:
+        out.update(binary=False, lines_added=0, lines_removed=0)
         return out
-    old = content(objects, conn, e.before) if e.before.kind == "file" else b""
-    new = content(objects, conn, e.after) if e.after.kind == "file" else b""
-    a, b = _text(old), _text(new)
+    only_files = diff.Change(c.path, c.before if c.before.kind == "file" else layers.State(None),
+                             c.after if c.after.kind == "file" else layers.State(None))
+    a, b, n_old, n_new = diff.lines_of(objects, conn, only_files)
     if a is None or b is None:
-        out.update(binary=True, bytes_before=len(old), bytes_after=len(new))
+        out.update(binary=True, bytes_before=n_old, bytes_after=n_new)
         return out
-    added, removed = line_counts(a, b)
+    added, removed = diff.count_lines(a, b)
     out.update(binary=False, lines_added=added, lines_removed=removed)
     return out
 
 
-def card(objects: ObjectStore, conn: Connection, number: int) -> dict:
-    layer = layers.get(conn, number)
-    files = [file_card(objects, conn, e) for e in layers.entries(conn, number)]
+def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[diff.Change]) -> dict:
+    """A card from a layer header (number, kind, created_ns, message, agent,
+    mount, meta) and its changes."""
+    files = [file_card(objects, conn, c) for c in changes]
+    ops = [f["op"] for f in files]
     return {
-        "number": layer.number, "kind": layer.kind, "created_ns": layer.created_ns,
-        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(layer.created_ns / 1e9)),
-        "message": layer.message, "agent": layer.agent, "mount": layer.mount, "meta": layer.meta,
-        "added": layer.added, "modified": layer.modified, "deleted": layer.deleted,
+        **header,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(header["created_ns"] / 1e9)),
+        "added": ops.count("added"), "deleted": ops.count("deleted"), "renamed": ops.count("renamed"),
+        "modified": len(ops) - ops.count("added") - ops.count("deleted") - ops.count("renamed"),
         "lines_added": sum(f.get("lines_added", 0) for f in files),
         "lines_removed": sum(f.get("lines_removed", 0) for f in files),
         "files": files,
     }
+
+
+def header(layer: layers.Layer) -> dict:
+    return {
+        "number": layer.number, "kind": layer.kind, "created_ns": layer.created_ns, "message": layer.message,
+        "agent": layer.agent, "mount": layer.mount, "meta": layer.meta,
+    }
+
+
+def card(objects: ObjectStore, conn: Connection, number: int) -> dict:
+    """The card of committed layer ``number``; raises NoSuchLayer."""
+    layer = layers.get(conn, number)
+    return card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)))
+
+
+def layer_patch(objects: ObjectStore, conn: Connection, number: int) -> str:
+    """The unified diff of what layer ``number`` changed."""
+    layers.get(conn, number)
+    return diff.patch(objects, conn, diff.from_entries(conn, layers.entries(conn, number)))
+
+
+def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> list[dict]:
+    """Committed layers, newest first, each as its card without the per-file
+    list (``files`` holds the count).  Line counts read the content of every
+    changed text file, so this costs what the layers changed."""
+    out = []
+    for layer in layers.list_layers(conn, limit=limit):
+        c = card(objects, conn, layer.number)
+        c["files"] = len(c["files"])
+        out.append(c)
+    return out

@@ -85,11 +85,17 @@ class Root:
             os.close(fd)
 
     def exists(self, path: str | bytes) -> bool:
+        """Whether ``path`` is a path of the tree: not when a component on
+        the way is a file (ENOTDIR) or a symlink (ELOOP)."""
         try:
             self.lstat(path)
             return True
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return False
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EXDEV):
+                return False
+            raise
 
     def readlink(self, path: str | bytes) -> bytes:
         parent, name = self.parent(path)

@@ -44,6 +44,11 @@ class CommitConflict(StepfsError):
         self.paths = paths
 
 
+class NothingToRollBack(NothingToCommit):
+    """``rollback N`` found nothing to change: N is the head, or every path
+    touched after N already holds its state as of N."""
+
+
 class DaemonError(StepfsError):
     """The mount daemon did not start, did not answer, or did not exit."""
 
@@ -54,6 +59,10 @@ class ContainmentError(StepfsError):
 
 class NoSuchLayer(StepfsError):
     """A layer number that does not exist."""
+
+
+class NoSuchPath(StepfsError):
+    """A path that did not exist (or was not a file) as of the layer asked for."""
 
 
 class CorruptObject(StepfsError):

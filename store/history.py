@@ -11,46 +11,114 @@ The state of path ``p`` after layer ``n`` is, in order of precedence:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_mod
 
 from sqlalchemy import select
 
 from . import schema
-from .errors import ContainmentError, NoSuchLayer
-from .layers import State, entry_from_row, head
+from .errors import ContainmentError, NoSuchLayer, NoSuchPath
+from .layers import State, entry_from_row
 from .workspace import STORE_DIR, Workspace
 
 L, E = schema.layers, schema.entries
 
 
-def user_path(ws: Workspace, path: str) -> bytes:
-    """A user-supplied path, relative to the workspace, checked to stay
-    inside it and out of its store; raises ContainmentError."""
+#: Symbolic links followed while resolving one user path (as the kernel's MAXSYMLINKS).
+MAX_SYMLINK_HOPS = 40
+
+
+def user_path(ws: Workspace, path: str, mountpoint: str | None = None, allow_root: bool = False) -> bytes:
+    """A user-supplied path as a workspace path (``b"a/b"``), or ContainmentError.
+
+    The path is relative to the workspace; an absolute path must lie in the
+    workspace (or in ``mountpoint``, a mount of it).  Components are resolved
+    one by one against the workspace as it is now: ``..`` may not climb above
+    the workspace, a symbolic link is followed only while it stays inside it,
+    a regular file cannot be passed through, and nothing may reach into the
+    store.  The last component is not followed (history records links as
+    links).  Components that do not exist now are taken literally, so paths
+    that only existed in older layers can still be named.  With
+    ``allow_root`` the workspace itself is ``b"."``.
+    """
     raw = os.fsencode(path)
     if raw.startswith(b"/"):
-        root = os.fsencode(ws.path).rstrip(b"/") + b"/"
-        if raw.rstrip(b"/") + b"/" == root:
-            raw = b""  # the workspace itself: refused below with that reason
-        elif not raw.startswith(root):
-            raise ContainmentError(f"{path} is outside the workspace {ws.path}; give a path inside it.")
+        for root in (ws.path, mountpoint):
+            if not root:
+                continue
+            prefix = os.fsencode(root).rstrip(b"/")
+            if raw == prefix or raw.startswith(prefix + b"/"):
+                raw = raw[len(prefix):]
+                break
         else:
-            raw = raw[len(root):]
-    parts: list[bytes] = []
-    for part in raw.split(b"/"):
+            raise ContainmentError(f"{path} is outside the workspace {ws.path}; give a path relative to the workspace.")
+    # A stack of (component, the symlink whose target it came from or None).
+    todo: list[tuple[bytes, bytes | None]] = [(p, None) for p in reversed(raw.split(b"/"))]
+    done: list[bytes] = []
+    hops = 0
+    while todo:
+        part, origin = todo.pop()
         if part in (b"", b"."):
             continue
         if part == b"..":
-            if not parts:
-                raise ContainmentError(f"{path} leaves the workspace; give a path inside it.")
-            parts.pop()
+            if not done:
+                if origin is not None:
+                    raise ContainmentError(
+                        f"{path} goes through the symbolic link {os.fsdecode(origin)}, which points outside the "
+                        f"workspace; give a path inside the workspace."
+                    )
+                raise ContainmentError(f"{path} leaves the workspace through '..'; give a path inside it.")
+            done.pop()
             continue
-        parts.append(part)
-    if not parts:
-        raise ContainmentError(f"{path!r} names the workspace itself; give a file inside it.")
-    if parts[0] == STORE_DIR.encode():
-        raise ContainmentError(f"{path} is inside the stepfs store, which is not part of the workspace.")
-    return b"/".join(parts)
+        if not done and part == STORE_DIR.encode():
+            raise ContainmentError(f"{path} is inside the stepfs store, which is not part of the workspace.")
+        here = b"/".join(done + [part])
+        if not any(p not in (b"", b".") for p, _o in todo):
+            done.append(part)  # the last component: never followed
+            continue
+        try:
+            st = ws.root.lstat(here)
+        except (FileNotFoundError, NotADirectoryError):
+            done.append(part)  # gone from the workspace; may still be in history
+            continue
+        except OSError as exc:
+            raise ContainmentError(f"{path} cannot be resolved inside the workspace ({exc.strerror}).") from None
+        if stat_mod.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > MAX_SYMLINK_HOPS:
+                raise ContainmentError(f"{path} goes through too many symbolic links; give the path without them.")
+            target = ws.root.readlink(here)
+            if target.startswith(b"/"):
+                prefix = os.fsencode(ws.path).rstrip(b"/")
+                if target != prefix and not target.startswith(prefix + b"/"):
+                    raise ContainmentError(
+                        f"{path} goes through the symbolic link {os.fsdecode(here)}, which points outside the "
+                        f"workspace ({os.fsdecode(target)}); give a path inside the workspace."
+                    )
+                done = []
+                target = target[len(prefix):]
+            # A relative target climbing out is caught by the '..' rule above.
+            todo.extend((p, here) for p in reversed(target.split(b"/")))
+            continue
+        if not stat_mod.S_ISDIR(st.st_mode):
+            raise ContainmentError(
+                f"{path} goes through {os.fsdecode(here)}, which is a file and not a directory; check the path."
+            )
+        done.append(part)
+    if not done:
+        if allow_root:
+            return b"."
+        raise ContainmentError(f"{path!r} names the workspace itself; give a path inside it.")
+    return b"/".join(done)
+
+
+def require_layer(conn, number: int) -> None:
+    """NoSuchLayer unless ``number`` is a committed layer."""
+    if number < 0 or conn.execute(
+        select(L.c.number).where(L.c.number == number, L.c.state == "committed")
+    ).first() is None:
+        raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
 
 
 def state_at(conn, path: bytes, number: int) -> State | None:
@@ -72,34 +140,66 @@ def state_at(conn, path: bytes, number: int) -> State | None:
     return None
 
 
-def file_bytes(ws: Workspace, number: int, path: str) -> bytes:
+def state_from_rows(rows: list, number: int) -> tuple[State, int | None] | None:
+    """The state after layer ``number`` from one path's committed entry rows
+    (any order), with the recorded mtime when the state is an *after* state;
+    None for no rows.  Same precedence as :func:`state_at`."""
+    if not rows:
+        return None
+    at_or_before = [r for r in rows if r.layer <= number]
+    if at_or_before:
+        row = max(at_or_before, key=lambda r: r.layer)
+        return entry_from_row(row).after, row.after_mtime_ns
+    row = min(rows, key=lambda r: r.layer)
+    return entry_from_row(row).before, None
+
+
+def committed_rows(conn, where, order_by_path: bool = True) -> list:
+    """Committed entry rows matching the SQL condition ``where``."""
+    committed = select(L.c.number).where(L.c.state == "committed")
+    q = select(E).where(where, E.c.layer.in_(committed))
+    if order_by_path:
+        q = q.order_by(E.c.path, E.c.layer)
+    return conn.execute(q).all()
+
+
+def under(path: bytes):
+    """SQL condition: entry paths strictly below directory ``path``
+    (``b"."`` is the workspace root: every path)."""
+    if path == b".":
+        return E.c.path.is_not(None)
+    prefix = path + b"/"
+    return (E.c.path >= prefix) & (E.c.path < path + b"0")  # '0' follows '/' in byte order
+
+
+def file_bytes(ws: Workspace, number: int, path: str, mountpoint: str | None = None) -> bytes:
     """A file's bytes as of layer ``number`` (``stepfs cat``)."""
-    rel = user_path(ws, path)
+    rel = user_path(ws, path, mountpoint)
     with ws.db.read() as conn:
-        if number < 0 or number > head(conn) or conn.execute(
-            select(L.c.number).where(L.c.number == number, L.c.state == "committed")
-        ).first() is None:
-            raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+        require_layer(conn, number)
         state = state_at(conn, rel, number)
         if state is not None:
             if state.kind is None:
-                raise ContainmentError(f"{path} did not exist as of layer {number}.")
+                raise NoSuchPath(f"{path} did not exist as of layer {number}; 'stepfs show' lists what each layer changed.")
             if state.kind != "file":
-                raise ContainmentError(f"{path} was a {state.kind} as of layer {number}, not a file.")
+                raise NoSuchPath(f"{path} was a {state.kind} as of layer {number}, not a file.")
             return ws.objects.read_all(conn, state.oid)
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore it).
+        # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = ws.root.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except FileNotFoundError:
-        raise ContainmentError(f"{path} did not exist as of layer {number}.") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise NoSuchPath(f"{path} did not exist as of layer {number}; 'stepfs show' lists what each layer changed.") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NoSuchPath(f"{path} was a symlink as of layer {number}, not a file.") from None
+        if exc.errno == errno.EISDIR:
+            raise NoSuchPath(f"{path} was a dir as of layer {number}, not a file.") from None
         raise ContainmentError(f"{path} cannot be read inside the workspace ({exc.strerror}).") from None
     try:
-        st = os.fstat(fd)
-        if not stat_mod.S_ISREG(st.st_mode):
-            # Untouched by any layer: the workspace's kind now is its kind then.
-            kind = "dir" if stat_mod.S_ISDIR(st.st_mode) else "special file"
-            raise ContainmentError(f"{path} was a {kind} as of layer {number}, not a file.")
+        mode = os.fstat(fd).st_mode
+        if not stat_mod.S_ISREG(mode):
+            kind = "dir" if stat_mod.S_ISDIR(mode) else "special file"
+            raise NoSuchPath(f"{path} was a {kind} as of layer {number}, not a file.")
         chunks = []
         while True:
             data = os.read(fd, 1 << 20)

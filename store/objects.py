@@ -198,6 +198,28 @@ class ObjectStore:
             pos += len(data)
             yield data
 
+    def read_range(self, conn: Connection, oid: str, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes of the object from ``offset``; only the chunks
+        that overlap the range are read, each verified like :meth:`iter_chunks`."""
+        if size <= 0:
+            return b""
+        end = offset + size
+        oc, ch = schema.object_chunks, schema.chunks
+        rows = conn.execute(
+            select(oc.c.offset, ch.c.cid, ch.c.data)
+            .join(ch, ch.c.cid == oc.c.cid)
+            .where(oc.c.oid == oid, oc.c.offset < end, oc.c.offset + ch.c.size > offset)
+            .order_by(oc.c.seq)
+        )
+        out = []
+        for row in rows:
+            data = bytes(row.data)
+            if self.hasher(data) != row.cid.split(".", 1)[0]:
+                raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            lo = max(offset - row.offset, 0)
+            out.append(data[lo:end - row.offset])
+        return b"".join(out)
+
     def read_all(self, conn: Connection, oid: str) -> bytes:
         return b"".join(self.iter_chunks(conn, oid))
 

@@ -156,6 +156,10 @@ def _walk(ws: Workspace, path: bytes) -> list[bytes]:
             children = ws.root.listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue  # a symlink: nothing below it belongs to the tree
+            raise
         for name, kind, _ino in children:
             child = name if d == b"." else d + b"/" + name
             out.append(child)

@@ -130,6 +130,10 @@ entries = Table(
     Column("after_link", LargeBinary),
     PrimaryKeyConstraint("layer", "path"),
 )
+# History of one path, and of everything below a directory (a prefix range on
+# ``path``): state-as-of-layer lookups, the ``.stepfs/layers`` tree and
+# rollback planning read entries by path, never by scanning all layers.
+Index("entries_path_layer", entries.c.path, entries.c.layer)
 
 # Open steps: one per mountpoint.  A daemon that restarts on the same
 # mountpoint resumes its open step.

@@ -17,16 +17,6 @@ from overlayfs import api, manage, mounts
 pytestmark = pytest.mark.mount
 
 
-def _rollback_available() -> bool:
-    if hasattr(manage, "rollback"):
-        return True
-    try:
-        from store import rollback
-    except ImportError:
-        return False
-    return hasattr(rollback, "rollback")
-
-
 def docs_example() -> str:
     text = (ROOT / "docs" / "API.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
@@ -49,12 +39,8 @@ def test_docs_example_runs_as_written(workspace, private_tmp, tmp_path):
     assert (workspace / "calc.py").read_text() == "def add(a, b):\n    return b + a\n"
     ws = api.open_workspace(workspace)
     assert ws.card(3)["meta"] == {"exit_code": "0", "tool_use_id": "toolu_04"}
-    if _rollback_available():
-        assert not (workspace / "NOTES.md").exists(), "the example's rollback did not undo the last call"
-        assert ws.head() == 4
-    else:
-        assert lines[11].startswith("rollback: rollback is not available")
-        assert (workspace / "NOTES.md").read_text() == "# notes\n"
+    assert not (workspace / "NOTES.md").exists(), "the example's rollback did not undo the last call"
+    assert ws.head() == 4 and lines[11] == "rolled back as layer 4"
     assert mounts_under(private_tmp) == [] and os.listdir(private_tmp) == []
 
 
@@ -107,13 +93,16 @@ def test_reused_mount_is_left_alone(workspace, mount, private_tmp):
     assert [x.path for x in ws.mounts()] == [str(fixture_mount.mountpoint)]
 
 
-def test_rollback_without_an_implementation_says_so(workspace):
+def test_rollback_through_the_api(workspace):
     ws = api.open_workspace(workspace, create=True)
-    if _rollback_available():
-        assert callable(ws.rollback)  # wired: the docs example exercises it
-        return
-    with pytest.raises(api.RollbackUnavailable, match="not available in this build"):
-        ws.rollback(0)
+    (workspace / "f").write_text("v0")
+    with ws.mount() as m:
+        with open(os.path.join(m.path, "f"), "w") as f:
+            f.write("v1")
+        assert m.step("one") == 1
+    result = ws.rollback(0)
+    assert (workspace / "f").read_text() == "v0"
+    assert ws.head() == result["layer"] == 2
 
 
 def test_open_workspace_refuses_a_plain_directory_without_create(tmp_path):

@@ -113,7 +113,9 @@ def test_lines_that_look_like_diff_headers_are_counted(tmp_path):
 
 
 def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
-    monkeypatch.setattr(cards, "LINE_COUNT_LIMIT", 10)
+    from store import diff
+
+    monkeypatch.setattr(diff, "TEXT_LIMIT", 10)
     w = open_workspace(tmp_path / "ws", {"big": ("file", 0o644, b"1\n2\n3\n4\n5\n6\n")})
     try:
         st = Stager(w)
@@ -121,7 +123,7 @@ def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
         publish.commit_step(w, st.step)
         with w.db.read() as conn:
             (card,) = cards.card(w.objects, conn, 1)["files"]
-        assert card["binary"] is None
+        assert card["binary"] is True  # too large to diff: reported by size, like binary content
         assert (card["bytes_before"], card["bytes_after"]) == (12, 2)
     finally:
         w.close()

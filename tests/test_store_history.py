@@ -8,7 +8,7 @@ import os
 import pytest
 
 from store import history, publish, schema
-from store.errors import ContainmentError, NoSuchLayer
+from store.errors import ContainmentError, NoSuchLayer, NoSuchPath
 from store.layers import State
 from store.workspace import Workspace
 from store_kit import Stager, open_workspace, plain
@@ -58,7 +58,7 @@ def oid(ws, data: bytes) -> str:
 
 def test_file_bytes_of_an_untouched_fifo_neither_hangs_nor_crashes(own_ws):
     os.mkfifo(os.path.join(own_ws.path, "pipe"))
-    with pytest.raises(ContainmentError, match="special file"):
+    with pytest.raises(NoSuchPath, match="special file"):
         history.file_bytes(own_ws, 1, "pipe")
 
 
@@ -112,10 +112,10 @@ def test_file_bytes_as_of_each_layer(ws):
     (2, "nope", "did not exist"),
     (1, "d", "was a dir as of layer 1"),
     (1, "plain", "not a file"),  # untouched directory, read from the workspace
-    (1, "ln", "symbolic link"),  # untouched symlink: never followed
+    (1, "ln", "symlink"),  # untouched symlink: never followed
 ])
 def test_file_bytes_refuses_what_is_not_a_file(ws, number, path, message):
-    with pytest.raises(ContainmentError, match=message):
+    with pytest.raises(NoSuchPath, match=message):
         history.file_bytes(ws, number, path)
 
 

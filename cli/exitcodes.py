@@ -24,6 +24,9 @@ CODES: list[tuple[type, int]] = [
     (errors.NoSuchLayer, 11),
     (errors.CorruptObject, 12),
     (errors.InputError, 13),
+    (errors.StoreDamaged, 14),
+    (errors.StoreUnavailable, 15),  # StoreFull included
+    (errors.PublishFailed, 16),
 ]
 
 

@@ -41,7 +41,7 @@ def crash_points(counter: Counter, n_paths: int) -> list[int]:
     For the 200-path step (over 900 calls) a run costs a fork and a partial
     commit, so it takes every k in the first and last 10 calls and within 3
     of each database commit (the commit point and the completion), and every
-    25th in between: the phases are long runs of the same call, and the full
+    10th in between: the phases are long runs of the same call, and the full
     enumeration of the 8-path step (same kinds of change) covers every
     transition between phases."""
     total = counter.n
@@ -50,7 +50,7 @@ def crash_points(counter: Counter, n_paths: int) -> list[int]:
     commits = [i + 1 for i, op in enumerate(counter.trace) if op == "commit"]
     dense = set(range(1, 11)) | set(range(total - 9, total + 2))
     dense |= {k for c in commits for k in range(c - 3, c + 4)}
-    return sorted(k for k in range(1, total + 2) if k in dense or k % 25 == 0)
+    return sorted(k for k in range(1, total + 2) if k in dense or k % 10 == 0)
 
 
 @pytest.mark.timeout(300)

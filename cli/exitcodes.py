@@ -25,6 +25,9 @@ CODES: list[tuple[type, int]] = [
     (errors.CorruptObject, 12),
     (errors.InputError, 13),
     (errors.NoSuchPath, 14),
+    (errors.StoreDamaged, 15),
+    (errors.StoreUnavailable, 16),  # StoreFull included
+    (errors.PublishFailed, 17),
 ]
 
 

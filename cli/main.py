@@ -19,7 +19,8 @@ from . import exitcodes
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
-              "12 corrupt object, 13 bad input, 14 no such path in that layer, 1 bug"
+              "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
+              "16 store cannot write, 17 publish failed, 1 bug"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -73,6 +74,7 @@ def cmd_mount(args) -> int:
     if args.foreground:
         from overlayfs import daemon
 
+        manage.reclaim_dead_mount(args.workspace, args.mountpoint)
         manage.check_mount_args(args.workspace, args.mountpoint)
         return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
@@ -101,6 +103,8 @@ def cmd_status(args) -> int:
     for m in st["mounts"]:
         state = f"mounted, pid {m['pid']}" if m["mounted"] else "not mounted"
         lines.append(f"mount {m['mountpoint']}  ({state}, {len(m['staged'])} staged)")
+        if m.get("readonly"):
+            lines.append(f"  read-only: {m['readonly']}")
         lines += [f"  {s['op']} {s['path']}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
@@ -235,6 +239,31 @@ def cmd_diff(args) -> int:
     return 0
 
 
+def cmd_verify(args) -> int:
+    from overlayfs import manage
+    from store import verify
+    from store.errors import StoreDamaged
+    from store.workspace import Workspace
+
+    from . import progress
+
+    with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
+        with progress.for_args(args, "verifying chunks and objects") as bar:
+            report = verify.verify(ws, progress=bar)
+        label = ws.db.label
+    counts = ", ".join(f"{n} {what}" for what, n in sorted(report.counts.items()))
+    text = "\n".join([f"checked {label}: {counts}"] + [f"  problem: {p}" for p in report.problems])
+    _emit(args, {"message_type": "verify", "ok": report.ok, "store": label, "counts": report.counts,
+                 "problems": report.problems}, text)
+    if not report.ok:
+        raise StoreDamaged(
+            f"the store {label} has {len(report.problems)} problem(s), the first: {report.problems[0]}; "
+            f"copy the workspace's files somewhere safe, then restore the store from a backup.",
+            report.problems,
+        )
+    return 0
+
+
 def cmd_cat(args) -> int:
     from overlayfs import manage
     from store import history
@@ -347,6 +376,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("args", nargs="+", metavar="[WS] N [M]",
                     help="workspace or mountpoint (default: current directory), layer N, optional layer M")
     sp.set_defaults(paths=[])
+
+    sp = add("verify", cmd_verify,
+             "Check the store: re-hash every chunk and object, check every layer's references and SQLite's integrity.",
+             "stepfs verify ~/project")
+    sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
 
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
     sp.add_argument("args", nargs="+", metavar="[WS] N PATH",

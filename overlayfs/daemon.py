@@ -74,8 +74,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
 
     def handle(req: dict) -> dict:
         op = req.get("op")
-        if op == "ping":
-            return {"pid": os.getpid(), "step": view.step}
+        if op == "ping":  # never takes the view's lock: answers even while a commit runs
+            return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason}
         if op == "commit":
             number = view.commit(
                 message=req.get("message", ""), meta=req.get("meta") or {},

@@ -35,7 +35,7 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
 import mfusepy  # noqa: E402  (needs the environment variable above)
 
-from store.errors import CorruptObject, StepfsError  # noqa: E402
+from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
@@ -67,7 +67,12 @@ ERRNO: dict[type, int] = {
     view_errors.NotObserved: errno.EACCES,
     view_errors.NoAttribute: errno.ENODATA,
     view_errors.NotSupported: errno.EOPNOTSUPP,
+    # Stored bytes that no longer hash to their key are never served.
     CorruptObject: errno.EIO,
+    # SQLITE_FULL: the writer learns the disk is full, as on a local fs.
+    StoreFull: errno.ENOSPC,
+    StoreUnavailable: errno.EIO,
+    PublishFailed: errno.EIO,
 }
 
 

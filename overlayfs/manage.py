@@ -91,9 +91,43 @@ def check_mount_args(workspace: str, mountpoint: str) -> tuple[str, str]:
     return ws, mp
 
 
+def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
+    """Clean up a stepfs mount of ``workspace`` at ``mountpoint`` whose daemon
+    died (it stays in the mount table and answers ENOTCONN): abort its FUSE
+    connection so no client stays blocked, then detach it lazily.  Returns
+    whether there was one.  A live daemon's mount, or another workspace's,
+    is left alone (the caller's checks refuse it)."""
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        return False
+    try:
+        ws = check_directory(workspace)
+    except WorkspaceError:
+        return False
+    if entry.workspace != ws:
+        return False
+    # A daemon holds its lock file for its whole life: lock free = daemon gone.
+    if daemon_alive(os.path.join(ws, STORE_DIR, "run"), mp) is not None:
+        return False
+    abort_connection(mp)
+    tool = shutil.which("fusermount3") or "fusermount3"
+    result = subprocess.run([tool, "-u", "-z", mp], capture_output=True, text=True)
+    if result.returncode != 0 and mounts.find(mp) is not None:
+        reason = result.stderr.strip() or "unknown reason"
+        raise MountpointError(f"{mp} is a dead stepfs mount that could not be detached ({reason}); "
+                              f"run 'fusermount3 -u -z {mp}' as its owner.")
+    return True
+
+
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
-    once the mount is ready.  Raises a StepfsError with the reason otherwise."""
+    once the mount is ready.  A dead mount of the same workspace at the same
+    place (its daemon was killed) is cleaned up first; opening the workspace
+    then runs recovery, so the new mount starts from the last committed layer
+    plus the open step's staged rows.  Raises a StepfsError with the reason
+    otherwise."""
+    reclaim_dead_mount(workspace, mountpoint)
     ws_path, mp = check_mount_args(workspace, mountpoint)
     Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
     logfile = log_path(ws_path, mp)
@@ -235,6 +269,7 @@ def status(target: Target) -> dict:
                     continue
                 out["mounts"].append({
                     "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
+                    "readonly": _readonly_reason(mp) if mp in live and pid else None,
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
             for c in conn.execute(sql_select(schema.conflicts).order_by(schema.conflicts.c.id)):
@@ -243,6 +278,15 @@ def status(target: Target) -> dict:
                     "agent": c.agent, "oid": c.oid, "created_ns": c.created_ns,
                 })
         return out
+
+
+def _readonly_reason(mountpoint: str) -> str | None:
+    """Why a live mount went read-only, asked of its daemon (which keeps the
+    reason in memory: the disk may be too full to write it anywhere)."""
+    try:
+        return control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("readonly")
+    except DaemonError:
+        return None
 
 
 def step(target: Target, message: str = "", meta: dict | None = None, allow_empty: bool = False,

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import errno
 import itertools
+import logging
 import os
 import stat as stat_mod
 import threading
 import time
 
 from store import publish, staging, tokens
-from store.errors import NothingToCommit
+from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from store.workspace import Workspace
 
 from .agents import DEFAULT
@@ -47,6 +48,8 @@ from .errors import (
 )
 from .metatree import MetaTree, is_meta
 from .upper import Node, Upper, parent_name, rel, view_path
+
+log = logging.getLogger("stepfs.view")
 
 # libfuse's high-level API renames a file that is unlinked while open to
 # ".fuse_hidden<N>" and unlinks that name at the last release; the view keeps
@@ -94,6 +97,8 @@ class Overlay(ContentMixin):
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
         self._scratch_seq = itertools.count(1)
         self.readonly_reason: str | None = None
+        # Failsafe: a store that cannot write makes this view read-only.
+        ws.db.on_failure.append(self._store_failed)
         self.meta = MetaTree(self)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
@@ -187,6 +192,19 @@ class Overlay(ContentMixin):
             return self._lower_token(path)
         return node.name_bases.get(path, node.base)
 
+    def _store_failed(self, err: Exception) -> None:
+        """``Database.on_failure`` listener (any thread, maybe under the lock)."""
+        self._go_readonly(str(err))
+
+    def _go_readonly(self, reason: str) -> None:
+        """Failsafe (as s3ql's): once the store could not keep a write, or a
+        commit failed past its commit point, refuse every change (EROFS)
+        rather than accept writes that cannot be kept; reads keep working.
+        Sticky until the next mount; the first reason is kept."""
+        if self.readonly_reason is None:
+            self.readonly_reason = reason
+            log.error("mount %s is now read-only: %s", self.mountpoint, reason)
+
     def _check_writable(self, path: str) -> None:
         if is_meta(path):
             raise ReadOnly(path)
@@ -221,8 +239,11 @@ class Overlay(ContentMixin):
         try:
             if node.oid is not None:
                 with self.ws.db.read() as conn:
-                    self.ws.objects.write_to_fd(conn, node.oid, fd)
+                    self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
             os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
+        except BaseException:
+            os.unlink(path)
+            raise
         finally:
             os.close(fd)
         node.scratch = path
@@ -878,6 +899,9 @@ class Overlay(ContentMixin):
         close, against the new workspace state.
         """
         with self.lock:
+            if self.readonly_reason is not None:
+                raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
+                                       f"unmount and mount again once the cause is fixed.")
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
@@ -885,6 +909,10 @@ class Overlay(ContentMixin):
                 )
             except NothingToCommit:
                 self._after_commit()  # the no-op rows were dropped from the store
+                raise
+            except PublishFailed as exc:
+                if exc.pending is not None:  # past the commit point: only recovery may finish it
+                    self._go_readonly(str(exc))
                 raise
             self._after_commit()
             return number

@@ -12,6 +12,11 @@ SQLite (WAL) through SQLAlchemy Core.  Rules every caller relies on:
   ask for ``durable=True`` and run with ``synchronous=FULL``.
 * Memory-mapped I/O stays off: an I/O error under mmap is a SIGBUS that kills
   the daemon instead of an error we can report.
+* Every COMMIT of a writing transaction goes through ``durable.commit`` (the
+  seam tests use to count, fail or crash at it).
+* ``SQLITE_FULL`` becomes :class:`StoreFull`, any other I/O error of SQLite
+  :class:`StoreUnavailable`; a failed *write* also calls every function in
+  :attr:`Database.on_failure` (a mount goes read-only from there).
 
 Threading: a :class:`Database` may be shared by threads; each transaction
 takes its own pooled connection.
@@ -21,17 +26,23 @@ from __future__ import annotations
 
 import sqlite3
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sqlalchemy import create_engine, event, inspect, select
 from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DatabaseError, OperationalError
+from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
+from . import durable as durable_calls
 from . import schema
-from .errors import StoreFormatError
+from .errors import StepfsError, StoreFormatError, StoreFull, StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
+
+# Primary result codes (the low byte of an extended code) that mean "the
+# store cannot keep what it is asked to write".
+SQLITE_IOERR = 10
+SQLITE_FULL = 13
 
 
 class Database:
@@ -40,6 +51,9 @@ class Database:
     def __init__(self, engine: Engine, label: str):
         self.engine = engine
         self.label = label
+        #: Called with the StepfsError of every write that failed because the
+        #: store cannot write (full, I/O error).  Must not raise.
+        self.on_failure: list[Callable[[StepfsError], None]] = []
 
     # -- construction -------------------------------------------------------
 
@@ -85,19 +99,46 @@ class Database:
 
     @contextmanager
     def write(self, durable: bool = False) -> Iterator[Connection]:
-        """A writing transaction (``BEGIN IMMEDIATE``); commits on success."""
-        with self.engine.connect() as conn:
-            conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable)
-            with conn.begin():
-                yield conn
+        """A writing transaction (``BEGIN IMMEDIATE``); commits on success,
+        rolls back on any exception.  Raises :class:`StoreFull` /
+        :class:`StoreUnavailable` when SQLite cannot write."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable)
+                trans = conn.begin()
+                try:
+                    yield conn
+                    durable_calls.commit(trans.commit, durable)
+                finally:
+                    if trans.is_active:
+                        trans.rollback()
+        except DBAPIError as exc:
+            err = store_error(exc, self.label)
+            if err is None:
+                raise
+            for listener in list(self.on_failure):
+                listener(err)
+            raise err from None
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A read-only transaction on one consistent snapshot."""
-        with self.engine.connect() as conn:
-            conn.execution_options(stepfs_begin="BEGIN", stepfs_durable=False)
-            with conn.begin():
-                yield conn
+        """A read-only transaction on one consistent snapshot; ended with a
+        rollback (it has nothing to commit, and a rollback cannot fail on a
+        store whose pages turned out damaged)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execution_options(stepfs_begin="BEGIN", stepfs_durable=False)
+                trans = conn.begin()
+                try:
+                    yield conn
+                finally:
+                    if trans.is_active:
+                        trans.rollback()
+        except DBAPIError as exc:
+            err = store_error(exc, self.label)
+            if err is None:
+                raise
+            raise err from None
 
     # -- format ---------------------------------------------------------------
 
@@ -150,10 +191,53 @@ class Database:
         missing = {t.name for t in schema.metadata.sorted_tables} - names
         if missing:
             raise StoreFormatError(f"{self.label} is damaged: tables {sorted(missing)} are missing.")
+        if version < schema.FORMAT_VERSION:
+            self._upgrade(version)
+
+    def _upgrade(self, version: int) -> None:
+        """Bring an older store to this format: each step and the new version
+        number in one durable transaction (under the write lock, looking at
+        the version again: another process may have just upgraded it)."""
+        with self.write(durable=True) as conn:
+            row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar()
+            current = int(row)
+            for target in range(current + 1, schema.FORMAT_VERSION + 1):
+                for statement in UPGRADES[target]:
+                    conn.exec_driver_sql(statement)
+            if current < schema.FORMAT_VERSION:
+                conn.execute(
+                    schema.meta.update().where(schema.meta.c.key == "format_version")
+                    .values(value=str(schema.FORMAT_VERSION))
+                )
+
+
+#: SQL that turns a store of version ``n - 1`` into version ``n`` (FORMAT.md,
+#: "Change log").
+UPGRADES: dict[int, list[str]] = {
+    # Staged rows are consumed when the layer is committed, not at its
+    # intent.  A pending version-1 layer consumed its rows already: NULL.
+    2: ["ALTER TABLE layers ADD COLUMN step INTEGER"],
+}
 
 
 def _orig(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc))
+
+
+def store_error(exc: DBAPIError, label: str) -> StoreUnavailable | None:
+    """The domain error for an SQLite error that means "cannot write", else None."""
+    code = getattr(exc.orig, "sqlite_errorcode", None)
+    if code is None:
+        return None
+    if code & 0xFF == SQLITE_FULL:
+        return StoreFull(
+            f"the store {label} is full (SQLite: {_orig(exc)}); free space on its filesystem, then unmount and mount again."
+        )
+    if code & 0xFF == SQLITE_IOERR:
+        return StoreUnavailable(
+            f"the store {label} cannot write (SQLite: {_orig(exc)}); check the disk, then unmount and mount again."
+        )
+    return None
 
 
 def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:

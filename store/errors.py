@@ -72,3 +72,32 @@ class CorruptObject(StepfsError):
 class InputError(StepfsError):
     """Data a command reads (a hook payload on stdin) is not in the form it
     expects."""
+
+
+class StoreUnavailable(StepfsError):
+    """The store cannot write (an I/O error under SQLite): nothing new can be
+    kept, so a mount goes read-only."""
+
+
+class StoreFull(StoreUnavailable):
+    """The store's filesystem is full (``SQLITE_FULL``); the writer gets ENOSPC."""
+
+
+class PublishFailed(StepfsError):
+    """A step could not be written into the workspace (a failed write, rename
+    or fsync).  ``errno`` is the system error; ``pending`` is the number of the
+    layer left pending (recovery finishes it) or None when nothing in the
+    workspace was changed."""
+
+    def __init__(self, message: str, errno: int | None = None, pending: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+        self.pending = pending
+
+
+class StoreDamaged(StepfsError):
+    """``stepfs verify`` found problems; ``problems`` names each one."""
+
+    def __init__(self, message: str, problems: list[str] | None = None):
+        super().__init__(message)
+        self.problems = problems or []

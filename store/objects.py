@@ -22,7 +22,7 @@ import xxhash
 from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 
-from . import schema
+from . import durable, schema
 from .errors import CorruptObject
 
 Hasher = Callable[[bytes], str]
@@ -232,7 +232,7 @@ class ObjectStore:
                 view = memoryview(data)
                 done = 0
                 while done < len(data):
-                    done += os.pwrite(fd, view[done:], pos + done)
+                    done += durable.pwrite(fd, view[done:], pos + done)
             pos += len(data)
         os.ftruncate(fd, pos)
         return pos

@@ -1,6 +1,9 @@
 """Atomic publish of a step into the workspace, and crash recovery.
 
-Commit protocol (the order is the whole point; FORMAT.md repeats it):
+Commit protocol (the order is the whole point; FORMAT.md repeats it).  Every
+call that moves or persists state goes through ``store.durable`` (the seam
+the crash tests count, fail and kill at).  What a crash (process kill or
+power loss) at each point leaves behind is given with the step:
 
 1. **Plan.**  Under the workspace's commit lock, read the step's staged rows,
    expand deleted or replaced directories into the workspace paths below
@@ -8,31 +11,54 @@ Commit protocol (the order is the whole point; FORMAT.md repeats it):
    contents go into the object store).  A staged path whose workspace token
    differs from the token recorded when it was staged is a conflict: the
    commit is refused as a whole and nothing is written.
-2. **Objects first.**  Before-objects are stored (after-objects already were,
-   at close-write).  A crash here leaves only unreferenced objects.
-3. **Intent = commit point.**  One durable transaction inserts the layer with
-   ``state='pending'``, its entries, and the checksum of the entries, and
-   removes the step's staged rows.  Before it commits, a crash leaves the old
-   workspace and the open step intact; after it, recovery rolls forward.
-4. **Publish.**  Remove what the layer removes (deepest first), create
-   directories (shallowest first), write each new file or symlink to a
-   temporary file in ``.stepfs/tmp`` (same filesystem), ``fsync`` it, and
-   ``rename`` it over the target; then set directory modes and ``fsync``
-   the parent of every entry and every directory entry (on every run, so a
-   re-run after a crash makes earlier removals durable too).  A crash here leaves a mix of old and new paths
-   that recovery completes to NEW.
-5. **Done.**  A durable transaction sets ``state='committed'``.
+   *Crash:* unreferenced objects only; the workspace is OLD, the step open.
+2. **Objects and new files first.**  Before-objects are stored
+   (after-objects already were, at close-write).  Every new file, symlink,
+   FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
+   (same filesystem as the workspace), each regular file ``fsync``-ed.  A
+   failure here (``ENOSPC``, ``EDQUOT``, ``EIO`` on write, a failed
+   ``fsync``) removes the temporary files and fails the commit with that
+   errno (:class:`PublishFailed`, ``pending`` None): nothing in the workspace
+   changed and the step stays open.
+   *Crash:* leftover temporary files (recovery deletes them); OLD.
+3. **Intent = the single commit point.**  One durable transaction
+   (``synchronous=FULL``) inserts the layer with ``state='pending'``, its
+   entries, the step it consumes and ``intent_sum``, a checksum over the
+   entries and the step.  The step's staged rows stay until step 5.
+   *Crash before it commits:* OLD, step open.  *After:* recovery rolls
+   forward to NEW.
+4. **Switch.**  Remove what the layer removes (deepest first), create
+   directories (shallowest first), ``rename`` each temporary file over its
+   target, set directory owners, modes and attributes, then ``fsync`` the
+   parent of every entry and every directory entry, on every run (a run that
+   finishes a killed one finds removals, new directories and modes already
+   done, maybe not yet durable).  *Crash:* a mix of old and new paths (each
+   path replaced atomically) that recovery completes to NEW.
+5. **Done.**  One durable transaction sets ``state='committed'`` and deletes
+   the consumed step's staged rows.  *Crash before it:* recovery publishes
+   the layer again (idempotent) and then does this step.
 
-Recovery (:func:`recover`) runs before anything else uses a store: every
-``pending`` layer whose checksum verifies is published again (each step is
-idempotent: a file is rewritten, an absent path is skipped, an existing
-directory kept) and marked committed; a layer whose checksum does not verify
-is marked ``void`` and left as it is (its row and entries are written in one
-transaction, so a mismatch means the database was damaged afterwards).
-Recovery is itself safe to kill and re-run.  Temporary files are removed.
+Recovery (:func:`recover`) runs before anything else uses a store
+(``Workspace.open``, and the start of every commit): every ``pending`` layer
+whose checksum verifies is published again from the store (steps 2, 4 and 5:
+every new file rewritten from its object into a new temporary file and
+fsynced, every rename and directory fsync redone) and marked committed.  A
+layer whose checksum does not verify (a torn, truncated or garbage intent)
+is marked ``void``: it never reached a consistent commit point, the
+workspace is left alone and the step's staged rows, never consumed, are
+still the open step.  Then every temporary file is removed.  Recovery is
+idempotent and may itself be killed at any point and run again.
 
-A failing ``fsync`` raises and the layer stays ``pending``: it is never
-reported as committed until a later publish has fsynced every byte again.
+Failures after the commit point (the fsyncgate rule).  A failed ``fsync``
+(or rename, unlink, mkdir) in step 4 raises :class:`PublishFailed` naming
+the layer, which stays ``pending``.  The failed call is never retried:
+pages whose write-back failed may have been dropped, so a second ``fsync``
+of the same file could "succeed" with the bytes not on disk.  The layer
+becomes committed only through recovery, which rewrites every byte from the
+store into new files and fsyncs those; until then history does not list it,
+and a mount whose commit failed goes read-only (``overlayfs.view``).  If the
+disk keeps failing, recovery keeps failing loudly and the layer stays
+pending: it is never marked committed after a failed call.
 """
 
 from __future__ import annotations
@@ -47,8 +73,8 @@ from dataclasses import dataclass, field, replace
 import xxhash
 from sqlalchemy import select, update
 
-from . import schema, staging, tokens, xattrs
-from .errors import CommitConflict, NothingToCommit
+from . import durable, schema, staging, tokens, xattrs
+from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
 from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
 
@@ -218,13 +244,20 @@ def _same_inode(ws: Workspace, a: bytes, b: bytes) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def intent_checksum(entries: list[Entry]) -> str:
+def intent_checksum(entries: list[Entry], step: int | None = None) -> str:
+    """The checksum stored with an intent: any torn, truncated or altered
+    intent (an entry missing, changed or added, another step) fails it.
+    Without a step it is the format-1 checksum of the entries alone."""
     h = xxhash.xxh3_128()
     for e in sorted(entries, key=lambda e: e.path):
         parts = (e.path, *_state_parts(e.before), *_state_parts(e.after), str(e.after_mtime_ns).encode())
         if e.after_link is not None:
             parts += (b"link", e.after_link)
         for part in parts:
+            h.update(len(part).to_bytes(4, "big"))
+            h.update(part)
+    if step is not None:
+        for part in (b"step", str(step).encode()):
             h.update(len(part).to_bytes(4, "big"))
             h.update(part)
     return h.hexdigest()
@@ -252,25 +285,65 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
                 meta: dict | None, consume_step: int | None) -> int:
-    """Steps 3-5: intent record, publish, mark committed.  Caller holds the
-    commit lock and has checked for conflicts.  Returns the layer number."""
-    with ws.db.write(durable=True) as conn:
+    """Steps 2-5: new files, intent record, switch, mark committed (and
+    consume ``consume_step``'s staged rows).  Caller holds the commit lock
+    and has checked for conflicts.  Returns the layer number.  Raises
+    :class:`PublishFailed` or :class:`StoreUnavailable`; the module
+    docstring says what each leaves behind."""
+    with ws.db.read() as conn:
         number = next_number(conn)
-        conn.execute(
-            L.insert().values(
-                number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
-                agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
-                intent_sum=intent_checksum(entries),
+    try:
+        _prepare(ws, number, entries)
+    except StepfsError:  # a corrupt object, an unreadable store: before the commit point
+        _remove_temps(ws)
+        raise
+    except OSError as exc:
+        _remove_temps(ws)
+        raise PublishFailed(
+            f"could not write the step's new files ({_why(exc)}); nothing in the workspace was changed and "
+            f"the step is still open: fix the cause and run 'stepfs step' again.", exc.errno,
+        ) from None
+    try:
+        with ws.db.write(durable=True) as conn:
+            conn.execute(
+                L.insert().values(
+                    number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
+                    agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
+                    intent_sum=intent_checksum(entries, consume_step), step=consume_step,
+                )
             )
-        )
-        if entries:
-            conn.execute(E.insert(), [_entry_row(number, e) for e in entries])
-        if consume_step is not None:
-            conn.execute(schema.staged.delete().where(schema.staged.c.step == consume_step))
-    apply_entries(ws, number, entries)
+            if entries:
+                conn.execute(E.insert(), [_entry_row(number, e) for e in entries])
+    except StoreUnavailable:
+        _remove_temps(ws)
+        raise
+    # Past the commit point: from here a failure leaves the layer pending.
+    try:
+        _switch(ws, number, entries)
+    except OSError as exc:
+        raise _pending_failure(number, exc) from None
+    _complete(ws, number, consume_step)
+    return number
+
+
+def _why(exc: OSError) -> str:
+    return f"{exc.strerror or exc}" + (f": {os.fsdecode(exc.filename)}" if exc.filename else "")
+
+
+def _pending_failure(number: int, exc: OSError) -> PublishFailed:
+    return PublishFailed(
+        f"layer {number} could not be written into the workspace ({_why(exc)}); it stays pending and is "
+        f"rewritten from the store by the next stepfs command or mount once the cause is fixed.",
+        exc.errno, number,
+    )
+
+
+def _complete(ws: Workspace, number: int, step: int | None) -> None:
+    """Step 5: the layer is committed and its step's staged rows consumed."""
     with ws.db.write(durable=True) as conn:
         conn.execute(update(L).where(L.c.number == number).values(state="committed"))
-    return number
+        if step is not None:
+            conn.execute(schema.staged.delete().where(schema.staged.c.step == step))
 
 
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
@@ -278,8 +351,10 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     """Commit open step ``step`` as the next layer and publish it.
 
     Raises :class:`NothingToCommit` (nothing staged, or everything staged
-    equals the workspace already; no-op rows are dropped) and
-    :class:`CommitConflict` (nothing written, step left open).
+    equals the workspace already; no-op rows are dropped),
+    :class:`CommitConflict` (nothing written, step left open),
+    :class:`PublishFailed` and :class:`StoreUnavailable` (see the module
+    docstring for what each leaves behind).
     """
     with ws.commit_lock():
         _recover_locked(ws)
@@ -319,12 +394,88 @@ def _current_kind(ws: Workspace, path: bytes) -> str | None:
     return None if st is None else _kind_of(st.st_mode)
 
 
-def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
-    """Step 4: make the workspace match every entry's after state.
+def _temp_name(number: int, seq: int) -> bytes:
+    return f"L{number}-{seq}".encode()
 
-    Idempotent: running it again after a crash at any point completes the
-    same result.  Raises ``OSError`` on any failure (including fsync);
-    the layer then stays pending.
+
+def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> None:
+    """Step 2: every new file, symlink, FIFO and hard link as a temporary
+    file in ``.stepfs/tmp`` (regular files fsynced).
+
+    A name depends only on the entry's position, so a re-run replaces the
+    files of an interrupted one.  A hard link is made to the temporary file
+    of the name it links to when that is in this layer, else to the
+    workspace path (unchanged by the layer).  Raises ``OSError``."""
+    root = ws.root
+    seq_of = {e.path: seq for seq, e in enumerate(entries)}
+    tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        # Links last: the files they link to must exist first.
+        for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
+            e = entries[seq]
+            if e.after.kind not in ("file", "symlink", "fifo"):
+                continue
+            tmp_name = _temp_name(number, seq)
+            try:
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            except FileNotFoundError:
+                pass
+            owner = _owner_for(ws, e.path, e.after)
+            if e.after_link is not None:
+                if e.after_link in seq_of:
+                    os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
+                            dst_dir_fd=tmp_fd, follow_symlinks=False)
+                else:
+                    sfd, sname = root.parent(e.after_link)
+                    try:
+                        os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
+                    finally:
+                        os.close(sfd)
+            elif e.after.kind == "file":
+                fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
+                try:
+                    with ws.db.read() as conn:
+                        ws.objects.write_to_fd(conn, e.after.oid, fd)
+                    if owner is not None:
+                        os.fchown(fd, *owner)
+                    os.fchmod(fd, e.after.mode)
+                    if e.after.xattrs:
+                        xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
+                    if e.after_mtime_ns:
+                        os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
+                    durable.fsync(fd)
+                finally:
+                    os.close(fd)
+            elif e.after.kind == "fifo":
+                os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+            else:
+                durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+    finally:
+        os.close(tmp_fd)
+
+
+def _remove_temps(ws: Workspace) -> None:
+    """Delete every temporary file (only commits use ``.stepfs/tmp``, and the
+    caller holds the commit lock)."""
+    for name in os.listdir(ws.tmp_dir):
+        try:
+            os.unlink(os.path.join(ws.tmp_dir, name))
+        except (FileNotFoundError, IsADirectoryError):
+            pass
+
+
+def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
+    """Step 4: make the workspace match every entry's after state, using the
+    temporary files of :func:`_prepare`.
+
+    Idempotent: running it again (after :func:`_prepare`) following a crash
+    at any point completes the same result.  Raises ``OSError`` on any
+    failure, a failed fsync included, which is never retried here.
     """
     root = ws.root
 
@@ -347,9 +498,9 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
         pfd, name = root.parent(e.path)
         try:
             if cur == "dir":
-                os.rmdir(name, dir_fd=pfd)
+                durable.rmdir(name, dir_fd=pfd)
             else:
-                os.unlink(name, dir_fd=pfd)
+                durable.unlink(name, dir_fd=pfd)
         finally:
             os.close(pfd)
 
@@ -359,58 +510,19 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             continue
         pfd, name = root.parent(e.path)
         try:
-            os.mkdir(name, 0o700, dir_fd=pfd)
+            durable.mkdir(name, 0o700, dir_fd=pfd)
         finally:
             os.close(pfd)
 
-    # 3. files, symlinks and FIFOs: temp file, fsync, rename over; hard
-    #    links after the file they link to
+    # 3. files, symlinks, FIFOs and links: each temporary file renamed over its path
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    order = sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None)
     try:
-        for seq in order:
-            e = entries[seq]
+        for seq, e in enumerate(entries):
             if e.after.kind not in ("file", "symlink", "fifo"):
                 continue
-            tmp_name = f"L{number}-{seq}".encode()
-            try:
-                os.unlink(tmp_name, dir_fd=tmp_fd)
-            except FileNotFoundError:
-                pass
-            owner = _owner_for(ws, e.path, e.after)
-            if e.after_link is not None:
-                sfd, sname = root.parent(e.after_link)
-                try:
-                    os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
-                finally:
-                    os.close(sfd)
-            elif e.after.kind == "file":
-                fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
-                try:
-                    with ws.db.read() as conn:
-                        ws.objects.write_to_fd(conn, e.after.oid, fd)
-                    if owner is not None:
-                        os.fchown(fd, *owner)
-                    os.fchmod(fd, e.after.mode)
-                    if e.after.xattrs:
-                        xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
-                    if e.after_mtime_ns:
-                        os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            elif e.after.kind == "fifo":
-                os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
-                if owner is not None:
-                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
-                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
-            else:
-                os.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
-                if owner is not None:
-                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
             pfd, name = root.parent(e.path)
             try:
-                os.rename(tmp_name, name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
+                durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
             finally:
                 os.close(pfd)
     finally:
@@ -431,16 +543,26 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             finally:
                 os.close(fd)
 
-    # 5. make every directory entry change durable
+    # 5. make every directory entry and metadata change durable
     for d in sorted(dirs_to_sync):
         try:
             fd = root.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except (FileNotFoundError, NotADirectoryError):
-            continue  # removed later in this same layer
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue  # removed, or replaced by a file or symlink, in this same layer
+            raise
         try:
-            os.fsync(fd)
+            durable.fsync(fd)
         finally:
             os.close(fd)
+
+
+def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
+    """Steps 2 and 4 together: publish a layer whose intent is recorded
+    (recovery).  Idempotent.  Raises ``OSError``; the layer then stays
+    pending."""
+    _prepare(ws, number, entries)
+    _switch(ws, number, entries)
 
 
 def _owner_for(ws: Workspace, path: bytes, state: State | None = None) -> tuple[int, int] | None:
@@ -470,23 +592,23 @@ def recover(ws: Workspace) -> list[int]:
 def _recover_locked(ws: Workspace) -> list[int]:
     with ws.db.read() as conn:
         pending = conn.execute(
-            select(L.c.number, L.c.intent_sum).where(L.c.state == "pending").order_by(L.c.number)
+            select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
         ).all()
     done = []
-    for number, checksum in pending:
+    for number, checksum, step in pending:
         with ws.db.read() as conn:
             entries = load_entries(conn, number)
-        if intent_checksum(entries) != checksum:
+        if intent_checksum(entries, step) != checksum:
+            # Never reached a consistent commit point: not committed, and
+            # its step's staged rows were never consumed.
             with ws.db.write(durable=True) as conn:
                 conn.execute(update(L).where(L.c.number == number).values(state="void"))
             continue
-        apply_entries(ws, number, entries)
-        with ws.db.write(durable=True) as conn:
-            conn.execute(update(L).where(L.c.number == number).values(state="committed"))
-        done.append(number)
-    for name in os.listdir(ws.tmp_dir):
         try:
-            os.unlink(os.path.join(ws.tmp_dir, name))
-        except IsADirectoryError:
-            pass
+            apply_entries(ws, number, entries)
+        except OSError as exc:
+            raise _pending_failure(number, exc) from None
+        _complete(ws, number, step)
+        done.append(number)
+    _remove_temps(ws)
     return done

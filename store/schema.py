@@ -28,8 +28,8 @@ from sqlalchemy import (
 )
 
 #: The one integer format version of a store.  A store whose version is newer
-#: is refused; an older one is upgraded (none exists yet).
-FORMAT_VERSION = 1
+#: is refused; an older one is upgraded (``db.UPGRADES``).
+FORMAT_VERSION = 2
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: Chunk size used when splitting an object (fixed-size chunking; the format
@@ -97,6 +97,9 @@ layers = Table(
     Column("mount", Text, nullable=False, default=""),
     Column("meta", Text, nullable=False, default="{}"),  # JSON object
     Column("intent_sum", String(48), nullable=False, default=""),
+    # The open step whose staged rows this layer consumes, in the same
+    # transaction that marks it committed (format 2); NULL: none.
+    Column("step", Integer),
 )
 
 # What a layer did to each path it touched: the state before and after.

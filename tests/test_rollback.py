@@ -195,16 +195,16 @@ def test_pending_rollback_layer_is_rolled_forward(workspace, monkeypatch):
     write(view, "/b", b"new")
     commit(view)
 
-    real_apply = publish.apply_entries
+    real_switch = publish._switch
 
     class Crash(Exception):
         pass
 
     def crash_after_first(ws_, number, entries):
-        real_apply(ws_, number, entries[:1])  # part of the layer is on disk, then "power loss"
+        real_switch(ws_, number, entries[:1])  # part of the layer is on disk, then "power loss"
         raise Crash()
 
-    monkeypatch.setattr(publish, "apply_entries", crash_after_first)
+    monkeypatch.setattr(publish, "_switch", crash_after_first)
     with pytest.raises(Crash):
         rollback.rollback(ws, n1)
     monkeypatch.undo()

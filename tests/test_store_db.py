@@ -44,7 +44,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "1"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "2"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE)
     db.close()
@@ -183,13 +183,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "1"
+    assert meta_rows(db)["format_version"] == "2"
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "1"
+    assert meta_rows(db)["format_version"] == "2"
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"

@@ -306,38 +306,73 @@ def crash_on_nth_file_write(monkeypatch, ws, n: int) -> None:
     monkeypatch.setattr(ws.objects, "write_to_fd", write_to_fd)
 
 
+def crash_on_nth_rename(monkeypatch, n: int) -> None:
+    """Die before the n-th temporary file is renamed into the workspace
+    (past the commit point: the intent is recorded)."""
+    real = publish.durable.rename
+    calls = []
+
+    def rename(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == n:
+            raise Crash(f"killed before rename {n}")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(publish.durable, "rename", rename)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_a_crash_while_writing_the_new_files_leaves_everything_as_it_was(ws, monkeypatch, n):
+    st = Stager(ws)
+    stage_after(st)
+    rows, disk = st.rows(), manifest(ws.path)
+    with monkeypatch.context() as m:
+        crash_on_nth_file_write(m, ws, n)
+        with pytest.raises(Crash):
+            publish.commit_step(ws, st.step)
+    # New files are written before the commit point: no layer, the step
+    # intact, the workspace untouched; only temporary files are left.
+    assert layer_rows(ws) == [(0, "committed")]
+    assert st.rows() == rows
+    assert manifest(ws.path) == disk
+    assert publish.recover(ws) == []
+    assert tmp_files(ws) == []
+    assert publish.commit_step(ws, st.step) == 1
+    assert manifest(ws.path) == expected_manifest(AFTER)
+
+
 @pytest.mark.parametrize("n", [1, 3, 6])
 def test_recover_rolls_forward_a_layer_interrupted_mid_publish(ws, monkeypatch, n):
     st = Stager(ws)
     stage_after(st)
     with monkeypatch.context() as m:
-        crash_on_nth_file_write(m, ws, n)
+        crash_on_nth_rename(m, n)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
-    # The intent was recorded: the step is consumed, the layer pending, the
-    # workspace a mix of old and new, the temp file of the crash left over.
+    # The intent was recorded: the layer is pending, the workspace a mix of
+    # old and new, temporary files left over; the step's rows are consumed
+    # only when the layer is marked committed.
     assert layer_rows(ws) == [(0, "committed"), (1, "pending")]
-    assert st.rows() == []
+    assert st.rows() != []
     assert manifest(ws.path) != expected_manifest(AFTER)
     assert tmp_files(ws) != []
     assert publish.recover(ws) == [1]
     assert manifest(ws.path) == expected_manifest(AFTER)
     assert layer_rows(ws) == [(0, "committed"), (1, "committed")]
+    assert st.rows() == []
     assert tmp_files(ws) == []
     assert publish.recover(ws) == []  # nothing left to do
+
+
+def die_before_completion(*args):
+    raise Crash("killed before the layer was marked committed")
 
 
 def test_recover_after_publish_finished_but_before_marked_committed(ws, monkeypatch):
     st = Stager(ws)
     stage_after(st)
-    real = publish.apply_entries
-
-    def apply_then_die(*args):
-        real(*args)
-        raise Crash("killed before the layer was marked committed")
-
     with monkeypatch.context() as m:
-        m.setattr(publish, "apply_entries", apply_then_die)
+        m.setattr(publish, "_complete", die_before_completion)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     assert manifest(ws.path) == expected_manifest(AFTER)
@@ -370,8 +405,9 @@ def test_crash_inside_the_intent_transaction_leaves_everything_as_it_was(ws, mon
 def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypatch):
     st = Stager(ws)
     stage_after(st)
+    rows = st.rows()
     with monkeypatch.context() as m:
-        crash_on_nth_file_write(m, ws, 2)
+        crash_on_nth_rename(m, 2)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     half = manifest(ws.path)
@@ -383,6 +419,7 @@ def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypa
     assert layer_rows(ws) == [(0, "committed"), (1, "void")]
     assert manifest(ws.path) == half  # a void layer is never published further
     assert tmp_files(ws) == []
+    assert st.rows() == rows  # never consumed: the open step lost nothing
     with ws.db.read() as conn:
         assert [layer.number for layer in layers.list_layers(conn)] == [0]
         # The next layer does not reuse the void number.
@@ -395,7 +432,7 @@ def test_workspace_open_runs_recovery(ws, monkeypatch):
     st = Stager(ws)
     stage_after(st)
     with monkeypatch.context() as m:
-        crash_on_nth_file_write(m, ws, 2)
+        crash_on_nth_rename(m, 2)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     with Workspace.open(ws.path) as again:
@@ -409,14 +446,8 @@ def test_recovery_makes_every_touched_directory_durable_again(ws, monkeypatch):
     that path, yet must still fsync it before the layer counts as committed."""
     st = Stager(ws)
     stage_after(st)
-    real = publish.apply_entries
-
-    def apply_then_die(*args):
-        real(*args)
-        raise Crash("killed before the layer was marked committed")
-
     with monkeypatch.context() as m:
-        m.setattr(publish, "apply_entries", apply_then_die)
+        m.setattr(publish, "_complete", die_before_completion)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     synced: set[tuple[int, int]] = set()

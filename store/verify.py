@@ -1,0 +1,182 @@
+"""Integrity check of a store (``stepfs verify``), store side, no FUSE.
+
+What is checked, each problem named in one sentence:
+
+* SQLite's own ``PRAGMA integrity_check`` and ``PRAGMA foreign_key_check``;
+* every chunk: its bytes re-hashed against its key, its recorded size;
+* every object: its chunks exist, their offsets are contiguous, their sizes
+  add up to the object's size, and the whole content re-hashes to the key;
+* every layer: no layer is left ``pending`` (recovery ran when the store was
+  opened, so one left means recovery failed), the intent checksum of every
+  committed layer still verifies, and every object an entry names exists;
+* every staged row's and conflict's object exists.
+
+Read-only: everything is read in one snapshot; nothing is repaired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import xxhash
+from sqlalchemy import func, select
+from sqlalchemy.exc import DBAPIError
+
+from . import schema
+from .layers import entries as load_entries
+from .objects import xxh3_hex
+from .workspace import Workspace
+
+C, O, OC = schema.chunks, schema.objects, schema.object_chunks
+L, E = schema.layers, schema.entries
+
+#: Stop listing problems of one kind after this many (the count stays exact).
+MAX_LISTED = 50
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    _per_kind: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, kind: str, text: str) -> None:
+        n = self._per_kind.get(kind, 0) + 1
+        self._per_kind[kind] = n
+        if n <= MAX_LISTED:
+            self.problems.append(text)
+        elif n == MAX_LISTED + 1:
+            self.problems.append(f"(more {kind} problems not listed)")
+
+
+def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = None) -> Report:
+    """Check the whole store of ``ws``; never raises for a problem found
+    (a part SQLite itself cannot read is reported as a problem too).
+    ``progress(done, total)`` is called as chunks and objects are checked."""
+    report = Report()
+    with ws.db.read() as conn:
+        state: dict = {"bad_chunks": set(), "chunk_sizes": {}, "objects": set(), "done": 0,
+                       "progress": progress or (lambda done, total: None)}
+        try:
+            state["total"] = (conn.execute(select(func.count()).select_from(C)).scalar_one()
+                              + conn.execute(select(func.count()).select_from(O)).scalar_one())
+        except DBAPIError:
+            state["total"] = None
+        for what, check in (("the database's integrity", _sqlite), ("the chunks", _chunks),
+                            ("the objects", _objects), ("the layers", _layers), ("the references", _references)):
+            try:
+                check(conn, report, ws.objects.hasher, state)
+            except DBAPIError as exc:
+                report.add("sqlite", f"SQLite could not check {what}: {getattr(exc, 'orig', exc)}")
+    return report
+
+
+def _tick(state: dict) -> None:
+    state["done"] += 1
+    if state["done"] % 64 == 0 or state["done"] == state["total"]:
+        state["progress"](state["done"], state["total"])
+
+
+def _sqlite(conn, report: Report, _hasher, _state) -> None:
+    for (line,) in conn.exec_driver_sql("PRAGMA integrity_check").all():
+        if line != "ok":
+            report.add("sqlite", f"SQLite integrity check: {line}")
+    for row in conn.exec_driver_sql("PRAGMA foreign_key_check").all():
+        report.add("reference", f"table {row[0]} row {row[1]} names a missing row of {row[2]}")
+
+
+def _chunks(conn, report: Report, hasher, state: dict) -> None:
+    n = 0
+    for cid, size, data in conn.execute(select(C.c.cid, C.c.size, C.c.data)):
+        n += 1
+        _tick(state)
+        data = bytes(data)
+        state["chunk_sizes"][cid] = len(data)
+        if hasher(data) != cid.split(".", 1)[0]:
+            state["bad_chunks"].add(cid)
+            report.add("chunk", f"chunk {cid} is corrupt: its bytes no longer hash to its key")
+        elif len(data) != size:
+            state["bad_chunks"].add(cid)
+            report.add("chunk", f"chunk {cid} holds {len(data)} bytes, {size} recorded")
+    report.counts["chunks"] = n
+
+
+def _objects(conn, report: Report, hasher, state: dict) -> None:
+    lists: dict[str, list[tuple[int, int, str]]] = {}
+    for oid, seq, offset, cid in conn.execute(
+        select(OC.c.oid, OC.c.seq, OC.c.offset, OC.c.cid).order_by(OC.c.oid, OC.c.seq)
+    ):
+        lists.setdefault(oid, []).append((seq, offset, cid))
+    n = 0
+    for oid, size in conn.execute(select(O.c.oid, O.c.size)):
+        n += 1
+        _tick(state)
+        state["objects"].add(oid)
+        _check_object(conn, report, hasher, oid, size, lists.get(oid, []), state["chunk_sizes"], state["bad_chunks"])
+    report.counts["objects"] = n
+
+
+def _layers(conn, report: Report, _hasher, _state) -> None:
+    from .publish import intent_checksum  # publish imports workspace; keep this module light
+
+    layers = conn.execute(select(L.c.number, L.c.state, L.c.intent_sum, L.c.step).order_by(L.c.number)).all()
+    for number, state, checksum, step in layers:
+        if state == "pending":
+            report.add("layer", f"layer {number} is still pending: recovery could not finish publishing it")
+        if state == "committed" and number != 0:
+            if intent_checksum(load_entries(conn, number), step) != checksum:
+                report.add("layer", f"layer {number}'s entries no longer match its intent checksum")
+    report.counts["layers"] = len(layers)
+
+
+def _references(conn, report: Report, _hasher, state: dict) -> None:
+    objects = state["objects"]
+    for layer, path, before, after in conn.execute(select(E.c.layer, E.c.path, E.c.before_oid, E.c.after_oid)):
+        for which, oid in (("before", before), ("after", after)):
+            if oid is not None and oid not in objects:
+                report.add("reference", f"layer {layer} path {bytes(path)!r}: {which} object {oid} is missing")
+    for step, path, oid in conn.execute(select(schema.staged.c.step, schema.staged.c.path, schema.staged.c.oid)):
+        if oid is not None and oid not in objects:
+            report.add("reference", f"open step {step} path {bytes(path)!r}: object {oid} is missing")
+    for cid_, path, oid in conn.execute(select(schema.conflicts.c.id, schema.conflicts.c.path, schema.conflicts.c.oid)):
+        if oid is not None and oid not in objects:
+            report.add("reference", f"conflict #{cid_} ({bytes(path)!r}): object {oid} is missing")
+    report.counts["staged"] = conn.execute(select(func.count()).select_from(schema.staged)).scalar_one()
+
+
+def _check_object(conn, report: Report, hasher, oid: str, size: int, chunk_list: list[tuple[int, int, str]],
+                  chunk_sizes: dict[str, int], bad_chunks: set[str]) -> None:
+    pos = 0
+    for expected_seq, (seq, offset, cid) in enumerate(chunk_list):
+        if seq != expected_seq or offset != pos:
+            report.add("object", f"object {oid} has a gap or overlap in its chunk list at chunk {seq}")
+            return
+        if cid not in chunk_sizes:
+            report.add("object", f"object {oid} names missing chunk {cid}")
+            return
+        if cid in bad_chunks:
+            report.add("object", f"object {oid} contains corrupt chunk {cid}")
+            return
+        pos += chunk_sizes[cid]
+    if pos != size:
+        report.add("object", f"object {oid} has {pos} bytes in its chunks, {size} recorded")
+        return
+    if len(chunk_list) == 1 and chunk_list[0][2].split(".", 1)[0] == oid.split(".", 1)[0]:
+        return  # one verified chunk whose key is the object's: the whole hash is checked
+    streaming = hasher is xxh3_hex
+    whole = xxhash.xxh3_128() if streaming else None
+    parts: list[bytes] = []
+    for _seq, _off, cid in chunk_list:
+        data = bytes(conn.execute(select(C.c.data).where(C.c.cid == cid)).scalar_one())
+        if streaming:
+            whole.update(data)
+        else:
+            parts.append(data)
+    digest = whole.hexdigest() if streaming else hasher(b"".join(parts))
+    if digest != oid.split(".", 1)[0]:
+        report.add("object", f"object {oid} is corrupt: its content no longer hashes to its key")

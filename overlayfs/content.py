@@ -424,9 +424,14 @@ class ContentMixin:
                         gid=owner[1] if owner else os.getgid())
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
-            stale = self.drafts.get((agent, path))
-            if stale is not None:
-                self._discard_draft(stale)
+            old = self.drafts.get((agent, path))
+            if old is not None:
+                if old.opens:
+                    # Still open (its file was removed by another agent): its
+                    # descriptors keep the scratch file and lose at their close.
+                    del self.drafts[(agent, path)]
+                else:
+                    self._discard_draft(old)
             scratch = self._new_scratch()
             fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (flags & os.O_APPEND), 0o600)
             d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid)
@@ -517,8 +522,8 @@ class ContentMixin:
                 except Exception:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)
-            if d.opens == 0 and (d.stale or d.detached):
-                self._discard_draft(d)
+            if d.opens == 0 and (d.stale or d.detached or self.drafts.get((d.agent, d.path)) is not d):
+                self._discard_draft(d)  # lost, unlinked, or replaced by a newer draft
 
     def close(self) -> None:
         """Decide every open handle (unmount)."""

@@ -285,6 +285,9 @@ class ContentMixin:
                 if node is not None and node.kind == "file" and node.oid == oid and node.staged:
                     d.dirty = False  # identical rewrite: same content, same token
                     return
+                # A created file closed still empty: it is staged now, but every
+                # agent already saw this empty file, so its token stays.
+                same = node is not None and node.kind == "file" and node.oid is None and size == 0
                 if node is None or node.kind != "file":
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
@@ -296,9 +299,11 @@ class ContentMixin:
         finally:
             os.close(fd)
         node.staged = True
+        d.dirty = False
+        if same:
+            return
         self._drop_scratch(node)  # readers of the old version keep their fds
         self._bump(node)
-        d.dirty = False
         d.base = self.node_token(node)
         self.observe(d.agent, d.path, d.base)
 

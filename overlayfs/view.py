@@ -508,24 +508,56 @@ class Overlay(ContentMixin):
                     raise NotADirectory(new)
                 if dst_kind == "dir" and not self._is_empty_dir(new):
                     raise NotEmpty(new)
+                fresh = self._fresh_under(agent, old)
+                self._unkey(agent, new)
                 self._rename_dir(old, new)
             else:
                 if dst_kind == "dir":
                     raise IsADirectory(new)
                 if src_kind == "special":
                     raise Unsupported(old)
-                self._rename_leaf(old, new)
-            self._moved(agent, old, new)
+                fresh = self._fresh_under(agent, old)
+                self._rename_leaf(old, new, agent)
+            self._moved(agent, old, new, fresh)
 
-    def _moved(self, agent: str, old: str, new: str) -> None:
+    def _unkey(self, agent: str, path: str) -> None:
+        """Forget the acting agent's drafts at or below a path that is absent
+        in the view (someone else removed their files) before a rename puts
+        new files there: a later open must not share those dead copies.
+        Their own descriptors keep them, and they lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and (p == path or p.startswith(prefix)):
+                if d.opens:
+                    del self.drafts[(a, p)]
+                else:
+                    self._discard_draft(d)
+
+    def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
+        """Before a rename: which of the acting agent's drafts (by id) and
+        observations at or below ``old`` still match the published version."""
+        prefix = old + "/"
+        drafts = {id(d) for (a, p), d in self.drafts.items()
+                  if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
+        seen = {p for p, tok in self.observed.get(agent, {}).items()
+                if (p == old or p.startswith(prefix)) and self.still(tok, p)}
+        return drafts, seen
+
+    def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
         """The acting agent's drafts, handles and observations follow a
-        rename; other agents' stay at the old path and lose at their close."""
+        rename; other agents' stay at the old path and lose at their close.
+        Only what was current before the move (``fresh``, from
+        :meth:`_fresh_under`) is re-based on the moved version: an outdated
+        draft or observation stays outdated, or a rename would turn a stale
+        writer into a winner that overwrites another agent's bytes."""
+        fresh_drafts, fresh_seen = fresh
         prefix = old + "/"
         for (a, path), d in list(self.drafts.items()):
             if a == agent and (path == old or path.startswith(prefix)):
                 del self.drafts[(a, path)]
                 d.path = new + path[len(old):]
-                d.base = self.current_token(d.path)[0]
+                if id(d) in fresh_drafts:
+                    d.base = self.current_token(d.path)[0]
                 self.drafts[(a, d.path)] = d
                 if d.opens:
                     self.open_drafts[path] = self.open_drafts.get(path, 1) - d.opens
@@ -536,9 +568,14 @@ class Overlay(ContentMixin):
             if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
                 h.path = new + h.path[len(old):]
         seen = self.observed.get(agent, {})
+        outdated = {}
         for path in [p for p in seen if p == old or p.startswith(prefix)]:
-            del seen[path]
+            tok = seen.pop(path)
+            if path not in fresh_seen:
+                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
         self.observe(agent, new, self.current_token(new)[0])
+        seen = self.observed[agent]
+        seen.update(outdated)
 
     def _take_leaf(self, path: str) -> Node:
         """The published node of a file or symlink, copied up if needed.
@@ -549,10 +586,16 @@ class Overlay(ContentMixin):
             return self._node_for_meta(path)
         return node
 
-    def _rename_leaf(self, old: str, new: str) -> None:
+    def _rename_leaf(self, old: str, new: str, agent: str) -> None:
         node = self._take_leaf(old)
         new_base = self._base_for(new)
-        self._remove(new) if self._exists(new) else None
+        if self._exists(new):
+            # Replacing a file the acting agent has open detaches its draft,
+            # exactly as its own unlink would: its descriptors keep working
+            # and their close succeeds (POSIX); other agents' drafts lose.
+            self._remove(new, agent)
+        else:
+            self._unkey(agent, new)
         self.upper.pop(old)
         old_lower = self.root.exists(rel(old))
         if old_lower:

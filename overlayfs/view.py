@@ -663,20 +663,39 @@ class Overlay(ContentMixin):
         close, against the new workspace state.
         """
         with self.lock:
+            covered = self._unstaged_over_rows()
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
                     meta=meta, allow_empty=allow_empty, overwrite=overwrite,
                 )
             except NothingToCommit:
-                self._after_commit()  # the no-op rows were dropped from the store
+                self._after_commit(())  # the no-op rows were dropped from the store
                 raise
-            self._after_commit()
+            self._after_commit(covered)
             return number
 
-    def _after_commit(self) -> None:
+    def _unstaged_over_rows(self) -> list[str]:
+        """Paths of created-but-unclosed nodes that replaced a staged row (a
+        file created where this step had staged a deletion): the commit
+        publishes that row, under the unclosed node."""
+        pending = [p for p, n in self.upper.nodes.items() if not n.staged]
+        if not pending:
+            return []
+        with self.ws.db.read() as conn:
+            rows = {view_path(r.path) for r in staging.load(conn, self.step)}
+        return [p for p in pending if p in rows]
+
+    def _after_commit(self, covered) -> None:
         """The workspace now holds every staged node: drop them, and carry
-        tokens over so nobody's observation goes stale by our own commit."""
+        tokens over so nobody's observation goes stale by our own commit.
+        ``covered``: unclosed nodes whose path the commit changed underneath
+        them; their base becomes the new workspace state, or their own
+        commit would later be refused as a conflict with ours."""
+        for path in covered:
+            node = self.upper.get(path)
+            if node is not None and not node.staged:
+                node.base = self._lower_token(path)
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]

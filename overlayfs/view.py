@@ -175,6 +175,10 @@ class Overlay(ContentMixin):
                 staging.remove(conn, self.step, rel(path))
             for path in puts:
                 node = self.upper.nodes[path]
+                if node.kind == "file" and node.oid is None:
+                    # A created file nobody closed yet (moved by a rename): it
+                    # is empty, and a staged file row always names an object.
+                    node.oid = self.ws.objects.put_bytes(conn, b"")
                 staging.put(conn, self.step, node.row(path))
                 node.staged = True
 

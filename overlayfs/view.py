@@ -250,6 +250,9 @@ class Overlay(ContentMixin):
         for (_a, p), d in self.drafts.items():
             if p == path and d.base.partition(tokens.HASH_SEP)[0] == old:
                 d.base = new
+        for h in self.handles.values():
+            if h.path == path and h.token.partition(tokens.HASH_SEP)[0] == old:
+                h.token = new
 
     def _remove(self, path: str, agent: str | None = None) -> None:
         """Make ``path`` (and everything below it) absent in the view.  The
@@ -538,29 +541,33 @@ class Overlay(ContentMixin):
                     self._discard_draft(d)
 
     def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
-        """Before a rename: which of the acting agent's drafts (by id) and
-        observations at or below ``old`` still match the published version."""
+        """Before a rename: which of the acting agent's drafts and handles
+        (by id) and observations at or below ``old`` still match the
+        published version."""
         prefix = old + "/"
-        drafts = {id(d) for (a, p), d in self.drafts.items()
-                  if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
+        fresh = {id(d) for (a, p), d in self.drafts.items()
+                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
+        fresh |= {id(h) for h in self.handles.values()
+                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
+                  and self.still(h.token, h.path)}
         seen = {p for p, tok in self.observed.get(agent, {}).items()
                 if (p == old or p.startswith(prefix)) and self.still(tok, p)}
-        return drafts, seen
+        return fresh, seen
 
     def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
         """The acting agent's drafts, handles and observations follow a
         rename; other agents' stay at the old path and lose at their close.
         Only what was current before the move (``fresh``, from
         :meth:`_fresh_under`) is re-based on the moved version: an outdated
-        draft or observation stays outdated, or a rename would turn a stale
-        writer into a winner that overwrites another agent's bytes."""
-        fresh_drafts, fresh_seen = fresh
+        draft, handle or observation stays outdated, or a rename would turn
+        a stale writer into a winner that overwrites another agent's bytes."""
+        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
         prefix = old + "/"
         for (a, path), d in list(self.drafts.items()):
             if a == agent and (path == old or path.startswith(prefix)):
                 del self.drafts[(a, path)]
                 d.path = new + path[len(old):]
-                if id(d) in fresh_drafts:
+                if id(d) in fresh_ids:
                     d.base = self.current_token(d.path)[0]
                 self.drafts[(a, d.path)] = d
                 if d.opens:
@@ -571,6 +578,8 @@ class Overlay(ContentMixin):
         for h in self.handles.values():
             if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
                 h.path = new + h.path[len(old):]
+                if id(h) in fresh_ids:
+                    h.token = self.current_token(h.path)[0]
         seen = self.observed.get(agent, {})
         outdated = {}
         for path in [p for p in seen if p == old or p.startswith(prefix)]:
@@ -720,6 +729,9 @@ class Overlay(ContentMixin):
             if d.path in renamed and d.base == renamed[d.path][0]:
                 d.base = renamed[d.path][1]
                 d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
+        for h in self.handles.values():
+            if h.path in renamed and h.token == renamed[h.path][0]:
+                h.token = renamed[h.path][1]
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

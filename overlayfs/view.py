@@ -237,21 +237,25 @@ class Overlay(ContentMixin):
         node.ctime_ns = st.st_ctime_ns
         self._bump(node)
         self.upper.set(path, node)
-        self._retoken(path, base, self.node_token(node))
+        digest = node.oid.split(".", 1)[0] if node.oid else ""
+        self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
 
-    def _retoken(self, path: str, old: str, new: str) -> None:
+    def _retoken(self, path: str, old: str, new: str, digest) -> None:
         """Same content, new token representation (copy-up for a metadata
-        change): nobody's observation of the old version goes stale."""
+        change): nobody's observation of the current version goes stale.
+        ``old`` is the workspace token without hash, ``digest()`` the
+        content's; a token taken in the racy window must match both (its
+        stat fields alone may also describe an older, same-size version)."""
         for seen in self.observed.values():
             tok = seen.get(path)
-            if tok is not None and tok.partition(tokens.HASH_SEP)[0] == old:
+            if tok is not None and tokens.same(tok, old, digest):
                 seen[path] = new
         for (_a, p), d in self.drafts.items():
-            if p == path and d.base.partition(tokens.HASH_SEP)[0] == old:
+            if p == path and tokens.same(d.base, old, digest):
                 d.base = new
         for h in self.handles.values():
-            if h.path == path and h.token.partition(tokens.HASH_SEP)[0] == old:
+            if h.path == path and h.token and tokens.same(h.token, old, digest):
                 h.token = new
 
     def _remove(self, path: str, agent: str | None = None) -> None:

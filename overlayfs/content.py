@@ -89,6 +89,7 @@ class Handle:
     result: str | None = None  # last compare-and-swap decision: "ok" | "stale"
     data: bytes | None = None
     direct: bool = False
+    token: str = ""  # the published version this handle was opened on
 
 
 def sparse_copy(src: int, dst: int, size: int) -> None:
@@ -242,8 +243,14 @@ class ContentMixin:
             self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
             raise NotObserved(path)
         d = self.drafts.get((agent, path))
-        if d is not None and d.opens == 0 and (d.stale or d.detached or not self.still(d.base, path)):
-            self._discard_draft(d)  # an idle copy of an outdated version
+        if d is not None and (d.stale or d.detached or not self.still(d.base, path)):
+            # A copy of an outdated version is never shared with a new open
+            # (the agent has seen the current version, or it would have got
+            # Stale above): its own descriptors keep it and lose at close.
+            if d.opens:
+                del self.drafts[(agent, path)]
+            else:
+                self._discard_draft(d)
             d = None
         if d is None:
             d = self._new_draft(path, agent)
@@ -300,6 +307,9 @@ class ContentMixin:
                 if node is not None and node.kind == "file" and node.oid == oid and node.staged:
                     d.dirty = False  # identical rewrite: same content, same token
                     return
+                # A created file closed still empty: it is staged now, but every
+                # agent already saw this empty file, so its token stays.
+                same = node is not None and node.kind == "file" and node.oid is None and size == 0
                 if node is None or node.kind != "file":
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
@@ -313,10 +323,12 @@ class ContentMixin:
         finally:
             os.close(fd)
         node.staged = True
+        d.dirty = False
+        if same:
+            return
         self._drop_scratch(node)  # readers of the old version keep their fds
         self._invalidate_names(node, except_path=d.path)
         self._bump(node)
-        d.dirty = False
         d.base = self.node_token(node)
         self.observe(d.agent, d.path, d.base)
 
@@ -400,7 +412,7 @@ class ContentMixin:
                 self._check_writable(path)
                 d = self._draft_for_write(path, agent)
                 fd = os.open(d.scratch, os.O_RDWR | os.O_CLOEXEC | (flags & os.O_APPEND))
-                h = Handle(path, fd, agent, True, draft=d, direct=direct)
+                h = Handle(path, fd, agent, True, draft=d, direct=direct, token=d.base)
                 if flags & os.O_TRUNC:
                     os.ftruncate(fd, 0)
                     d.dirty = h.wrote = True
@@ -410,26 +422,24 @@ class ContentMixin:
             if self._kind(node, st) == "dir":
                 raise IsADirectory(path)
             d = self.drafts.get((agent, path))
-            if d is not None and (d.stale or (not d.dirty and not self.still(d.base, path))):
-                # An outdated clean copy (the path moved on: another agent's
-                # close, a commit from another mount, a rollback) is not what
-                # a new open should see; one still in use stays with its handles.
+            if d is not None and (d.stale or not self.still(d.base, path)):
+                # An outdated copy (still open elsewhere, or idle): a new open
+                # reads the published version, never an older one.
                 if d.opens == 0:
                     self._discard_draft(d)
                 d = None
             if d is not None:
-                h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct)
+                h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct,
+                           token=d.base)
                 self._open_drafts_add(d, 1)
-                self.observe(agent, path, d.base)
             elif node is not None:
                 self._materialize(node)
                 h = Handle(path, os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, node=node,
-                           direct=direct)
-                self.observe(agent, path, self.node_token(node))
+                           direct=direct, token=self.node_token(node))
             else:
                 fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-                h = Handle(path, fd, agent, False, direct=direct)
-                self.observe(agent, path, self.record_token(path))
+                h = Handle(path, fd, agent, False, direct=direct, token=self.record_token(path))
+            self.observe(agent, path, h.token)
             return self._add_handle(h)
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
@@ -449,9 +459,14 @@ class ContentMixin:
                         gid=owner[1] if owner else os.getgid())
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
-            stale = self.drafts.get((agent, path))
-            if stale is not None:
-                self._discard_draft(stale)
+            old = self.drafts.get((agent, path))
+            if old is not None:
+                if old.opens:
+                    # Still open (its file was removed by another agent): its
+                    # descriptors keep the scratch file and lose at their close.
+                    del self.drafts[(agent, path)]
+                else:
+                    self._discard_draft(old)
             scratch = self._new_scratch()
             fd = os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | (flags & os.O_APPEND), 0o600)
             d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid)
@@ -460,7 +475,7 @@ class ContentMixin:
             self._open_drafts_add(d, 1)
             self.observe(agent, path, d.base)
             return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
-                                           direct=self._needs_direct_io(path, agent)))
+                                           direct=self._needs_direct_io(path, agent), token=d.base))
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:
@@ -469,9 +484,12 @@ class ContentMixin:
                 return h.data[offset:offset + size]
             if h.draft is None:
                 # The same agent may have started a draft since this handle
-                # was opened: POSIX says it reads those bytes.
+                # was opened: POSIX says it reads those bytes -- if the draft
+                # is of the very version this handle was opened on (not of a
+                # file that replaced it since).
                 d = self.drafts.get((h.agent, h.path))
-                if d is not None and d.opens > 0 and not d.stale and (d.dirty or self.still(d.base, h.path)):
+                if (d is not None and d.opens > 0 and not d.stale and self.still(h.token, h.path)
+                        and self.still(d.base, h.path)):
                     os.close(h.fd)
                     h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                     h.draft, h.node = d, None
@@ -547,8 +565,8 @@ class ContentMixin:
                 except Exception:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)
-            if d.opens == 0 and (d.stale or d.detached):
-                self._discard_draft(d)
+            if d.opens == 0 and (d.stale or d.detached or self.drafts.get((d.agent, d.path)) is not d):
+                self._discard_draft(d)  # lost, unlinked, or replaced by a newer draft
 
     def close(self) -> None:
         """Decide every open handle (unmount)."""

@@ -223,6 +223,10 @@ class Overlay(ContentMixin):
                 staging.remove(conn, self.step, rel(path))
             for path in puts:
                 node = self.upper.nodes[path]
+                if node.kind == "file" and node.oid is None:
+                    # A created file nobody closed yet (moved by a rename): it
+                    # is empty, and a staged file row always names an object.
+                    node.oid = self.ws.objects.put_bytes(conn, b"")
                 for name in (node.names if node.link_group is not None else (path,)):
                     staging.put(conn, self.step, node.row(name))
                 node.staged = True
@@ -296,7 +300,8 @@ class Overlay(ContentMixin):
         node.ctime_ns = st.st_ctime_ns
         self._bump(node)
         self.upper.set(path, node)
-        self._retoken(path, base, self.node_token(node))
+        digest = node.oid.split(".", 1)[0] if node.oid else ""
+        self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
 
     def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
@@ -305,16 +310,22 @@ class Overlay(ContentMixin):
                 if name != except_path:
                     self.invalidate(name)
 
-    def _retoken(self, path: str, old: str, new: str) -> None:
+    def _retoken(self, path: str, old: str, new: str, digest) -> None:
         """Same content, new token representation (copy-up for a metadata
-        change): nobody's observation of the old version goes stale."""
+        change): nobody's observation of the current version goes stale.
+        ``old`` is the workspace token without hash, ``digest()`` the
+        content's; a token taken in the racy window must match both (its
+        stat fields alone may also describe an older, same-size version)."""
         for seen in self.observed.values():
             tok = seen.get(path)
-            if tok is not None and tok.partition(tokens.HASH_SEP)[0] == old:
+            if tok is not None and tokens.same(tok, old, digest):
                 seen[path] = new
         for (_a, p), d in self.drafts.items():
-            if p == path and d.base.partition(tokens.HASH_SEP)[0] == old:
+            if p == path and tokens.same(d.base, old, digest):
                 d.base = new
+        for h in self.handles.values():
+            if h.path == path and h.token and tokens.same(h.token, old, digest):
+                h.token = new
 
     def _remove(self, path: str, agent: str | None = None) -> None:
         """Make ``path`` (and everything below it) absent in the view.  The
@@ -711,14 +722,17 @@ class Overlay(ContentMixin):
                     raise NotADirectory(new)
                 if dst_kind == "dir" and not self._is_empty_dir(new):
                     raise NotEmpty(new)
+                fresh = self._fresh_under(agent, old)
+                self._unkey(agent, new)
                 self._rename_dir(old, new)
             else:
                 if dst_kind == "dir":
                     raise IsADirectory(new)
                 if src_kind == "special":
                     raise Unsupported(old)  # sockets and devices stay where they are
-                self._rename_leaf(old, new)
-            self._moved(agent, old, new)
+                fresh = self._fresh_under(agent, old)
+                self._rename_leaf(old, new, agent)
+            self._moved(agent, old, new, fresh)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
         """An unlink of an open file (libfuse's hidden rename): the path is
@@ -733,23 +747,63 @@ class Overlay(ContentMixin):
             if h.path == old:
                 h.path = new
 
-    def _moved(self, agent: str, old: str, new: str) -> None:
+    def _unkey(self, agent: str, path: str) -> None:
+        """Forget the acting agent's drafts at or below a path that is absent
+        in the view (someone else removed their files) before a rename puts
+        new files there: a later open must not share those dead copies.
+        Their own descriptors keep them, and they lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and (p == path or p.startswith(prefix)):
+                if d.opens:
+                    del self.drafts[(a, p)]
+                else:
+                    self._discard_draft(d)
+
+    def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
+        """Before a rename: which of the acting agent's drafts and handles
+        (by id) and observations at or below ``old`` still match the
+        published version."""
+        prefix = old + "/"
+        fresh = {id(d) for (a, p), d in self.drafts.items()
+                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
+        fresh |= {id(h) for h in self.handles.values()
+                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
+                  and self.still(h.token, h.path)}
+        seen = {p for p, tok in self.observed.get(agent, {}).items()
+                if (p == old or p.startswith(prefix)) and self.still(tok, p)}
+        return fresh, seen
+
+    def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
         """The acting agent's drafts, handles and observations follow a
-        rename; other agents' stay at the old path and lose at their close."""
+        rename; other agents' stay at the old path and lose at their close.
+        Only what was current before the move (``fresh``, from
+        :meth:`_fresh_under`) is re-based on the moved version: an outdated
+        draft, handle or observation stays outdated, or a rename would turn
+        a stale writer into a winner that overwrites another agent's bytes."""
+        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
         prefix = old + "/"
         for (a, path), d in list(self.drafts.items()):
             if a == agent and (path == old or path.startswith(prefix)):
                 del self.drafts[(a, path)]
                 self._reindex_draft(d, new + path[len(old):])
-                d.base = self.current_token(d.path)[0]
+                if id(d) in fresh_ids:
+                    d.base = self.current_token(d.path)[0]
                 self.drafts[(a, d.path)] = d
         for h in self.handles.values():
             if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
                 h.path = new + h.path[len(old):]
+                if id(h) in fresh_ids:
+                    h.token = self.current_token(h.path)[0]
         seen = self.observed.get(agent, {})
+        outdated = {}
         for path in [p for p in seen if p == old or p.startswith(prefix)]:
-            del seen[path]
+            tok = seen.pop(path)
+            if path not in fresh_seen:
+                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
         self.observe(agent, new, self.current_token(new)[0])
+        seen = self.observed[agent]
+        seen.update(outdated)
 
     def _take_leaf(self, path: str) -> Node:
         """The published node of a file or symlink, copied up if needed.
@@ -760,10 +814,16 @@ class Overlay(ContentMixin):
             return self._node_for_meta(path)
         return node
 
-    def _rename_leaf(self, old: str, new: str) -> None:
+    def _rename_leaf(self, old: str, new: str, agent: str) -> None:
         node = self._take_leaf(old)
         new_base = self._base_for(new)
-        self._remove(new) if self._exists(new) else None
+        if self._exists(new):
+            # Replacing a file the acting agent has open detaches its draft,
+            # exactly as its own unlink would: its descriptors keep working
+            # and their close succeeds (POSIX); other agents' drafts lose.
+            self._remove(new, agent)
+        else:
+            self._unkey(agent, new)
         self.upper.pop(old)
         if node.link_group is not None:
             node.names.discard(old)
@@ -902,24 +962,43 @@ class Overlay(ContentMixin):
             if self.readonly_reason is not None:
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
+            covered = self._unstaged_over_rows()
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
                     meta=meta, allow_empty=allow_empty, overwrite=overwrite,
                 )
             except NothingToCommit:
-                self._after_commit()  # the no-op rows were dropped from the store
+                self._after_commit(())  # the no-op rows were dropped from the store
                 raise
             except PublishFailed as exc:
                 if exc.pending is not None:  # past the commit point: only recovery may finish it
                     self._go_readonly(str(exc))
                 raise
-            self._after_commit()
+            self._after_commit(covered)
             return number
 
-    def _after_commit(self) -> None:
+    def _unstaged_over_rows(self) -> list[str]:
+        """Paths of created-but-unclosed nodes that replaced a staged row (a
+        file created where this step had staged a deletion): the commit
+        publishes that row, under the unclosed node."""
+        pending = [p for p, n in self.upper.nodes.items() if not n.staged]
+        if not pending:
+            return []
+        with self.ws.db.read() as conn:
+            rows = {view_path(r.path) for r in staging.load(conn, self.step)}
+        return [p for p in pending if p in rows]
+
+    def _after_commit(self, covered) -> None:
         """The workspace now holds every staged node: drop them, and carry
-        tokens over so nobody's observation goes stale by our own commit."""
+        tokens over so nobody's observation goes stale by our own commit.
+        ``covered``: unclosed nodes whose path the commit changed underneath
+        them; their base becomes the new workspace state, or their own
+        commit would later be refused as a conflict with ours."""
+        for path in covered:
+            node = self.upper.get(path)
+            if node is not None and not node.staged:
+                node.base = self._lower_token(path)
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
@@ -942,6 +1021,9 @@ class Overlay(ContentMixin):
             if d.path in renamed and d.base == renamed[d.path][0]:
                 d.base = renamed[d.path][1]
                 d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
+        for h in self.handles.values():
+            if h.path in renamed and h.token == renamed[h.path][0]:
+                h.token = renamed[h.path][1]
 
     def forget(self, paths: list[str]) -> None:
         """Drop what the view holds for ``paths`` (and below) after the

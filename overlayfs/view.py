@@ -42,7 +42,7 @@ from .errors import (
     BadHandle, Exists, Invalid, IsADirectory, NameTooLong, NotADirectory, NotEmpty, NotFound, ReadOnly,
     Reserved, Unsupported,
 )
-from .metatree import MetaTree, is_meta
+from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .upper import Node, Upper, parent_name, rel, view_path
 
 RENAME_NOREPLACE = 1
@@ -199,6 +199,16 @@ class Overlay:
                 staging.remove(conn, self.step, rel(path))
             for path in puts:
                 node = self.upper.nodes[path]
+                if node.kind == "file" and node.oid is None and node.scratch is not None:
+                    # A file open for writing that was never closed after a
+                    # write (a fresh copy-up, a create) has no object yet: a
+                    # chmod, utimens or rename must stage what its scratch
+                    # file holds, never an empty file.
+                    fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        node.oid, node.size = self.ws.objects.put_fd(conn, fd)
+                    finally:
+                        os.close(fd)
                 staging.put(conn, self.step, node.row(path))
                 node.staged = True
 
@@ -448,15 +458,17 @@ class Overlay:
         return len(self.readdir(path)) <= 2
 
     def _check_new_name(self, path: str) -> None:
-        if is_meta(path):
+        """Called before ``_check_writable`` so that creating ``/.stepfs``
+        itself is Reserved (EEXIST) while anything below it is ReadOnly."""
+        if path == META_ROOT:
             raise Reserved(path)
         if len(os.fsencode(parent_name(path)[1])) > 255:
             raise NameTooLong(path)
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None) -> None:
         with self.lock:
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 raise Exists(path)
@@ -494,8 +506,8 @@ class Overlay:
 
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None) -> None:
         with self.lock:
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 raise Exists(path)
@@ -614,7 +626,7 @@ class Overlay:
     def open(self, path: str, flags: int) -> int:
         with self.lock:
             if is_meta(path):
-                if flags & os.O_ACCMODE != os.O_RDONLY:
+                if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
                     raise ReadOnly(path)
                 entry = self.meta.entry(path)
                 if entry.kind == "dir":
@@ -643,8 +655,8 @@ class Overlay:
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None) -> int:
         with self.lock:
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 if flags & os.O_EXCL:

@@ -165,15 +165,22 @@ class Overlay:
         if self._kind(node, st) != "dir":
             raise NotADirectory(path)
 
-    def _lower_token(self, path: str) -> str:
+    def _lower_stat(self, path: str) -> os.stat_result | None:
+        """The workspace's ``lstat`` of ``path``, or None when nothing is
+        reachable there (absent, or a file or symlink in place of a parent)."""
         try:
-            st = self.root.lstat(rel(path))
+            return self.root.lstat(rel(path))
         except (FileNotFoundError, NotADirectoryError):
-            return tokens.ABSENT
+            return None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EXDEV):
-                return tokens.ABSENT
+                return None
             raise
+
+    def _lower_token(self, path: str) -> str:
+        st = self._lower_stat(path)
+        if st is None:
+            return tokens.ABSENT
         target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
         return tokens.from_stat(st, target)
 
@@ -323,7 +330,7 @@ class Overlay:
         for child in below:
             self._detach(child, self.upper.pop(child))
         self._detach(path, self.upper.pop(path))
-        if self.root.exists(rel(path)):
+        if self._lower_stat(path) is not None:
             self.upper.set(path, Node("whiteout", 0, base=base, ino=0))
             self._persist(puts=[path], trees=[path] if below else [])
         else:
@@ -577,7 +584,7 @@ class Overlay:
         new_base = self._base_for(new)
         self._remove(new) if self._exists(new) else None
         self.upper.pop(old)
-        old_lower = self.root.exists(rel(old))
+        old_lower = self._lower_stat(old) is not None
         if old_lower:
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
         node.base = new_base
@@ -691,16 +698,25 @@ class Overlay:
             if h.data is not None:
                 return h.data[offset:offset + size]
             if h.node is None:
-                # Another handle of this agent may have copied the file up
-                # since this one was opened: read the staged copy (POSIX).
-                node = self.upper.get(h.path)
-                if node is not None and node.kind == "file":
-                    self._materialize(node)
-                    os.close(h.fd)
-                    h.fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                    h.node = node
-                    node.opens += 1
+                self._follow_copy_up(h)
             return os.pread(h.fd, size, offset)
+
+    def _follow_copy_up(self, h: Handle) -> None:
+        """Move a handle reading a workspace file to the upper copy of that
+        same file, if another handle of this view copied it up since (POSIX:
+        the reader sees the writer's bytes).  "Same file" is the inode, which
+        a copy-up keeps: a different file that took the path meanwhile (a
+        rename over it, an unlink and create) is not what this handle has
+        open, and the handle keeps reading what it opened."""
+        node = self.upper.get(h.path)
+        if node is None or node.kind != "file" or node.ino != os.fstat(h.fd).st_ino:
+            return
+        self._materialize(node)
+        fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        os.close(h.fd)
+        h.fd = fd
+        h.node = node
+        node.opens += 1
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
         with self.lock:
@@ -791,6 +807,12 @@ class Overlay:
         staged again at their next close, against the new workspace state.
         """
         with self.lock:
+            # A commit replaces workspace files (rename over): readers of a
+            # workspace file that this view changed move to the staged copy
+            # first, so they keep seeing this view's bytes afterwards.
+            for h in self.handles.values():
+                if h.node is None and h.data is None:
+                    self._follow_copy_up(h)
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,

@@ -35,6 +35,7 @@ reported as committed until a later publish has fsynced every byte again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat as stat_mod
@@ -77,13 +78,24 @@ def _kind_of(mode: int) -> str | None:
     return "special"
 
 
+def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
+    """``lstat`` of a workspace path, or None when nothing is reachable
+    there: absent, or a file or a symlink in place of a parent directory
+    (the overlay view treats all three as absent, so the plan must too)."""
+    try:
+        return ws.root.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None
+        raise
+
+
 def capture(ws: Workspace, conn, path: bytes) -> _Before:
     """The workspace state of ``path`` now (file contents stored as an object)."""
-    try:
-        st = ws.root.lstat(path)
-    except FileNotFoundError:
-        return _Before(State(None), tokens.ABSENT)
-    except NotADirectoryError:
+    st = _lstat(ws, path)
+    if st is None:
         return _Before(State(None), tokens.ABSENT)
     kind = _kind_of(st.st_mode)
     if kind == "file":
@@ -122,6 +134,10 @@ def _walk(ws: Workspace, path: bytes) -> list[bytes]:
             children = ws.root.listdir(d)
         except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:  # a symlink, not a directory
+                continue
+            raise
         for name, kind, _ino in children:
             child = name if d == b"." else d + b"/" + name
             out.append(child)
@@ -245,10 +261,8 @@ def _depth(path: bytes) -> int:
 
 
 def _current_kind(ws: Workspace, path: bytes) -> str | None:
-    try:
-        return _kind_of(ws.root.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+    st = _lstat(ws, path)
+    return None if st is None else _kind_of(st.st_mode)
 
 
 def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:

@@ -285,3 +285,29 @@ def test_non_utf8_names_round_trip(ws_view):
     view.commit(message="bytes")
     assert manifest(ws.path) == expected
     assert os.path.isfile(os.path.join(os.fsencode(ws.path), raw_dir, raw_file))
+
+
+@pytest.mark.parametrize("replaced", ["file", "symlink"])
+def test_names_below_a_replaced_file_or_symlink(ws_view, replaced):
+    """The workspace has a file or symlink where the view has a directory:
+    paths below it exist only in the view (no whiteouts needed)."""
+    ws, view = ws_view
+    if replaced == "symlink":
+        os.symlink("d", os.path.join(ws.path, "p"))
+    else:
+        with open(os.path.join(ws.path, "p"), "wb") as f:
+            f.write(b"p")
+    view.unlink("/p")
+    view.mkdir("/p", 0o755)
+    write_file(view, "/p/x", b"x")
+    write_file(view, "/p/y", b"y")
+    view.mkdir("/p/sub", 0o755)
+    view.unlink("/p/x")
+    view.rename("/p/y", "/p/z")
+    view.rename("/p/sub", "/p/sub2")
+    view.rmdir("/p/sub2")
+    assert names(view, "/p") == ["z"]
+    assert {p: r.kind for p, r in rows(ws, view).items()} == {b"p": "dir", b"p/z": "file"}
+    expected = view_manifest(view)
+    view.commit(message="replace")
+    assert manifest(ws.path) == expected

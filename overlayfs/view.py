@@ -255,6 +255,7 @@ class Overlay:
             if node.kind != "file":
                 raise Invalid(path)
             self._materialize(node)
+            self._readers_follow(path)
             return node
         if stat_mod.S_ISDIR(st.st_mode):
             raise IsADirectory(path)
@@ -276,7 +277,16 @@ class Overlay:
                     mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
         node.scratch = scratch
         self.upper.set(path, node)
+        self._readers_follow(path)
         return node
+
+    def _readers_follow(self, path: str) -> None:
+        """Before the copy of ``path`` is written to, move the handles that
+        read the workspace file onto it: they must see the writes even if
+        the copy is unlinked or renamed over before they read again."""
+        for h in self.handles.values():
+            if h.node is None and h.data is None and h.path == path:
+                self._follow_copy_up(h)
 
     def _stage_content(self, path: str, node: Node) -> None:
         """Store the scratch file as an object and write the staged row."""
@@ -345,8 +355,13 @@ class Overlay:
 
     def getattr(self, path: str, fh: int | None = None) -> dict:
         with self.lock:
-            if fh is not None and fh in self.handles and self.handles[fh].node is not None:
-                return self._stat_node(self.handles[fh].node)
+            h = self.handles.get(fh) if fh is not None else None
+            if h is not None and h.node is not None:
+                return self._stat_node(h.node)
+            if h is not None and h.data is None and h.fd >= 0:
+                # fstat(2) of a workspace file: the file the handle has open,
+                # even if its path was unlinked or replaced meanwhile.
+                return self._stat_lower(path, os.fstat(h.fd))
             if is_meta(path):
                 return self.meta.getattr(path)
             node, st = self._resolve(path)
@@ -451,7 +466,9 @@ class Overlay:
                     pass
             prefix = path if path != "/" else ""
             for name in self.upper.child_names(path):
-                child = self.upper.nodes[prefix + "/" + name]
+                child = self.upper.nodes.get(prefix + "/" + name)
+                if child is None:
+                    continue  # an unchanged directory on the way to staged paths
                 if child.kind == "whiteout":
                     entries.pop(name, None)
                 else:
@@ -547,12 +564,14 @@ class Overlay:
             src, src_st = self._resolve(old)
             src_kind = self._kind(src, src_st)
             self._require_dir(parent_name(new)[0])
-            if old == new:
-                return
             dst_kind = None
             if self._exists(new):
                 if flags & RENAME_NOREPLACE:
-                    raise Exists(new)
+                    raise Exists(new)  # even onto itself, as renameat2(2) does
+                if old == new:
+                    return
+                if old.startswith(new + "/"):
+                    raise NotEmpty(new)  # onto its own ancestor (the kernel's order of checks)
                 dnode, dst_st = self._resolve(new)
                 dst_kind = self._kind(dnode, dst_st)
             if src_kind == "dir":

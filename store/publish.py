@@ -359,6 +359,10 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
             fd = root.open(d, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
             continue  # removed later in this same layer
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                continue  # replaced by a symlink later in this same layer
+            raise
         try:
             os.fsync(fd)
         finally:

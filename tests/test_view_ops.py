@@ -311,3 +311,23 @@ def test_names_below_a_replaced_file_or_symlink(ws_view, replaced):
     expected = view_manifest(view)
     view.commit(message="replace")
     assert manifest(ws.path) == expected
+
+
+def test_rename_of_a_directory_takes_staged_paths_below_unchanged_directories(ws_view):
+    """/d/sub has no node of its own; the staged /d/sub/two below it must
+    move with /d and leave nothing behind at the old place."""
+    ws, view = ws_view
+    write_file(view, "/d/sub/two", b"TWO")
+    view.rename("/d", "/e")
+    assert read_all(view, "/e/sub/two") == b"TWO"
+    assert all(not p.startswith("/d/") for p in view.upper.nodes), sorted(view.upper.nodes)
+    view.mkdir("/d", 0o755)
+    view.mkdir("/d/sub", 0o755)
+    assert names(view, "/d/sub") == []
+    with pytest.raises(NotFound):
+        view.getattr("/d/sub/two")
+    assert [op for op, p in view.staged_paths() if p.startswith("/d/sub/")] == []
+    expected = view_manifest(view)
+    view.commit(message="move")
+    assert manifest(ws.path) == expected
+    assert len(view.upper) == 0 and view.upper.children == {}

@@ -132,3 +132,26 @@ def test_reader_opened_before_a_commit_sees_the_committed_bytes(ws_view):
     view.release(r)
     assert read_all(view, "/f") == b"committed"
     assert manifest(ws.path)[b"f"][2] == b"committed"
+
+
+def test_reader_sees_writes_to_its_file_after_the_file_is_replaced(ws_view):
+    """The reader never read between the write and the rename over its
+    file: it still holds the written file, not the workspace original."""
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.truncate("/f", 3)
+    view.rename("/g", "/f")
+    assert read_fh(view, r) == b"old"
+    assert read_all(view, "/f") == b"gee"
+    view.release(r)
+
+
+def test_fstat_of_an_unlinked_workspace_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.unlink("/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    view.rename("/g", "/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    assert view.getattr("/f")["st_size"] == 3
+    view.release(r)

@@ -129,6 +129,12 @@ def test_commit_replaces_directories_files_and_symlinks(ws_view):
     view.unlink("/ln")
     view.mkdir("/ln", 0o755)
     write_file(view, "/ln/inside", b"in ln")
+    # a directory with children becomes a symlink
+    view.unlink("/a/x.txt")
+    view.unlink("/a/b")
+    view.rmdir("/a")
+    view.symlink("/a", "keep")
     expected = view_manifest(view)
+    assert expected[b"a"] == ("symlink", None, b"keep")
     view.commit(message="kinds")
     assert manifest(ws.path) == expected

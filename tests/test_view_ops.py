@@ -233,6 +233,13 @@ def test_rename_directory_refusals(ws_view):
         view.rename("/empty", "/d")
     with pytest.raises(Exists):
         view.rename("/d", "/empty", RENAME_NOREPLACE)
+    with pytest.raises(Exists):
+        view.rename("/d", "/d", RENAME_NOREPLACE)  # renameat2(2) checks the target first
+    with pytest.raises(NotEmpty):
+        view.rename("/d/one", "/d")  # onto its own ancestor
+    with pytest.raises(NotEmpty):
+        view.rename("/d/sub", "/d")
+    view.rename("/d", "/d")  # onto itself: nothing happens
     view.rename("/d", "/empty")  # over an empty directory
     assert names(view, "/empty") == ["one", "sub"]
 

@@ -76,3 +76,16 @@ def test_restart_then_keep_working_and_commit(tmp_path):
     from conftest import manifest
 
     assert manifest(ws.path) == expected
+
+
+def test_clean_unmount_stages_unflushed_writes(tmp_path):
+    populate(tmp_path)
+    ws, view = open_view(tmp_path)
+    fh = view.open("/old.txt", os.O_RDWR)
+    view.write(fh, b"NEW", 0)        # never flushed (an mmap'ed write, say)
+    view.open("/docs/index.md", os.O_RDONLY)  # a reader still open at unmount
+    view.close()
+    assert view.handles == {}
+    view = reopen(view)
+    assert read_all(view, "/old.txt") == b"NEW\n"
+    assert [p for _op, p in view.staged_paths()] == ["/old.txt"]

@@ -105,7 +105,15 @@ class Node:
 
 
 class Upper:
-    """Path -> Node, plus a children index.  Not thread-safe (see module doc)."""
+    """Path -> Node, plus a children index.  Not thread-safe (see module doc).
+
+    ``children[d]`` holds the names below ``d`` that are nodes *or lead to
+    nodes*: a staged ``/d/e/f`` under unchanged workspace directories puts
+    ``e`` into ``children["/d"]`` although ``/d/e`` has no node, so that
+    :meth:`below` finds every node of a subtree.  Invariant: a path is in
+    its parent's set exactly while it is a node or has an entry in
+    ``children`` itself.
+    """
 
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
@@ -116,33 +124,53 @@ class Upper:
 
     def set(self, path: str, node: Node) -> None:
         if path not in self.nodes:
-            parent, name = parent_name(path)
-            self.children.setdefault(parent, set()).add(name)
+            self._link(path)
         self.nodes[path] = node
 
     def pop(self, path: str) -> Node | None:
         node = self.nodes.pop(path, None)
         if node is not None:
-            parent, name = parent_name(path)
-            names = self.children.get(parent)
-            if names is not None:
-                names.discard(name)
-                if not names:
-                    del self.children[parent]
+            self._unlink(path)
         return node
 
+    def _link(self, path: str) -> None:
+        """Enter ``path`` and its ancestors into the index (O(depth))."""
+        while path != "/":
+            parent, name = parent_name(path)
+            names = self.children.setdefault(parent, set())
+            if name in names:
+                return
+            names.add(name)
+            path = parent
+
+    def _unlink(self, path: str) -> None:
+        """Drop ``path``, then each ancestor that no longer leads to a node."""
+        while path != "/" and path not in self.nodes and path not in self.children:
+            parent, name = parent_name(path)
+            names = self.children.get(parent)
+            if names is None:
+                return
+            names.discard(name)
+            if names:
+                return
+            del self.children[parent]
+            path = parent
+
     def below(self, path: str) -> list[str]:
-        """Every upper path strictly below ``path`` (deepest last)."""
+        """Every node path strictly below ``path`` (parents before children)."""
         out, todo = [], [path]
         while todo:
             d = todo.pop()
             for name in self.children.get(d, ()):
                 child = (d if d != "/" else "") + "/" + name
-                out.append(child)
+                if child in self.nodes:
+                    out.append(child)
                 todo.append(child)
         return out
 
     def child_names(self, path: str) -> set[str]:
+        """Names below ``path`` that are nodes or lead to nodes (callers
+        skip the names that are not in :attr:`nodes`)."""
         return self.children.get(path, set())
 
     def __len__(self) -> int:

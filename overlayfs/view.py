@@ -46,7 +46,7 @@ from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported,
 )
-from .metatree import MetaTree, is_meta
+from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .upper import Node, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
@@ -174,15 +174,22 @@ class Overlay(ContentMixin):
         if self._kind(node, st) != "dir":
             raise NotADirectory(path)
 
-    def _lower_token(self, path: str) -> str:
+    def _lower_stat(self, path: str) -> os.stat_result | None:
+        """The workspace's ``lstat`` of ``path``, or None when nothing is
+        reachable there (absent, or a file or symlink in place of a parent)."""
         try:
-            st = self.root.lstat(rel(path))
+            return self.root.lstat(rel(path))
         except (FileNotFoundError, NotADirectoryError):
-            return tokens.ABSENT
+            return None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EXDEV):
-                return tokens.ABSENT
+                return None
             raise
+
+    def _lower_token(self, path: str) -> str:
+        st = self._lower_stat(path)
+        if st is None:
+            return tokens.ABSENT
         target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
         return tokens.from_stat(st, target)
 
@@ -346,7 +353,7 @@ class Overlay(ContentMixin):
         for child in below:
             self._detach(child, self.upper.pop(child))
         self._detach(path, self.upper.pop(path))
-        if self.root.exists(rel(path)):
+        if self._lower_stat(path) is not None:
             self.upper.set(path, Node("whiteout", 0, base=base, ino=0))
             self._persist(puts=[path], trees=[path] if below else [])
         else:
@@ -570,7 +577,9 @@ class Overlay(ContentMixin):
                     pass
             prefix = path if path != "/" else ""
             for name in self.upper.child_names(path):
-                child = self.upper.nodes[prefix + "/" + name]
+                child = self.upper.nodes.get(prefix + "/" + name)
+                if child is None:
+                    continue  # an unchanged directory on the way to staged paths
                 if child.kind == "whiteout":
                     entries.pop(name, None)
                 else:
@@ -584,15 +593,17 @@ class Overlay(ContentMixin):
         return len(self.readdir(path)) <= 2
 
     def _check_new_name(self, path: str) -> None:
-        if is_meta(path):
+        """Called before ``_check_writable`` so that creating ``/.stepfs``
+        itself is Reserved (EEXIST) while anything below it is ReadOnly."""
+        if path == META_ROOT:
             raise Reserved(path)
         if len(os.fsencode(parent_name(path)[1])) > 255:
             raise NameTooLong(path)
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 raise Exists(path)
@@ -635,8 +646,8 @@ class Overlay(ContentMixin):
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
                 agent: str = DEFAULT) -> None:
         with self.lock:
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 raise Exists(path)
@@ -705,12 +716,14 @@ class Overlay(ContentMixin):
                 return
             src_kind = self._kind(src, src_st)
             self._require_dir(parent_name(new)[0])
-            if old == new:
-                return
             dst_kind = None
             if self._exists(new):
                 if flags & RENAME_NOREPLACE:
-                    raise Exists(new)
+                    raise Exists(new)  # even onto itself, as renameat2(2) does
+                if old == new:
+                    return
+                if old.startswith(new + "/"):
+                    raise NotEmpty(new)  # onto its own ancestor (the kernel's order of checks)
                 dnode, dst_st = self._resolve(new)
                 if dnode is not None and dnode is src:
                     return  # two names of one hard-linked file: POSIX says do nothing
@@ -830,7 +843,7 @@ class Overlay(ContentMixin):
             node.name_bases.pop(old, None)
             node.names.add(new)
             node.name_bases[new] = new_base
-        old_lower = self.root.exists(rel(old))
+        old_lower = self._lower_stat(old) is not None
         if old_lower:
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
         node.base = new_base
@@ -914,6 +927,7 @@ class Overlay(ContentMixin):
             self._check_writable(path)
             self._check_writable(existing)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             node, st = self._resolve(existing)
             if self._kind(node, st) != "file":

@@ -1,0 +1,157 @@
+"""POSIX visibility between the handles of one view (no kernel): handles
+of one path share one staged copy; an unlinked or replaced file stays what
+the handle opened."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from conftest import manifest
+from store import staging
+from viewkit import open_view, read_all, read_fh, write_file
+
+
+@pytest.fixture
+def ws_view(tmp_path):
+    ws_dir = tmp_path / "ws"
+    (ws_dir / "d").mkdir(parents=True)
+    (ws_dir / "f").write_bytes(b"old content")
+    (ws_dir / "g").write_bytes(b"gee")
+    return open_view(tmp_path)
+
+
+def rows(ws, view):
+    with ws.db.read() as conn:
+        return {r.path: r for r in staging.load(conn, view.step)}
+
+
+def test_reader_opened_before_copy_up_sees_new_bytes(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    assert view.read(r, 3, 0) == b"old"
+    w = view.open("/f", os.O_WRONLY)
+    view.write(w, b"NEW", 0)
+    assert view.read(r, 11, 0) == b"NEW content"  # before the writer closes
+    view.truncate("/f", 3, w)
+    assert read_fh(view, r) == b"NEW"
+    view.flush(w)
+    view.release(w)
+    assert read_fh(view, r) == b"NEW"
+    view.release(r)
+    assert read_all(view, "/f") == b"NEW"
+
+
+def test_reader_follows_a_rename_of_its_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.rename("/f", "/d/moved")
+    w = view.open("/d/moved", os.O_RDWR)
+    view.write(w, b"X", 0)
+    view.flush(w)
+    view.release(w)
+    assert view.read(r, 3, 0) == b"Xld"
+    view.release(r)
+
+
+def test_reader_of_a_replaced_file_keeps_the_old_file(ws_view):
+    """rename(g, f) while f is open: the handle still reads the old f."""
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.rename("/g", "/f")
+    assert read_all(view, "/f") == b"gee"
+    assert read_fh(view, r) == b"old content"
+    view.release(r)
+
+
+def test_reader_of_an_unlinked_and_recreated_file_keeps_the_old_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.unlink("/f")
+    assert read_fh(view, r) == b"old content"
+    write_file(view, "/f", b"a new file")
+    assert read_fh(view, r) == b"old content"
+    view.release(r)
+    assert read_all(view, "/f") == b"a new file"
+
+
+def test_unlinked_open_workspace_file_stays_usable_and_unstaged(ws_view):
+    ws, view = ws_view
+    w = view.open("/f", os.O_RDWR)
+    view.write(w, b"staged?", 0)
+    view.unlink("/f")
+    view.write(w, b"!", 11)
+    assert read_fh(view, w) == b"staged?tent!"
+    assert view.getattr("/f", w)["st_size"] == 12
+    view.flush(w)
+    assert {p: r.kind for p, r in rows(ws, view).items()} == {b"f": "whiteout"}
+    view.release(w)
+    assert {p: r.kind for p, r in rows(ws, view).items()} == {b"f": "whiteout"}
+    assert not os.listdir(view.scratch_dir)  # the scratch copy went with the last handle
+    view.commit(message="rm f")
+    assert b"f" not in manifest(ws.path)
+
+
+def test_unlinked_open_new_file_leaves_nothing_staged(ws_view):
+    ws, view = ws_view
+    w = view.create("/tmpfile", 0o600, os.O_RDWR | os.O_CREAT)
+    view.write(w, b"temp", 0)
+    view.flush(w)
+    assert b"tmpfile" in rows(ws, view)
+    view.unlink("/tmpfile")
+    view.write(w, b"more", 4)
+    view.flush(w)
+    assert read_fh(view, w) == b"tempmore"
+    view.release(w)
+    assert rows(ws, view) == {}
+    assert not os.listdir(view.scratch_dir)
+
+
+def test_two_writers_share_one_copy(ws_view):
+    _ws, view = ws_view
+    a = view.open("/f", os.O_WRONLY)
+    b = view.open("/f", os.O_RDWR)
+    view.write(a, b"A", 0)
+    view.write(b, b"B", 1)
+    assert read_fh(view, b) == b"ABd content"
+    view.flush(a)
+    view.release(a)
+    view.write(b, b"C", 2)
+    view.flush(b)
+    view.release(b)
+    assert read_all(view, "/f") == b"ABC content"
+
+
+def test_reader_opened_before_a_commit_sees_the_committed_bytes(ws_view):
+    ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    write_file(view, "/f", b"committed")
+    view.commit(message="f")
+    assert read_fh(view, r) == b"committed"
+    view.release(r)
+    assert read_all(view, "/f") == b"committed"
+    assert manifest(ws.path)[b"f"][2] == b"committed"
+
+
+def test_reader_sees_writes_to_its_file_after_the_file_is_replaced(ws_view):
+    """The reader never read between the write and the rename over its
+    file: it still holds the written file, not the workspace original."""
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.truncate("/f", 3)
+    view.rename("/g", "/f")
+    assert read_fh(view, r) == b"old"
+    assert read_all(view, "/f") == b"gee"
+    view.release(r)
+
+
+def test_fstat_of_an_unlinked_workspace_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.unlink("/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    view.rename("/g", "/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    assert view.getattr("/f")["st_size"] == 3
+    view.release(r)

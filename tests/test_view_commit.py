@@ -30,30 +30,6 @@ def rows(ws, view):
         return staging.load(conn, view.step)
 
 
-def test_commit_makes_the_workspace_equal_the_view(ws_view):
-    ws, view = ws_view
-    write_file(view, "/new.txt", b"new\n")
-    view.chmod("/tool.sh", 0o755)
-    view.unlink("/a/x.txt")
-    view.rename("/a", "/z")
-    view.mkdir("/z/b/c", 0o700)
-    write_file(view, "/z/b/c/f", b"\0" * 5000 + b"end")
-    view.unlink("/ln")
-    view.symlink("/ln", "new.txt")
-    view.truncate("/keep", 2)
-    expected = view_manifest(view)
-    number = view.commit(message="first")
-    assert number == 1
-    assert manifest(ws.path) == expected
-    assert view_manifest(view) == expected
-    assert len(view.upper) == 0
-    assert rows(ws, view) == []
-    assert not os.listdir(view.scratch_dir)
-    write_file(view, "/keep", b"second\n")
-    assert view.commit(message="second") == 2
-    assert manifest(ws.path)[b"keep"] == ("file", 0o644, b"second\n")
-
-
 def test_nothing_to_commit(ws_view):
     ws, view = ws_view
     with pytest.raises(NothingToCommit):
@@ -67,26 +43,6 @@ def test_nothing_to_commit(ws_view):
         view.commit(message="no-ops")
     assert len(view.upper) == 0 and rows(ws, view) == []
     assert view.commit(message="forced", allow_empty=True) == 1
-
-
-def test_file_open_for_writing_during_a_commit_lands_in_the_next_step(ws_view):
-    ws, view = ws_view
-    fh = view.open("/keep", os.O_RDWR)
-    view.write(fh, b"KEEP", 0)
-    view.flush(fh)                      # staged: "KEEP\n"
-    view.write(fh, b"-more", 5)         # not yet closed
-    write_file(view, "/other", b"o")
-    assert view.commit(message="one") == 1
-    assert manifest(ws.path)[b"keep"][2] == b"KEEP\n"
-    assert list(view.upper.nodes) == ["/keep"]  # only the open file stays
-    assert rows(ws, view) == []
-    assert read_fh(view, fh) == b"KEEP\n-more"
-    view.flush(fh)
-    assert [(r.path, r.kind) for r in rows(ws, view)] == [(b"keep", "file")]
-    view.release(fh)
-    assert view.commit(message="two") == 2
-    assert manifest(ws.path)[b"keep"][2] == b"KEEP\n-more"
-    assert len(view.upper) == 0
 
 
 def test_file_open_but_unchanged_after_a_commit_leaves_nothing_staged(ws_view):

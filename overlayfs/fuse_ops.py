@@ -284,6 +284,11 @@ class StepFS(mfusepy.Operations):
         return self.view.statfs(path)
 
     @_translating
+    def fallocate(self, path, mode, offset, size, fi):
+        self.view.fallocate(fi.fh, mode, offset, size)
+        return 0
+
+    @_translating
     def mknod(self, path, mode, dev):
         self.view.mknod(path, mode, dev, owner=_owner(), agent=self._agent())
 

@@ -204,3 +204,22 @@ def test_hard_links_survive_a_daemon_restart(workspace, mount):
     assert m2.path("b").read_text() == "xy"
     assert stepfs("step", m2.mountpoint).returncode == 0
     assert os.stat(workspace / "a").st_ino == os.stat(workspace / "b").st_ino
+
+
+def test_fallocate_and_punch_hole(workspace, mount):
+    (workspace / "f").write_bytes(b"x" * 100_000)
+    m = mount(workspace)
+    fd = os.open(m.path("f"), os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, 1 << 20)
+        assert os.fstat(fd).st_size == 1 << 20
+        FALLOC_FL_KEEP_SIZE, FALLOC_FL_PUNCH_HOLE = 1, 2
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+        assert libc.fallocate(fd, FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, 4096, 8192) == 0
+        assert os.pread(fd, 4, 4096) == b"\0\0\0\0" and os.pread(fd, 1, 0) == b"x"
+    finally:
+        os.close(fd)
+    assert stepfs("step", m.mountpoint).returncode == 0
+    data = (workspace / "f").read_bytes()
+    assert len(data) == 1 << 20 and data[4096:12288] == b"\0" * 8192 and data[12288:12290] == b"xx"

@@ -180,14 +180,7 @@ class Overlay(ContentMixin):
     def _lower_stat(self, path: str) -> os.stat_result | None:
         """The workspace's ``lstat`` of ``path``, or None when nothing is
         reachable there (absent, or a file or symlink in place of a parent)."""
-        try:
-            return self.root.lstat(rel(path))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EXDEV):
-                return None
-            raise
+        return self.root.lstat_or_none(rel(path))
 
     def _lower_token(self, path: str) -> str:
         st = self._lower_stat(path)
@@ -603,24 +596,31 @@ class Overlay(ContentMixin):
         if len(os.fsencode(parent_name(path)[1])) > 255:
             raise NameTooLong(path)
 
+    def _check_create(self, path: str) -> None:
+        """What every new name needs: a legal name, a writable mount, an
+        existing parent directory, and nothing there yet."""
+        self._check_new_name(path)
+        self._check_writable(path)
+        self._require_dir(parent_name(path)[0])
+        if self._exists(path):
+            raise Exists(path)
+
+    def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
+        """Stage a node made for a new name (directory, symlink, FIFO)."""
+        node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
+        self._bump(node)
+        self.upper.set(path, node)
+        self._persist(puts=[path])
+        self.observe(agent, path, self.node_token(node))
+
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
-            self._check_new_name(path)
-            self._check_writable(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
-                raise Exists(path)
-            base = self._base_for(path)
+            self._check_create(path)
             # Opaque: whatever the workspace has (or will get) at this path
             # was not what this agent saw; its new directory starts empty.
-            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=base, ino=next(self._ino),
-                        opaque=True, uid=os.getuid(), gid=os.getgid())
-            if owner is not None:
-                node.uid, node.gid = owner
-            self._bump(node)
-            self.upper.set(path, node)
-            self._persist(puts=[path])
-            self.observe(agent, path, self.node_token(node))
+            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self._base_for(path),
+                        ino=next(self._ino), opaque=True)
+            self._add_new(path, node, owner, agent)
 
     def rmdir(self, path: str, agent: str = DEFAULT) -> None:
         with self.lock:
@@ -649,20 +649,11 @@ class Overlay(ContentMixin):
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
                 agent: str = DEFAULT) -> None:
         with self.lock:
-            self._check_new_name(path)
-            self._check_writable(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
-                raise Exists(path)
+            self._check_create(path)
             data = os.fsencode(target)
             node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self._base_for(path), ino=next(self._ino),
                         target=data, size=len(data))
-            if owner is not None:
-                node.uid, node.gid = owner
-            self._bump(node)
-            self.upper.set(path, node)
-            self._persist(puts=[path])
-            self.observe(agent, path, self.node_token(node))
+            self._add_new(path, node, owner, agent)
 
     def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
               agent: str = DEFAULT) -> None:
@@ -678,18 +669,10 @@ class Overlay(ContentMixin):
                 return
             if not stat_mod.S_ISFIFO(mode):
                 raise Unsupported(path)
-            self._check_writable(path)
-            self._check_new_name(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
-                raise Exists(path)
+            self._check_create(path)
             node = Node("fifo", stat_mod.S_IFIFO | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
-                        gid=owner[1] if owner else os.getgid())
-            self._bump(node)
-            self.upper.set(path, node)
-            self._persist(puts=[path])
-            self.observe(agent, path, self.node_token(node))
+                        ino=next(self._ino))
+            self._add_new(path, node, owner, agent)
 
     def readlink(self, path: str) -> str:
         with self.lock:

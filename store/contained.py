@@ -84,18 +84,21 @@ class Root:
         finally:
             os.close(fd)
 
-    def exists(self, path: str | bytes) -> bool:
-        """Whether ``path`` is a path of the tree: not when a component on
-        the way is a file (ENOTDIR) or a symlink (ELOOP)."""
+    def lstat_or_none(self, path: str | bytes) -> os.stat_result | None:
+        """``lstat``, or None when nothing is reachable there: absent, or a
+        file or symlink in place of a parent directory (the overlay and the
+        commit both treat all three as absent, and never follow the link)."""
         try:
-            self.lstat(path)
-            return True
+            return self.lstat(path)
         except (FileNotFoundError, NotADirectoryError):
-            return False
+            return None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.EXDEV):
-                return False
+                return None
             raise
+
+    def exists(self, path: str | bytes) -> bool:
+        return self.lstat_or_none(path) is not None
 
     def readlink(self, path: str | bytes) -> bytes:
         parent, name = self.parent(path)

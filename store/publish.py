@@ -110,17 +110,9 @@ def _kind_of(mode: int) -> str | None:
 
 def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
     """``lstat`` inside the contained root; None if ``path`` is not in the
-    tree: missing, below a non-directory, or reached through a symlink (the
-    overlay's tokens treat such a path as absent too, and it must never be
-    followed to wherever the symlink points)."""
-    try:
-        return ws.root.lstat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.EXDEV):
-            return None
-        raise
+    tree (see ``Root.lstat_or_none``): the overlay's tokens treat such a path
+    as absent too."""
+    return ws.root.lstat_or_none(path)
 
 
 def capture(ws: Workspace, conn, path: bytes) -> _Before:

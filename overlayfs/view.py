@@ -445,6 +445,7 @@ class Overlay(ContentMixin):
             node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         with self.lock:
@@ -456,8 +457,19 @@ class Overlay(ContentMixin):
                 node.gid = gid
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
-    # -- extended attributes (user.* only; see store/xattrs.py) -----------------
+    def _sync_draft_meta(self, path: str, node: Node) -> None:
+        """A metadata change keeps the path's token, so every agent's draft of
+        it stays current and may publish later, perhaps after a commit has
+        dropped ``node`` (a draft then publishes with its own metadata): it
+        must carry the new mode, owner and xattrs, or its close would put
+        the old ones back."""
+        for (_agent, p), d in self.drafts.items():
+            if p == path:
+                d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+
+    # -- extended attributes (user.*; see store/xattrs.py) -----------------
 
     @staticmethod
     def _xattr_name(name: str) -> bytes:
@@ -511,6 +523,7 @@ class Overlay(ContentMixin):
             node.xattrs[raw] = bytes(value)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     def removexattr(self, path: str, name: str) -> None:
         with self.lock:
@@ -522,6 +535,7 @@ class Overlay(ContentMixin):
             del node.xattrs[raw]
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     UTIME_NOW = (1 << 30) - 1
     UTIME_OMIT = (1 << 30) - 2

@@ -29,7 +29,7 @@ from conftest import manifest
 from overlayfs import errors as view_errors
 from overlayfs.view import RENAME_NOREPLACE
 from store.errors import NothingToCommit
-from viewkit import open_view, read_fh, reopen, view_manifest
+from viewkit import open_view, orphan_scratch, read_fh, reopen, view_manifest
 
 #: The view's refusals as the errno the FUSE adapter turns them into.
 ERRNO = {
@@ -464,7 +464,7 @@ class Run:
             self.report("workspace differs from the shadow after the final commit")
         self.check()
         assert len(self.view.upper) == 0
-        assert os.listdir(self.view.scratch_dir) == []
+        assert orphan_scratch(self.view) == [], self.report("scratch files nothing refers to")
 
 
 @pytest.mark.parametrize("seed", SEEDS)

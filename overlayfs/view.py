@@ -389,10 +389,8 @@ class Overlay(ContentMixin):
                 if self.upper.get(h.path) is not h.node:
                     out["st_nlink"] = 0  # unlinked or replaced while open
                 return out
-            if h is not None and h.fd >= 0 and h.data is None and not self._exists(h.path):
-                out = self._stat_lower(h.path, os.fstat(h.fd))
-                out["st_nlink"] = 0
-                return out
+            if h is not None and h.fd >= 0 and h.data is None:
+                return self._stat_lower_handle(h)
             if is_meta(path):
                 return self.meta.getattr(path)
             if self.hidden and path in self.hidden:
@@ -408,6 +406,24 @@ class Overlay(ContentMixin):
             if node is None:
                 return self._stat_lower(path, st)
             return self._stat_node(node)
+
+    def _stat_lower_handle(self, h: Handle) -> dict:
+        """``fstat`` of a handle reading a workspace file: the file it holds,
+        whatever its path shows now (unlinked, or replaced by a rename:
+        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
+        same file, shown with its node's attributes."""
+        st = os.fstat(h.fd)
+        try:
+            node, cur = self._resolve(h.path)
+        except NotFound:
+            node = cur = None
+        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
+            return self._stat_lower(h.path, cur)
+        if node is not None and node.kind == "file" and h.token == self.node_token(node):
+            return self._stat_node(node)
+        out = self._stat_lower(h.path, st)
+        out["st_nlink"] = 0
+        return out
 
     def _stat_lower(self, path: str, st: os.stat_result) -> dict:
         nlink = st.st_nlink

@@ -415,7 +415,7 @@ class ContentMixin:
     def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
         with self.lock:
             if is_meta(path):
-                if flags & os.O_ACCMODE != os.O_RDONLY:
+                if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
                     raise ReadOnly(path)
                 entry = self.meta.entry(path)
                 if entry.kind == "dir":
@@ -460,8 +460,8 @@ class ContentMixin:
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
                agent: str = DEFAULT) -> int:
         with self.lock:
+            self._check_new_name(path)  # first: creating /.stepfs itself is EEXIST, not EROFS
             self._check_writable(path)
-            self._check_new_name(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 if flags & os.O_EXCL:

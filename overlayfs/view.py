@@ -705,8 +705,8 @@ class Overlay(ContentMixin):
                 return
             if not stat_mod.S_ISFIFO(mode):
                 raise Unsupported(path)
-            self._check_writable(path)
             self._check_new_name(path)
+            self._check_writable(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 raise Exists(path)
@@ -954,10 +954,9 @@ class Overlay(ContentMixin):
         already hard links are copied up separately (the workspace link is not
         followed into the upper layer)."""
         with self.lock:
-            self._check_writable(path)
-            self._check_writable(existing)
             self._check_new_name(path)
             self._check_writable(path)
+            self._check_writable(existing)
             self._require_dir(parent_name(path)[0])
             node, st = self._resolve(existing)
             if self._kind(node, st) != "file":

@@ -86,7 +86,7 @@ def test_store_directory_is_hidden_but_reachable(ws_view):
     assert ".stepfs" not in names(view, "/")
     st = view.getattr("/.stepfs")
     assert stat_mod.S_ISDIR(st["st_mode"])
-    assert names(view, "/.stepfs") == ["status"]
+    assert names(view, "/.stepfs") == ["conflicts", "layers", "status"]
     write_file(view, "/new", b"x")
     text = read_all(view, "/.stepfs/status").decode()
     assert f"step: {view.step}" in text
@@ -130,6 +130,10 @@ def test_creating_the_store_name_at_the_root_is_reserved(ws_view):
         view.create("/.stepfs", 0o644)
     with pytest.raises(Reserved):
         view.symlink("/.stepfs", "x")
+    with pytest.raises(Reserved):
+        view.mknod("/.stepfs", stat_mod.S_IFIFO | 0o644)
+    with pytest.raises(Reserved):
+        view.link("/.stepfs", "/README")
     # Only at the root: a nested .stepfs is an ordinary name.
     view.mkdir("/src/.stepfs", 0o755)
     assert ".stepfs" in names(view, "/src")

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from store import staging
-from viewkit import open_view, read_all, read_fh
+from viewkit import open_view, orphan_scratch, read_all, read_fh
 
 SIZE_50M = 50 * 1024 * 1024
 
@@ -40,10 +40,8 @@ def staged_content(ws, view, rel: bytes) -> bytes:
 def test_open_for_write_copies_up_and_leaves_workspace_alone(ws_view):
     ws, view = ws_view
     fh = view.open("/f", os.O_RDWR)
-    node = view.upper.get("/f")
-    assert node is not None and node.scratch is not None
-    with open(node.scratch, "rb") as f:
-        assert f.read() == b"0123456789"
+    assert read_fh(view, fh) == b"0123456789"  # the copy holds the file's bytes
+    assert view.getattr("/f", fh)["st_size"] == 10
     assert view.write(fh, b"AB", 3) == 2
     assert read_fh(view, fh) == b"012AB56789"
     assert ws_bytes(ws, "f") == b"0123456789"
@@ -128,16 +126,14 @@ def test_flush_stages_and_repeated_flush_is_idempotent(ws_view):
     assert staged_content(ws, view, b"f") == b"xy23456789"
 
 
-def test_release_of_an_unwritten_copy_up_drops_the_node(ws_view):
+def test_release_of_an_unwritten_copy_up_stages_nothing(ws_view):
     ws, view = ws_view
     fh = view.open("/f", os.O_RDWR)
-    assert view.upper.get("/f") is not None
-    scratch = view.upper.get("/f").scratch
     view.flush(fh)
     view.release(fh)
-    assert view.upper.get("/f") is None
-    assert not os.path.exists(scratch)
     assert staged_rows(ws, view) == {}
+    assert view.staged_paths() == []
+    assert orphan_scratch(view) == []
     # The workspace is the truth again: a change outside shows through.
     with open(os.path.join(ws.path, "f"), "wb") as f:
         f.write(b"changed outside")
@@ -154,10 +150,9 @@ def test_sparse_copy_up_keeps_holes(tmp_path):
     assert os.stat(ws_dir / "big").st_blocks < 1024  # the filesystem here does holes
     ws, view = open_view(tmp_path)
     fh = view.open("/big", os.O_RDWR)
-    scratch = view.upper.get("/big").scratch
-    st = os.stat(scratch)
-    assert st.st_size == SIZE_50M
-    assert st.st_blocks < 1024, f"copy-up filled the holes: {st.st_blocks} blocks"
+    st = view.getattr("/big", fh)  # fstat of the copy being written
+    assert st["st_size"] == SIZE_50M
+    assert st["st_blocks"] < 1024, f"copy-up filled the holes: {st['st_blocks']} blocks"
     view.write(fh, b"mid", SIZE_50M // 2)
     view.flush(fh)
     view.release(fh)
@@ -175,5 +170,5 @@ def test_sparse_copy_up_keeps_holes(tmp_path):
     again = type(view)(ws, mountpoint=view.mountpoint)
     fh3 = again.open("/big", os.O_RDONLY)
     assert again.read(fh3, 3, SIZE_50M // 2) == b"mid"
-    assert os.stat(again.upper.get("/big").scratch).st_blocks * 512 <= 4 * (1 << 20)
+    assert again.getattr("/big", fh3)["st_blocks"] * 512 <= 4 * (1 << 20)
     again.release(fh3)

@@ -258,7 +258,22 @@ class ContentMixin:
         if d is None:
             d = self._new_draft(path, agent)
         self.observe(agent, path, d.base)
+        self._attach_readers(d)
         return d
+
+    def _attach_readers(self, d: Draft) -> None:
+        """POSIX inside one agent: its read handles of the very version this
+        draft starts from hold the same file, so from now on they read the
+        draft -- its writes before and after its close (a publish keeps the
+        draft).  Handles of an older version (the path was replaced since
+        they opened) and other agents' handles keep what they opened."""
+        for h in self.handles.values():
+            if (h.agent == d.agent and h.path == d.path and h.draft is None and not h.writable and h.data is None
+                    and h.token and self.still(h.token, d.path)):
+                os.close(h.fd)
+                h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                h.draft, h.node = d, None
+                self._open_drafts_add(d, 1)
 
     def _open_drafts_add(self, d: Draft, n: int) -> None:
         d.opens += n
@@ -403,7 +418,7 @@ class ContentMixin:
     def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
         with self.lock:
             if is_meta(path):
-                if flags & os.O_ACCMODE != os.O_RDONLY:
+                if flags & os.O_ACCMODE != os.O_RDONLY or flags & os.O_TRUNC:
                     raise ReadOnly(path)
                 entry = self.meta.entry(path)
                 if entry.kind == "dir":
@@ -448,8 +463,8 @@ class ContentMixin:
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
                agent: str = DEFAULT) -> int:
         with self.lock:
+            self._check_new_name(path)  # first: creating /.stepfs itself is EEXIST, not EROFS
             self._check_writable(path)
-            self._check_new_name(path)
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 if flags & os.O_EXCL:

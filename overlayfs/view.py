@@ -385,10 +385,8 @@ class Overlay(ContentMixin):
                 if self.upper.get(h.path) is not h.node:
                     out["st_nlink"] = 0  # unlinked or replaced while open
                 return out
-            if h is not None and h.fd >= 0 and h.data is None and not self._exists(h.path):
-                out = self._stat_lower(h.path, os.fstat(h.fd))
-                out["st_nlink"] = 0
-                return out
+            if h is not None and h.fd >= 0 and h.data is None:
+                return self._stat_lower_handle(h)
             if is_meta(path):
                 return self.meta.getattr(path)
             if self.hidden and path in self.hidden:
@@ -404,6 +402,24 @@ class Overlay(ContentMixin):
             if node is None:
                 return self._stat_lower(path, st)
             return self._stat_node(node)
+
+    def _stat_lower_handle(self, h: Handle) -> dict:
+        """``fstat`` of a handle reading a workspace file: the file it holds,
+        whatever its path shows now (unlinked, or replaced by a rename:
+        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
+        same file, shown with its node's attributes."""
+        st = os.fstat(h.fd)
+        try:
+            node, cur = self._resolve(h.path)
+        except NotFound:
+            node = cur = None
+        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
+            return self._stat_lower(h.path, cur)
+        if node is not None and node.kind == "file" and h.token == self.node_token(node):
+            return self._stat_node(node)
+        out = self._stat_lower(h.path, st)
+        out["st_nlink"] = 0
+        return out
 
     def _stat_lower(self, path: str, st: os.stat_result) -> dict:
         nlink = st.st_nlink
@@ -441,6 +457,7 @@ class Overlay(ContentMixin):
             node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         with self.lock:
@@ -452,8 +469,19 @@ class Overlay(ContentMixin):
                 node.gid = gid
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
-    # -- extended attributes (user.* only; see store/xattrs.py) -----------------
+    def _sync_draft_meta(self, path: str, node: Node) -> None:
+        """A metadata change keeps the path's token, so every agent's draft of
+        it stays current and may publish later, perhaps after a commit has
+        dropped ``node`` (a draft then publishes with its own metadata): it
+        must carry the new mode, owner and xattrs, or its close would put
+        the old ones back."""
+        for (_agent, p), d in self.drafts.items():
+            if p == path:
+                d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+
+    # -- extended attributes (user.*; see store/xattrs.py) -----------------
 
     @staticmethod
     def _xattr_name(name: str) -> bytes:
@@ -507,6 +535,7 @@ class Overlay(ContentMixin):
             node.xattrs[raw] = bytes(value)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     def removexattr(self, path: str, name: str) -> None:
         with self.lock:
@@ -518,6 +547,7 @@ class Overlay(ContentMixin):
             del node.xattrs[raw]
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
+            self._sync_draft_meta(path, node)
 
     UTIME_NOW = (1 << 30) - 1
     UTIME_OMIT = (1 << 30) - 2
@@ -910,10 +940,9 @@ class Overlay(ContentMixin):
         already hard links are copied up separately (the workspace link is not
         followed into the upper layer)."""
         with self.lock:
-            self._check_writable(path)
-            self._check_writable(existing)
             self._check_new_name(path)
             self._check_writable(path)
+            self._check_writable(existing)
             self._require_dir(parent_name(path)[0])
             node, st = self._resolve(existing)
             if self._kind(node, st) != "file":

@@ -10,7 +10,7 @@ import pytest
 from conftest import manifest
 from store import staging
 from store.errors import NothingToCommit
-from viewkit import open_view, read_all, read_fh, view_manifest, write_file
+from viewkit import open_view, orphan_scratch, read_all, read_fh, view_manifest, write_file
 
 
 @pytest.fixture
@@ -30,6 +30,36 @@ def rows(ws, view):
         return staging.load(conn, view.step)
 
 
+def test_commit_makes_the_workspace_equal_the_view(ws_view):
+    ws, view = ws_view
+    write_file(view, "/new.txt", b"new\n")
+    view.chmod("/tool.sh", 0o755)
+    view.unlink("/a/x.txt")
+    view.rename("/a", "/z")
+    view.mkdir("/z/b/c", 0o700)
+    write_file(view, "/z/b/c/f", b"\0" * 5000 + b"end")
+    view.unlink("/ln")
+    view.symlink("/ln", "new.txt")
+    view.truncate("/keep", 2)
+    expected = view_manifest(view)
+    number = view.commit(message="first")
+    assert number == 1
+    assert manifest(ws.path) == expected
+    assert view_manifest(view) == expected
+    assert len(view.upper) == 0
+    assert rows(ws, view) == []
+    assert orphan_scratch(view) == []  # idle drafts may stay (a cache); nothing leaks
+    write_file(view, "/keep", b"second\n")
+    assert view.commit(message="second") == 2
+    assert manifest(ws.path)[b"keep"] == ("file", 0o644, b"second\n")
+    # What the view kept of committed files never hides the workspace: an
+    # editor's change after the commit shows through at once.
+    with open(os.path.join(ws.path, "new.txt"), "wb") as f:
+        f.write(b"edited outside\n")
+    assert read_all(view, "/new.txt") == b"edited outside\n"
+    assert read_all(view, "/keep") == b"second\n"
+
+
 def test_nothing_to_commit(ws_view):
     ws, view = ws_view
     with pytest.raises(NothingToCommit):
@@ -43,6 +73,31 @@ def test_nothing_to_commit(ws_view):
         view.commit(message="no-ops")
     assert len(view.upper) == 0 and rows(ws, view) == []
     assert view.commit(message="forced", allow_empty=True) == 1
+
+
+def test_file_open_for_writing_during_a_commit_lands_in_the_next_step(ws_view):
+    ws, view = ws_view
+    fh = view.open("/keep", os.O_RDWR)
+    view.write(fh, b"KEEP", 0)
+    view.flush(fh)                      # staged: "KEEP\n"
+    view.write(fh, b"-more", 5)         # not yet closed
+    write_file(view, "/other", b"o")
+    assert view.commit(message="one") == 1
+    assert manifest(ws.path)[b"keep"][2] == b"KEEP\n"
+    assert view.staged_paths() == []  # the unclosed writes are in no step yet
+    assert rows(ws, view) == []
+    assert read_fh(view, fh) == b"KEEP\n-more"
+    # The writing agent sees its own unclosed bytes; another agent sees the layer.
+    assert read_all(view, "/keep") == b"KEEP\n-more"
+    fh_other = view.open("/keep", os.O_RDONLY, agent="other")
+    assert read_fh(view, fh_other) == b"KEEP\n"
+    view.release(fh_other)
+    view.flush(fh)
+    assert [(r.path, r.kind) for r in rows(ws, view)] == [(b"keep", "file")]
+    view.release(fh)
+    assert view.commit(message="two") == 2
+    assert manifest(ws.path)[b"keep"][2] == b"KEEP\n-more"
+    assert len(view.upper) == 0
 
 
 def test_file_open_but_unchanged_after_a_commit_leaves_nothing_staged(ws_view):

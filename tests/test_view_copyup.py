@@ -8,7 +8,7 @@ import os
 import pytest
 
 from store import staging
-from viewkit import open_view, read_all, read_fh
+from viewkit import open_view, orphan_scratch, read_all, read_fh
 
 SIZE_50M = 50 * 1024 * 1024
 
@@ -35,6 +35,22 @@ def staged_content(ws, view, rel: bytes) -> bytes:
     row = staged_rows(ws, view)[rel]
     with ws.db.read() as conn:
         return ws.objects.read_all(conn, row.oid)
+
+
+def test_open_for_write_copies_up_and_leaves_workspace_alone(ws_view):
+    ws, view = ws_view
+    fh = view.open("/f", os.O_RDWR)
+    assert read_fh(view, fh) == b"0123456789"  # the copy holds the file's bytes
+    assert view.getattr("/f", fh)["st_size"] == 10
+    assert view.write(fh, b"AB", 3) == 2
+    assert read_fh(view, fh) == b"012AB56789"
+    assert ws_bytes(ws, "f") == b"0123456789"
+    assert staged_rows(ws, view) == {}  # nothing staged before the close
+    view.flush(fh)
+    view.release(fh)
+    assert staged_content(ws, view, b"f") == b"012AB56789"
+    assert ws_bytes(ws, "f") == b"0123456789"
+    assert read_all(view, "/f") == b"012AB56789"
 
 
 def test_open_with_truncate(ws_view):
@@ -108,3 +124,51 @@ def test_flush_stages_and_repeated_flush_is_idempotent(ws_view):
     assert staged_rows(ws, view)[b"f"].base == first.base  # base is from the first copy-up
     view.release(fh)
     assert staged_content(ws, view, b"f") == b"xy23456789"
+
+
+def test_release_of_an_unwritten_copy_up_stages_nothing(ws_view):
+    ws, view = ws_view
+    fh = view.open("/f", os.O_RDWR)
+    view.flush(fh)
+    view.release(fh)
+    assert staged_rows(ws, view) == {}
+    assert view.staged_paths() == []
+    assert orphan_scratch(view) == []
+    # The workspace is the truth again: a change outside shows through.
+    with open(os.path.join(ws.path, "f"), "wb") as f:
+        f.write(b"changed outside")
+    assert read_all(view, "/f") == b"changed outside"
+
+
+def test_sparse_copy_up_keeps_holes(tmp_path):
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    with open(ws_dir / "big", "wb") as f:
+        f.write(b"head")
+        f.seek(SIZE_50M - 4)
+        f.write(b"tail")
+    assert os.stat(ws_dir / "big").st_blocks < 1024  # the filesystem here does holes
+    ws, view = open_view(tmp_path)
+    fh = view.open("/big", os.O_RDWR)
+    st = view.getattr("/big", fh)  # fstat of the copy being written
+    assert st["st_size"] == SIZE_50M
+    assert st["st_blocks"] < 1024, f"copy-up filled the holes: {st['st_blocks']} blocks"
+    view.write(fh, b"mid", SIZE_50M // 2)
+    view.flush(fh)
+    view.release(fh)
+    row = staged_rows(ws, view)[b"big"]
+    assert row.size == SIZE_50M
+    assert view.read(fh2 := view.open("/big", os.O_RDONLY), 4, SIZE_50M - 4) == b"tail"
+    assert view.read(fh2, 3, SIZE_50M // 2) == b"mid"
+    assert view.read(fh2, 4, 1 << 20) == b"\0\0\0\0"
+    view.release(fh2)
+    # The staged object is stored once per distinct chunk (holes dedupe).
+    with ws.db.read() as conn:
+        assert len(set(ws.objects.chunk_ids(conn, row.oid))) <= 4
+    # A restart materializes the object sparsely again (all-zero chunks
+    # stay holes; the three chunks with data are written whole).
+    again = type(view)(ws, mountpoint=view.mountpoint)
+    fh3 = again.open("/big", os.O_RDONLY)
+    assert again.read(fh3, 3, SIZE_50M // 2) == b"mid"
+    assert again.getattr("/big", fh3)["st_blocks"] * 512 <= 4 * (1 << 20)
+    again.release(fh3)

@@ -81,6 +81,64 @@ def test_opaque_directory_hides_workspace_children(ws_view):
     assert sorted(os.listdir(os.path.join(ws.path, "src"))) == ["a.py", "b.py"]
 
 
+def test_store_directory_is_hidden_but_reachable(ws_view):
+    ws, view = ws_view
+    assert ".stepfs" not in names(view, "/")
+    st = view.getattr("/.stepfs")
+    assert stat_mod.S_ISDIR(st["st_mode"])
+    assert names(view, "/.stepfs") == ["conflicts", "layers", "status"]
+    write_file(view, "/new", b"x")
+    text = read_all(view, "/.stepfs/status").decode()
+    assert f"step: {view.step}" in text
+    assert "A /new" in text
+    assert view.getattr("/.stepfs/status")["st_size"] == len(text.encode())
+    # The store itself never shows through.
+    assert ".stepfs" not in view_manifest(view)
+
+
+def test_store_tree_is_read_only(ws_view):
+    _ws, view = ws_view
+    with pytest.raises(ReadOnly):
+        view.open("/.stepfs/status", os.O_WRONLY)
+    with pytest.raises(ReadOnly):
+        view.open("/.stepfs/status", os.O_RDONLY | os.O_TRUNC)
+    with pytest.raises(ReadOnly):
+        view.create("/.stepfs/new", 0o644)
+    with pytest.raises(ReadOnly):
+        view.mkdir("/.stepfs/d", 0o755)
+    with pytest.raises(ReadOnly):
+        view.unlink("/.stepfs/status")
+    with pytest.raises(ReadOnly):
+        view.truncate("/.stepfs/status", 0)
+    with pytest.raises(ReadOnly):
+        view.chmod("/.stepfs/status", 0o777)
+    with pytest.raises(ReadOnly):
+        view.rename("/.stepfs/status", "/stolen")
+    with pytest.raises(ReadOnly):
+        view.rename("/README", "/.stepfs/status")
+    with pytest.raises(ReadOnly):
+        view.symlink("/.stepfs/l", "x")
+    with pytest.raises(ReadOnly):
+        view.utimens("/.stepfs/status", None)
+
+
+def test_creating_the_store_name_at_the_root_is_reserved(ws_view):
+    _ws, view = ws_view
+    with pytest.raises(Reserved):
+        view.mkdir("/.stepfs", 0o755)
+    with pytest.raises(Reserved):
+        view.create("/.stepfs", 0o644)
+    with pytest.raises(Reserved):
+        view.symlink("/.stepfs", "x")
+    with pytest.raises(Reserved):
+        view.mknod("/.stepfs", stat_mod.S_IFIFO | 0o644)
+    with pytest.raises(Reserved):
+        view.link("/.stepfs", "/README")
+    # Only at the root: a nested .stepfs is an ordinary name.
+    view.mkdir("/src/.stepfs", 0o755)
+    assert ".stepfs" in names(view, "/src")
+
+
 def test_exists_refusals(ws_view):
     _ws, view = ws_view
     with pytest.raises(Exists):

@@ -43,6 +43,18 @@ def test_reader_opened_before_copy_up_sees_new_bytes(ws_view):
     assert read_all(view, "/f") == b"NEW"
 
 
+def test_reader_follows_a_rename_of_its_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.rename("/f", "/d/moved")
+    w = view.open("/d/moved", os.O_RDWR)
+    view.write(w, b"X", 0)
+    view.flush(w)
+    view.release(w)
+    assert view.read(r, 3, 0) == b"Xld"
+    view.release(r)
+
+
 def test_reader_of_a_replaced_file_keeps_the_old_file(ws_view):
     """rename(g, f) while f is open: the handle still reads the old f."""
     _ws, view = ws_view
@@ -109,3 +121,37 @@ def test_two_writers_share_one_copy(ws_view):
     view.flush(b)
     view.release(b)
     assert read_all(view, "/f") == b"ABC content"
+
+
+def test_reader_opened_before_a_commit_sees_the_committed_bytes(ws_view):
+    ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    write_file(view, "/f", b"committed")
+    view.commit(message="f")
+    assert read_fh(view, r) == b"committed"
+    view.release(r)
+    assert read_all(view, "/f") == b"committed"
+    assert manifest(ws.path)[b"f"][2] == b"committed"
+
+
+def test_reader_sees_writes_to_its_file_after_the_file_is_replaced(ws_view):
+    """The reader never read between the write and the rename over its
+    file: it still holds the written file, not the workspace original."""
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.truncate("/f", 3)
+    view.rename("/g", "/f")
+    assert read_fh(view, r) == b"old"
+    assert read_all(view, "/f") == b"gee"
+    view.release(r)
+
+
+def test_fstat_of_an_unlinked_workspace_file(ws_view):
+    _ws, view = ws_view
+    r = view.open("/f", os.O_RDONLY)
+    view.unlink("/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    view.rename("/g", "/f")
+    assert view.getattr("/f", r)["st_size"] == 11
+    assert view.getattr("/f")["st_size"] == 3
+    view.release(r)

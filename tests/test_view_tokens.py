@@ -17,7 +17,10 @@ small reference model of the semantics (DESIGN.md 3-6):
   it starts a draft (shared by the agent's handles, kept while it is the
   current version) from the published one; a new handle never shares a
   draft of an outdated version; a handle remembers the version it was opened
-  on and reads the agent's draft only if that draft is of the same version;
+  on and reads the agent's draft only if that draft is of the same version
+  (a read handle joins its own agent's draft of its version when the draft
+  starts or is reused, and keeps reading it after the draft's close: POSIX
+  inside one agent; other agents' handles keep the version they opened);
 * a close-write wins iff its draft's base is still the published version,
   publishes the draft's bytes (nothing if they equal the published bytes),
   and otherwise fails ``Stale`` and stores the draft's bytes as a conflict;
@@ -284,6 +287,13 @@ class Interleaving:
             if d is None:
                 d = self.drafts[(agent, p)] = MDraft(agent, p, self.ver[p], self.content[p])
             self.obs[agent][p] = d.base
+            for r in self.handles:
+                # POSIX inside one agent: its readers of this very version
+                # hold the same file and read the draft from now on, also
+                # after the draft's close.
+                if r.agent == agent and r.path == p and not r.writable and r.draft is None and r.ver == d.base:
+                    r.draft = d
+                    d.opens += 1
             h = MHandle(fh, agent, p, True, d.base, draft=d)
             if trunc:
                 d.content, d.dirty, h.wrote = b"", True, True

@@ -105,3 +105,18 @@ def view_manifest(view: Overlay, with_stat: bool = False) -> dict[bytes, tuple]:
                 value += (st["st_size"] if kind == "file" else None, st["st_mtime"] if kind != "dir" else None)
             out[key] = value
     return out
+
+
+def orphan_scratch(view: Overlay) -> list[str]:
+    """Scratch files nothing in the view refers to any more (a leak).
+
+    A scratch file is legitimately alive while it is an agent's draft (idle
+    drafts are kept as a cache of the version they are based on and are
+    dropped when that version moves on) or the cache of a published node;
+    an unlinked draft still open lives only through its descriptor, which
+    does not keep a name in the scratch directory.
+    """
+    live = {os.path.basename(d.scratch) for d in view.drafts.values()}
+    live |= {os.path.basename(n.scratch) for n in view.upper.nodes.values() if n.scratch is not None}
+    live |= {os.path.basename(h.draft.scratch) for h in view.handles.values() if h.draft is not None}
+    return sorted(set(os.listdir(view.scratch_dir)) - live)

@@ -6,9 +6,10 @@ in the foreground until unmounted (``fusermount3 -u``).
 
 It is what stepfs would cost if it did nothing but forward each call to the
 directory below: the same library (libfuse3 through
-``FUSE_LIBRARY_NAME=fuse3``), the same single-threaded loop, the same mount
-options and kernel cache timeouts as ``overlayfs/fuse_ops.run`` (the bench
-passes the timeouts it reads from there).  No overlay, no store, no locks.
+``FUSE_LIBRARY_NAME=fuse3``), the same single-threaded loop, the same kernel
+cache timeouts as ``overlayfs/fuse_ops.run`` (the bench passes the values it
+reads from there), ``default_permissions`` and ``use_ino``; ``hard_remove``
+so an unlinked open file costs no rename.  No overlay, no store, no locks.
 Every path is joined under SOURCE; it is a benchmark reference, not a
 contained filesystem.
 """

@@ -146,7 +146,10 @@ class KernelOverlay(Target):
 
 class FuseOverlayfs(Target):
     name = "fuse-overlayfs"
-    description = "fuse-overlayfs (Debian package), foreground child"
+    # Its default entry/attribute timeout is 1e9 s (it assumes the lower
+    # layers never change), against stepfs's 1 s: warm metadata rows differ
+    # mostly by that.
+    description = "fuse-overlayfs (Debian package), foreground child, its default timeouts (1e9 s)"
 
     def problem(self) -> str | None:
         if shutil.which("fuse-overlayfs") is None:

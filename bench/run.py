@@ -198,7 +198,7 @@ def print_report(result: dict, path: Path | None) -> None:
     print(report.table(result))
     print()
     print("targets of the issue:")
-    print(report.goals_text(result["goals"]))
+    print(report.goals_text(result["goals"]) or "  (none measured in this run)")
     if result.get("profile"):
         print()
         print("where the stepfs daemon spends its time (py-spy, busy samples only):")

@@ -247,19 +247,42 @@ def store_growth(ctx: Context) -> dict:
 # -- rollback ------------------------------------------------------------------------
 
 
+def rollback_available() -> bool:
+    return (ROOT / "store" / "rollback.py").exists() and callable(getattr(manage, "rollback", None))
+
+
 def rollback(ctx: Context) -> dict:
-    """Rollback latency: measured once ``store/rollback.py`` exists (the
-    rollback issue); until then a TODO row, never a made-up number."""
-    if not (ROOT / "store" / "rollback.py").exists():
+    """Rollback latency for the commit sizes: after a step that changed K
+    files, time ``overlayfs.manage.rollback`` to the layer before it (the
+    library call the CLI makes; it also invalidates the live mount).
+
+    Until ``store/rollback.py`` and ``manage.rollback`` exist this returns
+    a TODO row, never a made-up number."""
+    if not rollback_available():
         return {"rollback": {"description": "rollback latency (1, 10, 100 files; 10k and 100k workspaces)",
                              "kind": "time", "results": {}, "ratios": {},
-                             "status": "not implemented yet (TODO: needs store/rollback.py)"}}
-    # TODO(bench): time the rollback library call once its API is on main:
-    # same workspaces and changed-file counts as commit(), rolled back to the
-    # layer before the step.
-    return {"rollback": {"description": "rollback latency", "kind": "time", "results": {}, "ratios": {},
-                         "status": "not measured yet: store/rollback.py exists, bench/stepfs_cases.rollback "
-                                   "still has to call it (TODO)"}}
+                             "status": "not implemented yet (TODO: needs store/rollback.py and manage.rollback)"}}
+    cfg = ctx.cfg
+    out: dict[str, dict] = {}
+    for n in cfg.commit_ws:
+        ws = ctx.workspace(n)
+        mnt = ctx.new_dir("rollback", f"mnt{n}")
+        with stepfs_mount(ws, mnt):
+            target = manage.resolve(str(mnt))
+            for k in cfg.commit_changed:
+                samples = []
+                for rep in range(cfg.commit_reps):
+                    _edit(mnt, _spread(n, k, rep + 2000), f"rb-{k}-{rep}")
+                    number = manage.step(target, message=f"before rollback {k}")[0]
+                    t0 = time.perf_counter()
+                    manage.rollback(target, number - 1)
+                    samples.append(time.perf_counter() - t0)
+                name = f"rollback_{k}_{n}files"
+                out[name] = _record(f"rollback of a step that changed {k} file(s), {n}-file workspace "
+                                    f"(manage.rollback to the layer before)", "latency",
+                                    {"stepfs": report.summary(samples)})
+                log(f"{name}: p50 {report.fmt_seconds(out[name]['results']['stepfs']['median'])}")
+    return out
 
 
 GROUPS = {  # in run order: mount first, so its first mount is the one that creates the store

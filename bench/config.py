@@ -33,7 +33,7 @@ class Config:
     growth_steps: int = 100
     targets: tuple[str, ...] = ("native", "overlay", "fuse-overlayfs", "passthrough", "stepfs")
     only: tuple[str, ...] = ()     # workload groups to run (empty: all)
-    profile: bool = False
+    profile: tuple[str, ...] = ()  # side-by-side workloads to profile (empty: no profile)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:

@@ -69,8 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", help="comma-separated workloads/groups: " + ",".join(
         [w.name for w in workloads.WORKLOADS] + list(stepfs_cases.GROUPS)))
     p.add_argument("--targets", help="comma-separated targets (default: all available): " + ",".join(targets.ALL))
-    p.add_argument("--profile", action="store_true", help="py-spy profile of the stepfs daemon during "
-                                                          + " and ".join(profiler.PROFILED))
+    p.add_argument("--profile", nargs="?", const=",".join(profiler.PROFILED), default=None, metavar="WORKLOADS",
+                   help="py-spy profile of the stepfs daemon during side-by-side workloads (default: "
+                        + ",".join(profiler.PROFILED) + ") and a cProfile of commits")
     p.add_argument("--out", default=str(ROOT / "bench-results"), help="directory for the JSON results")
     p.add_argument("--tmp", default=None, help="parent of the temp root (default: the system temp dir)")
     return p.parse_args(argv)
@@ -88,8 +89,12 @@ def build_config(args: argparse.Namespace) -> config_mod.Config:
         cfg.targets = tuple(s.strip() for s in args.targets.split(",") if s.strip())
     order = list(targets.ALL)
     cfg.targets = tuple(sorted(cfg.targets, key=lambda t: order.index(t) if t in order else len(order)))
-    cfg.profile = args.profile
-    known = {w.name for w in workloads.WORKLOADS} | set(stepfs_cases.GROUPS)
+    side_by_side = {w.name for w in workloads.WORKLOADS}
+    cfg.profile = tuple(s.strip() for s in args.profile.split(",") if s.strip()) if args.profile else ()
+    bad = [n for n in cfg.profile if n not in side_by_side]
+    if bad:
+        raise SystemExit(f"bench: cannot profile {', '.join(bad)}; choose from {', '.join(sorted(side_by_side))}.")
+    known = side_by_side | set(stepfs_cases.GROUPS)
     unknown = [n for n in cfg.only if n not in known]
     if unknown:
         raise SystemExit(f"bench: unknown workload(s) {', '.join(unknown)}; choose from {', '.join(sorted(known))}.")
@@ -164,7 +169,7 @@ def run(cfg: config_mod.Config, tmp: Path) -> dict:
                 attempt(group, lambda fn=fn: fn(ctx))
         if cfg.profile:
             log("profiling the stepfs daemon ...")
-            result["profile"] = profiler.profile(ctx)
+            result["profile"] = profiler.profile(ctx, cfg.profile)
             try:
                 result["profile"]["commit"] = profiler.profile_commit(ctx)
             except Exception as exc:

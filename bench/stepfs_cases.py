@@ -221,7 +221,7 @@ def store_growth(ctx: Context) -> dict:
         f"store growth: one-line edit (a few bytes inserted, file rewritten) of a {cfg.growth_big_mib} MB file, "
         f"committed", "bytes", {"stepfs": report.summary([sizes[1] - sizes[0]])})
     out["store_growth_inplace_10mb"] = _record(
-        f"store growth: same-length in-place edit of one line of that file, committed", "bytes",
+        "store growth: same-length in-place edit of one line of that file, committed", "bytes",
         {"stepfs": report.summary([sizes[2] - sizes[1]])})
 
     src = ws / "src.py"

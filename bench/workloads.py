@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,8 +88,6 @@ def _rm_rf(ctx: Context, mp: Path) -> dict:
 
 
 def _npm_create(ctx: Context, mp: Path) -> dict:
-    import sys
-
     return {"npm_create": timed(f"{sys.executable} {BENCH_DIR / 'npm_like.py'} node_modules "
                                 f"--files {ctx.cfg.npm_files}", mp)}
 

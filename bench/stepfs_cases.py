@@ -30,9 +30,16 @@ from .context import ROOT, Context, log, sh, timed
 from .targets import stepfs_mount
 
 
-def _edit(root: Path, indexes: list[int], tag: str) -> None:
-    """Append one line to each workspace file ``indexes`` (through ``root``)."""
+def _edit(root: Path, indexes: list[int], tag: str, read_first: bool = False) -> None:
+    """Append one line to each workspace file ``indexes`` (through ``root``).
+
+    ``read_first`` reads each file before writing it: after a rollback the
+    mount's earlier observation of a file is stale and opening it for
+    writing fails with ESTALE until it is read again (DESIGN rule 4), which
+    is what an agent does."""
     for i in indexes:
+        if read_first:
+            (root / fixtures.ws_path(i)).read_bytes()
         with open(root / fixtures.ws_path(i), "ab") as f:
             f.write(f"edit {tag}\n".encode())
 
@@ -272,7 +279,7 @@ def rollback(ctx: Context) -> dict:
             for k in cfg.commit_changed:
                 samples = []
                 for rep in range(cfg.commit_reps):
-                    _edit(mnt, _spread(n, k, rep + 2000), f"rb-{k}-{rep}")
+                    _edit(mnt, _spread(n, k, rep + 2000), f"rb-{k}-{rep}", read_first=True)
                     number = manage.step(target, message=f"before rollback {k}")[0]
                     t0 = time.perf_counter()
                     manage.rollback(target, number - 1)

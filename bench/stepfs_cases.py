@@ -163,6 +163,7 @@ def checkpoint(ctx: Context) -> dict:
         shadow.append(timed(f"{git} add -A && {git} commit -q -m step", base, env))
     mnt = base / "mnt"
     steps = []
+    os.sync()  # git's object writes must not be flushed inside stepfs's fsyncs
     with stepfs_mount(ws, mnt):
         target = manage.resolve(str(mnt))
         _edit(mnt, [1], "warm-up")

@@ -22,6 +22,14 @@ demo: deps venv
 test: deps venv
 	$(BIN)/python -m pytest -q -ra
 
+# The benchmark suite (not part of `make test`; root; minutes): stepfs against
+# native, kernel overlayfs, fuse-overlayfs and a bare mfusepy passthrough.
+# `make bench BENCH_ARGS=--quick` for a shorter run; see bench/README.md.
+BENCH_ARGS ?=
+bench: deps venv
+	@bash bench/install-deps.sh $(BIN)/python
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
 # Store and overlay core only: no kernel, no mounts.
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not mount"

@@ -1,0 +1,1 @@
+"""The stepfs benchmark suite (``make bench``; see bench/README.md)."""

@@ -1,0 +1,303 @@
+"""Measurements only stepfs has: step commit, mount time, CLI start-up,
+checkpoint cost against shadow-git, store growth, rollback.
+
+Commit latency is timed *inside the library*: ``overlayfs.manage.step`` on
+the mountpoint, which asks the mount's daemon over its control socket to
+commit (the same call the CLI makes, minus interpreter start-up).  CLI
+start-up is reported on its own (``stepfs --help``) and end to end
+(``stepfs step``).  Edits that make a step are done through the mount and
+are not timed.
+
+Each function returns ``{workload name: record}`` in the same shape as the
+side-by-side workloads (``results`` keyed by target, here ``stepfs`` and,
+for the checkpoint, ``shadow-git``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from overlayfs import manage
+
+from . import fixtures, report
+from .context import ROOT, Context, log, sh, timed
+from .targets import stepfs_mount
+
+
+def _edit(root: Path, indexes: list[int], tag: str, read_first: bool = False) -> None:
+    """Append one line to each workspace file ``indexes`` (through ``root``).
+
+    ``read_first`` reads each file before writing it: after a rollback the
+    mount's earlier observation of a file is stale and opening it for
+    writing fails with ESTALE until it is read again (DESIGN rule 4), which
+    is what an agent does."""
+    for i in indexes:
+        if read_first:
+            (root / fixtures.ws_path(i)).read_bytes()
+        with open(root / fixtures.ws_path(i), "ab") as f:
+            f.write(f"edit {tag}\n".encode())
+
+
+def _spread(n_files: int, k: int, rep: int) -> list[int]:
+    """``k`` distinct file indexes spread over the workspace, shifted per rep
+    so consecutive steps edit different files."""
+    stride = max(1, n_files // k)
+    return [(j * stride + rep) % n_files for j in range(k)]
+
+
+def _record(desc: str, kind: str, results: dict, **extra) -> dict:
+    return {"description": desc, "kind": kind, "results": results, "ratios": report.ratios(results), **extra}
+
+
+def _step(target: manage.Target, message: str) -> float:
+    t0 = time.perf_counter()
+    manage.step(target, message=message)
+    return time.perf_counter() - t0
+
+
+def stepfs_cli() -> list[str]:
+    exe = Path(sys.executable).parent / "stepfs"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli.main"]
+
+
+# -- step commit -------------------------------------------------------------------
+
+
+def commit(ctx: Context) -> dict:
+    cfg = ctx.cfg
+    out: dict[str, dict] = {}
+    for n in cfg.commit_ws:
+        ws = ctx.workspace(n)
+        mnt = ctx.new_dir("commit", f"mnt{n}")
+        with stepfs_mount(ws, mnt):
+            target = manage.resolve(str(mnt))
+            _edit(mnt, [0], "warm-up")
+            _step(target, "warm-up")  # first commit pays lazy imports in the daemon
+            for k in cfg.commit_changed:
+                samples = []
+                for rep in range(cfg.commit_reps):
+                    _edit(mnt, _spread(n, k, rep), f"{k}-{rep}")
+                    samples.append(_step(target, f"bench {k} files"))
+                name = f"commit_{k}_{n}files"
+                out[name] = _record(f"step commit of {k} changed file(s) in a {n}-file workspace "
+                                    f"(manage.step via the daemon)", "latency", {"stepfs": report.summary(samples)})
+                log(f"{name}: p50 {report.fmt_seconds(out[name]['results']['stepfs']['median'])}, "
+                    f"p95 {report.fmt_seconds(out[name]['results']['stepfs']['p95'])}")
+            if n == cfg.commit_ws[0]:
+                k = 10 if 10 in cfg.commit_changed else cfg.commit_changed[0]
+                cli = stepfs_cli()
+                samples = []
+                for rep in range(cfg.cli_reps):
+                    _edit(mnt, _spread(n, k, rep + 1000), f"cli-{rep}")
+                    t0 = time.perf_counter()
+                    subprocess.run(cli + ["step", str(mnt), "-m", "cli"], check=True, capture_output=True)
+                    samples.append(time.perf_counter() - t0)
+                out["commit_cli"] = _record(f"'stepfs step' end to end (CLI start-up included), {k} changed "
+                                            f"file(s), {n}-file workspace", "time",
+                                            {"stepfs": report.summary(samples)})
+    return out
+
+
+def cli_startup(ctx: Context) -> dict:
+    cli = stepfs_cli()
+    samples = []
+    for _ in range(ctx.cfg.cli_reps):
+        t0 = time.perf_counter()
+        subprocess.run(cli + ["--help"], check=True, capture_output=True)
+        samples.append(time.perf_counter() - t0)
+    return {"cli_help": _record("CLI start-up: 'stepfs --help'", "time", {"stepfs": report.summary(samples)})}
+
+
+# -- mount time ----------------------------------------------------------------------
+
+
+def mount_time(ctx: Context) -> dict:
+    out: dict[str, dict] = {}
+    for n in ctx.cfg.mount_ws:
+        ws = ctx.workspace(n)
+        mnt = ctx.new_dir("mount", f"mnt{n}")
+        firsts, mounts_, unmounts = [], [], []
+        for rep in range(ctx.cfg.mount_reps + 1):
+            t0 = time.perf_counter()
+            with stepfs_mount(ws, mnt):
+                t1 = time.perf_counter()
+                os.listdir(mnt)  # the mount answers
+            t2 = time.perf_counter()
+            (firsts if rep == 0 else mounts_).append(t1 - t0)
+            unmounts.append(t2 - t1)
+        out[f"mount_{n}files"] = _record(f"mount a {n}-file workspace (store exists; until ready)", "time",
+                                         {"stepfs": report.summary(mounts_)})
+        out[f"mount_first_{n}"] = _record(f"first mount of a {n}-file workspace (creates the store unless "
+                                          f"an earlier group did)", "time",
+                                          {"stepfs": report.summary(firsts)})
+        out[f"unmount_{n}"] = _record(f"unmount a {n}-file workspace (until the daemon exited)", "time",
+                                      {"stepfs": report.summary(unmounts)})
+        log(f"mount_{n}files: {report.fmt_seconds(out[f'mount_{n}files']['results']['stepfs']['median'])}")
+    return out
+
+
+# -- checkpoint cost against shadow-git ---------------------------------------------
+
+
+def checkpoint(ctx: Context) -> dict:
+    """Per-step checkpoint cost: shadow-git (``git --git-dir=X --work-tree=WS
+    add -A && commit`` as Cline and Roo Code do) against a stepfs step, each
+    with ``checkpoint_changed`` files edited per step."""
+    cfg = ctx.cfg
+    n, k = cfg.checkpoint_files, cfg.checkpoint_changed
+    base = ctx.new_dir("checkpoint")
+    ws = fixtures.workspace(base / "ws", n)
+    git = f"git --git-dir={base / 'shadow.git'} --work-tree={ws}"
+    env = fixtures.git_env()
+    sh(f"{git} init -q && {git} config core.autocrlf false", base, env)
+    first = timed(f"{git} add -A && {git} commit -q -m baseline", base, env)
+    shadow = []
+    for rep in range(cfg.checkpoint_reps):
+        _edit(ws, _spread(n, k, rep), f"git-{rep}")
+        shadow.append(timed(f"{git} add -A && {git} commit -q -m step", base, env))
+    mnt = base / "mnt"
+    steps = []
+    os.sync()  # git's object writes must not be flushed inside stepfs's fsyncs
+    with stepfs_mount(ws, mnt):
+        target = manage.resolve(str(mnt))
+        _edit(mnt, [1], "warm-up")
+        _step(target, "warm-up")
+        for rep in range(cfg.checkpoint_reps):
+            _edit(mnt, _spread(n, k, rep + 1), f"stepfs-{rep}")
+            steps.append(_step(target, "checkpoint"))
+    results = {"stepfs": report.summary(steps), "shadow-git": report.summary(shadow)}
+    rec = _record(f"per-step checkpoint, {k} changed files, {n}-file workspace: stepfs step vs "
+                  f"shadow-git add -A && commit", "time", results, shadow_git_first_snapshot_s=first)
+    log(f"checkpoint: stepfs {report.fmt_seconds(results['stepfs']['median'])}, "
+        f"shadow-git {report.fmt_seconds(results['shadow-git']['median'])}")
+    return {"checkpoint": rec}
+
+
+# -- store growth ----------------------------------------------------------------------
+
+
+def store_size(ws: Path) -> int:
+    """Bytes of the store database after folding the WAL into it (call with
+    no mount of ``ws`` live)."""
+    db = ws / ".stepfs" / "store.db"
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return sum(p.stat().st_size for p in (db, db.with_name("store.db-wal")) if p.exists())
+
+
+def _line_edit(path: Path, line: int, same_length: bool) -> None:
+    """Edit one 100-byte line of a :func:`fixtures.text_file`: in place with
+    the same length, or by rewriting the file with a few bytes inserted (an
+    editor or agent saving a file)."""
+    if same_length:
+        with open(path, "r+b") as f:
+            f.seek(line * 100 + 9)
+            f.write(b"EDITED")
+        return
+    data = path.read_bytes()
+    cut = line * 100 + 9
+    path.write_bytes(data[:cut] + b"inserted words " + data[cut:])
+
+
+def store_growth(ctx: Context) -> dict:
+    cfg = ctx.cfg
+    out: dict[str, dict] = {}
+    base = ctx.new_dir("growth")
+    ws = base / "ws"
+    ws.mkdir()
+    size = cfg.growth_big_mib * 1_000_000
+    fixtures.text_file(ws / "big.txt", size)
+    mnt = base / "mnt"
+    with stepfs_mount(ws, mnt):
+        pass  # creates the store: its empty size is the baseline
+    sizes = [store_size(ws)]
+    for same_length in (False, True):
+        with stepfs_mount(ws, mnt):
+            _line_edit(mnt / "big.txt", size // 200, same_length)
+            manage.step(manage.resolve(str(mnt)), message="one-line edit")
+        sizes.append(store_size(ws))
+    out["store_growth_edit_10mb"] = _record(
+        f"store growth: one-line edit (a few bytes inserted, file rewritten) of a {cfg.growth_big_mib} MB file, "
+        f"committed", "bytes", {"stepfs": report.summary([sizes[1] - sizes[0]])})
+    out["store_growth_inplace_10mb"] = _record(
+        "store growth: same-length in-place edit of one line of that file, committed", "bytes",
+        {"stepfs": report.summary([sizes[2] - sizes[1]])})
+
+    src = ws / "src.py"
+    fixtures.text_file(src, 100_000, seed=4)
+    with stepfs_mount(ws, mnt):
+        pass
+    before = store_size(ws)
+    with stepfs_mount(ws, mnt):
+        target = manage.resolve(str(mnt))
+        for i in range(cfg.growth_steps):
+            _line_edit(mnt / "src.py", (i * 7) % 1000, same_length=False)
+            manage.step(target, message=f"edit {i}")
+    total = store_size(ws) - before
+    out["store_growth_100_steps"] = _record(
+        f"store growth: {cfg.growth_steps} steps editing one line each of a 100 KB source file (total)", "bytes",
+        {"stepfs": report.summary([total])}, per_step_bytes=total / max(1, cfg.growth_steps))
+    shutil.rmtree(base)
+    for name in ("store_growth_edit_10mb", "store_growth_inplace_10mb", "store_growth_100_steps"):
+        log(f"{name}: {report.fmt_bytes(out[name]['results']['stepfs']['median'])}")
+    return out
+
+
+# -- rollback ------------------------------------------------------------------------
+
+
+def rollback_available() -> bool:
+    return (ROOT / "store" / "rollback.py").exists() and callable(getattr(manage, "rollback", None))
+
+
+def rollback(ctx: Context) -> dict:
+    """Rollback latency for the commit sizes: after a step that changed K
+    files, time ``overlayfs.manage.rollback`` to the layer before it (the
+    library call the CLI makes; it also invalidates the live mount).
+
+    Until ``store/rollback.py`` and ``manage.rollback`` exist this returns
+    a TODO row, never a made-up number."""
+    if not rollback_available():
+        return {"rollback": {"description": "rollback latency (1, 10, 100 files; 10k and 100k workspaces)",
+                             "kind": "time", "results": {}, "ratios": {},
+                             "status": "not implemented yet (TODO: needs store/rollback.py and manage.rollback)"}}
+    cfg = ctx.cfg
+    out: dict[str, dict] = {}
+    for n in cfg.commit_ws:
+        ws = ctx.workspace(n)
+        mnt = ctx.new_dir("rollback", f"mnt{n}")
+        with stepfs_mount(ws, mnt):
+            target = manage.resolve(str(mnt))
+            for k in cfg.commit_changed:
+                samples = []
+                for rep in range(cfg.commit_reps):
+                    _edit(mnt, _spread(n, k, rep + 2000), f"rb-{k}-{rep}", read_first=True)
+                    number = manage.step(target, message=f"before rollback {k}")[0]
+                    t0 = time.perf_counter()
+                    manage.rollback(target, number - 1)
+                    samples.append(time.perf_counter() - t0)
+                name = f"rollback_{k}_{n}files"
+                out[name] = _record(f"rollback of a step that changed {k} file(s), {n}-file workspace "
+                                    f"(manage.rollback to the layer before)", "latency",
+                                    {"stepfs": report.summary(samples)})
+                log(f"{name}: p50 {report.fmt_seconds(out[name]['results']['stepfs']['median'])}")
+    return out
+
+
+GROUPS = {  # in run order: mount first, so its first mount is the one that creates the store
+    "mount": mount_time,
+    "commit": commit,
+    "cli": cli_startup,
+    "checkpoint": checkpoint,
+    "growth": store_growth,
+    "rollback": rollback,
+}

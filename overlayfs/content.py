@@ -408,7 +408,14 @@ class ContentMixin:
         if node is not None and node.link_group is not None:
             return True  # the kernel caches each name of a hard link as its own inode
         if path in self.open_drafts:
-            return any(p == path and a != agent and d.opens for (a, p), d in self.drafts.items())
+            # Look up this path's drafts agent by agent (few agents), not by
+            # scanning every draft: idle drafts stay cached, so a scan made
+            # creating n files O(n^2) (the benchmark profile showed 38%).
+            for other in self.observed:
+                if other != agent:
+                    d = self.drafts.get((other, path))
+                    if d is not None and d.opens:
+                        return True
         return False
 
     def handle_direct_io(self, fh: int) -> bool:

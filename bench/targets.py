@@ -160,17 +160,25 @@ class FuseOverlayfs(Target):
     def mounted(self, case: Path, env: dict | None = None) -> Iterator[Path]:
         lower, upper, work, mnt = _dirs(case)
         opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
-        proc = subprocess.Popen(["fuse-overlayfs", "-f", "-o", opts, str(mnt)], stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        LIVE[str(mnt)] = ["fusermount3", "-u", "-z", str(mnt)]
-        try:
-            _wait_mounted(mnt, proc, "fuse-overlayfs")
+        with _foreground_fuse(["fuse-overlayfs", "-f", "-o", opts, str(mnt)], mnt, "fuse-overlayfs"):
             yield mnt
-        finally:
-            _fuse_unmount(mnt, proc)
-            LIVE.pop(str(mnt), None)
-            if proc.stderr:
-                proc.stderr.close()
+
+
+@contextmanager
+def _foreground_fuse(cmd: list[str], mnt: Path, label: str, env: dict | None = None) -> Iterator[None]:
+    """Run a FUSE server in the foreground as our child, wait until it has
+    mounted ``mnt``, and always unmount and reap it."""
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=env)
+    LIVE[str(mnt)] = ["fusermount3", "-u", "-z", str(mnt)]
+    try:
+        _wait_mounted(mnt, proc, label)
+        yield
+    finally:
+        _fuse_unmount(mnt, proc)
+        LIVE.pop(str(mnt), None)
+        if proc.stderr:
+            proc.stderr.close()
 
 
 class Passthrough(Target):
@@ -184,17 +192,8 @@ class Passthrough(Target):
         cmd = [sys.executable, str(BENCH_DIR / "passthrough.py"), str(lower), str(mnt)]
         for key, value in opts.items():
             cmd += [f"--{key.replace('_', '-')}", str(value)]
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                env={**os.environ, "FUSE_LIBRARY_NAME": "fuse3"})
-        LIVE[str(mnt)] = ["fusermount3", "-u", "-z", str(mnt)]
-        try:
-            _wait_mounted(mnt, proc, "the passthrough")
+        with _foreground_fuse(cmd, mnt, "the passthrough", env={**os.environ, "FUSE_LIBRARY_NAME": "fuse3"}):
             yield mnt
-        finally:
-            _fuse_unmount(mnt, proc)
-            LIVE.pop(str(mnt), None)
-            if proc.stderr:
-                proc.stderr.close()
 
 
 class Stepfs(Target):

@@ -273,9 +273,13 @@ def status(target: Target) -> dict:
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
             for c in conn.execute(sql_select(schema.conflicts).order_by(schema.conflicts.c.id)):
+                path = os.fsdecode(bytes(c.path))
                 out["conflicts"].append({
-                    "id": c.id, "path": os.fsdecode(bytes(c.path)), "reason": c.reason, "mount": c.mount,
+                    "id": c.id, "path": path, "reason": c.reason, "mount": c.mount,
                     "agent": c.agent, "oid": c.oid, "created_ns": c.created_ns,
+                    "token_mine": c.token_mine, "token_theirs": c.token_theirs,
+                    # How to get the losing bytes back.
+                    "bytes": f"read {c.mount}/.stepfs/conflicts/{path} while that mount is up",
                 })
         return out
 

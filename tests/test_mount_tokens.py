@@ -186,6 +186,9 @@ def test_s1_two_agents_one_close_wins_the_other_gets_estale(workspace, mount, ag
     assert beta.read(".stepfs/conflicts/x") == "beta loses, with more bytes\n"
     conflicts = status_json(m.mountpoint)["conflicts"]
     assert [(c["path"], c["agent"], c["reason"]) for c in conflicts] == [("x", "beta", "stale-close")]
+    assert conflicts[0]["token_mine"] and conflicts[0]["token_theirs"]
+    assert conflicts[0]["token_mine"] != conflicts[0]["token_theirs"]
+    assert conflicts[0]["bytes"] == f"read {m.mountpoint}/.stepfs/conflicts/x while that mount is up"
     assert "last error (beta): /x: ESTALE at close" in status_text(m.mountpoint)
     step(m.mountpoint)
     assert (workspace / "x").read_text() == "alpha wins\n"

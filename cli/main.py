@@ -124,6 +124,33 @@ def cmd_step(args) -> int:
     return 0
 
 
+def cmd_discard(args) -> int:
+    from overlayfs import manage
+
+    values = args.args
+    ws_arg = None
+    if len(values) >= 2 and (os.path.isdir(values[0]) and manage_is_target(values[0])):
+        ws_arg, values = values[0], values[1:]
+    dropped = manage.discard(manage.resolve(ws_arg), values)
+    _emit(args, {"message_type": "discard", "discarded": dropped},
+          "\n".join(f"discarded {p} (its bytes are kept as a conflict)" for p in dropped)
+          or "nothing staged at those paths")
+    return 0
+
+
+def manage_is_target(path: str) -> bool:
+    """Whether ``path`` names a workspace or mount (the optional leading WS)."""
+    from overlayfs import manage
+    from store.errors import WorkspaceError
+
+    try:
+        target = manage.resolve(path)
+    except WorkspaceError:
+        return False
+    real = os.path.realpath(path)
+    return real in (target.workspace, os.path.realpath(target.mountpoint or ""))
+
+
 def cmd_log(args) -> int:
     from overlayfs import manage
     from store import cards
@@ -360,6 +387,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--meta", action="append", metavar="KEY=VALUE", help="metadata stored with the layer (repeatable)")
     sp.add_argument("--allow-empty", action="store_true", help="record a layer even if nothing changed")
     sp.add_argument("--overwrite", nargs="+", metavar="PATH", help="commit over outside changes to these paths")
+
+    sp = add("discard", cmd_discard,
+             "Drop staged paths from the open step (their bytes are kept as conflicts) so the rest can be "
+             "committed.", "stepfs discard /mnt/agent src/generated.py")
+    sp.add_argument("args", nargs="+", metavar="[WS] PATH",
+                    help="workspace or mountpoint (default: current directory), then paths relative to the workspace")
 
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")

@@ -85,6 +85,11 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             return {"number": number}
         if op == "status":
             return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        if op == "discard":
+            paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
+            dropped = view.discard(paths)
+            kernel_cache.invalidate(sorted({q for p in dropped for q in (p, p.rpartition("/")[0] or "/")}))
+            return {"discarded": dropped}
         if op == "invalidate":
             # The workspace changed under this mount (a rollback): first the
             # view forgets its copies, then (outside the view's lock) the

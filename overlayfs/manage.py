@@ -293,6 +293,33 @@ def _readonly_reason(mountpoint: str) -> str | None:
         return None
 
 
+def discard(target: Target, paths: list[str]) -> list[str]:
+    """Drop staged paths from open steps (the mount's own with a mountpoint
+    target, every open step with a workspace target), keeping their bytes
+    as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
+    A path that is not staged is simply not in the result."""
+    from store import history
+
+    dropped: set[str] = set()
+    with Workspace.open(target.workspace) as ws:
+        rels = [history.user_path(ws, p, target.mountpoint) for p in paths]
+        with ws.db.read() as conn:
+            steps = staging.list_steps(conn)
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        for st in steps:
+            mp = st["mountpoint"]
+            if target.mountpoint is not None and mp != target.mountpoint:
+                continue
+            if mp in live and daemon_alive(ws.run_dir, mp):
+                answer = control.request(mp, {"op": "discard", "paths": ["/" + os.fsdecode(r) for r in rels]})
+                dropped.update(p.lstrip("/") for p in answer["discarded"])
+            else:
+                with ws.commit_lock(), ws.db.write() as conn:
+                    for r in rels:
+                        dropped.update(os.fsdecode(p) for p in staging.discard(conn, st["id"], r, mount=mp))
+    return sorted(dropped)
+
+
 def step(target: Target, message: str = "", meta: dict | None = None, allow_empty: bool = False,
          overwrite: list[str] = ()) -> list[int]:
     """Commit open steps as layers; returns the new layer numbers.

@@ -1054,6 +1054,24 @@ class Overlay(ContentMixin):
             if h.path in renamed and h.token == renamed[h.path][0]:
                 h.token = renamed[h.path][1]
 
+    def discard(self, paths: list[str]) -> list[str]:
+        """Drop staged paths (and everything below them) from the open step:
+        the workspace shows through again.  Staged file bytes are kept as
+        ``discarded`` conflict rows (``store.staging.discard``).  Drafts in
+        use keep working and lose at their close (their version is gone)."""
+        with self.lock:
+            dropped: list[str] = []
+            with self.ws.db.write() as conn:
+                for path in paths:
+                    dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
+                                                                      mount=self.mountpoint)]
+            for path in dropped:
+                node = self.upper.pop(path)
+                if node is not None:
+                    self._drop_scratch(node)
+            self.forget(paths)
+            return dropped
+
     def forget(self, paths: list[str]) -> None:
         """Drop what the view holds for ``paths`` (and below) after the
         workspace changed under it (a rollback): idle drafts and unstaged

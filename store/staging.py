@@ -101,3 +101,19 @@ def remove_tree(conn: Connection, step: int, path: bytes) -> None:
             or_(S.c.path == path, (S.c.path >= prefix) & (S.c.path < prefix[:-1] + b"0")),
         )
     )
+
+
+def discard(conn: Connection, step: int, path: bytes, mount: str = "", agent: str = "") -> list[bytes]:
+    """Drop the staged rows of ``path`` and below from ``step``; every staged
+    file's bytes are kept as a ``discarded`` conflict row first, so nothing a
+    user wrote is lost.  Returns the dropped paths."""
+    prefix = path.rstrip(b"/") + b"/"
+    rows = [r for r in load(conn, step) if r.path == path or r.path.startswith(prefix)]
+    for r in rows:
+        if r.kind == "file" and r.oid is not None:
+            conn.execute(schema.conflicts.insert().values(
+                created_ns=time.time_ns(), path=r.path, mount=mount, agent=agent, reason="discarded",
+                oid=r.oid, mode=r.mode & 0o7777, token_mine="", token_theirs=r.base,
+            ))
+    remove_tree(conn, step, path)
+    return [r.path for r in rows]

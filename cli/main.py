@@ -55,6 +55,16 @@ def _layer_number(text: str) -> int:
         raise NoSuchLayer(f"{text!r} is not a layer number; 'stepfs log' lists the layers.") from None
 
 
+def _auto_step(text: str) -> str:
+    from overlayfs.autostep import parse
+
+    try:
+        parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _parse_meta(items: list[str]) -> dict:
     meta = {}
     for item in items or []:
@@ -76,8 +86,10 @@ def cmd_mount(args) -> int:
 
         manage.reclaim_dead_mount(args.workspace, args.mountpoint)
         manage.check_mount_args(args.workspace, args.mountpoint)
-        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
-    pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read)
+        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
+                            auto_step=args.auto_step)
+    pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
+                       auto_step=args.auto_step)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -368,6 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("mountpoint", help="an empty directory outside the workspace")
     sp.add_argument("--foreground", action="store_true", help="stay attached; Ctrl-C unmounts")
     sp.add_argument("--debug", action="store_true", help="log every FUSE call to the daemon log")
+    sp.add_argument("--auto-step", default="manual", metavar="manual|close|idle:SECONDS", type=_auto_step,
+                    help="commit steps by themselves: after each close-write, or after SECONDS without changes")
     sp.add_argument("--require-read", action="store_true",
                     help="refuse (EACCES) writing an existing file the agent never read")
 

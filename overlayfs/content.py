@@ -313,6 +313,8 @@ class ContentMixin:
         return "ok"
 
     def _publish(self, d: Draft) -> None:
+        if self.on_change is not None:
+            self.on_change()
         node = self.upper.get(d.path)
         fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
         try:

@@ -55,7 +55,7 @@ def daemon_alive(run_dir: str, mountpoint: str) -> int | None:
 
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
-          require_read: bool = False) -> int:
+          require_read: bool = False, auto_step: str = "manual") -> int:
     from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
@@ -100,6 +100,13 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             return {"invalidated": kernel_cache.invalidate(targets)}
         raise ValueError(f"unknown op {op!r}")
 
+    from .autostep import AutoStepper, parse as parse_auto_step
+
+    delay = parse_auto_step(auto_step)
+    stepper = AutoStepper(view, delay) if delay is not None else None
+    if stepper is not None:
+        stepper.start()
+
     control = ControlServer(mountpoint, handle)
     control.start()
 
@@ -115,6 +122,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache)
     finally:
         control.stop()
+        if stepper is not None:
+            stepper.stop()
         view.close()
         ws.close()
     return 0
@@ -127,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-fd", type=int)
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--require-read", action="store_true")
+    parser.add_argument("--auto-step", default="manual")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read)
+        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step)
     except Exception as exc:  # reported to the parent through the log file
         log.exception("daemon failed")
         print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)

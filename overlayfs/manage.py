@@ -21,6 +21,7 @@ from sqlalchemy import select as sql_select
 
 from store import layers, publish, schema, staging, tokens
 from store.errors import (
+    InputError,
     CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, WorkspaceError,
 )
 from store.workspace import STORE_DIR, Workspace, check_directory, is_workspace
@@ -120,13 +121,20 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
     return True
 
 
-def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False) -> int:
+def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
+          auto_step: str = "manual") -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
     then runs recovery, so the new mount starts from the last committed layer
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise."""
+    from .autostep import parse as parse_auto_step
+
+    try:
+        parse_auto_step(auto_step)
+    except ValueError as exc:
+        raise InputError(f"{exc}.") from None  # refused before anything is touched
     reclaim_dead_mount(workspace, mountpoint)
     ws_path, mp = check_mount_args(workspace, mountpoint)
     Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
@@ -138,6 +146,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
             cmd.append("--debug")
         if require_read:
             cmd.append("--require-read")
+        if auto_step != "manual":
+            cmd += ["--auto-step", auto_step]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},

@@ -82,6 +82,9 @@ class Overlay(ContentMixin):
         self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
         self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
         self.last_errors: dict[str, str] = {}
+        # Set by an auto-step policy (overlayfs/autostep.py): told of every
+        # staged change, under the lock; must not block.
+        self.on_change = None
         # Inode numbers stay stable for the life of the mount: a committed
         # path keeps the number the view showed, though the workspace file
         # behind it is new.  (dev, workspace ino) -> ino shown.
@@ -219,6 +222,8 @@ class Overlay(ContentMixin):
     def _persist(self, puts: list[str] = (), removes: list[str] = (), trees: list[str] = ()) -> None:
         """Write the rows of ``puts`` (by their current nodes), delete the
         rows of ``removes`` and of everything below ``trees``: one transaction."""
+        if self.on_change is not None:
+            self.on_change()
         with self.ws.db.write() as conn:
             for path in trees:
                 staging.remove_tree(conn, self.step, rel(path))

@@ -112,10 +112,11 @@ def mount(request, tmp_path):
     timer.daemon = True
     timer.start()
 
-    def _mount(workspace: Path, mountpoint: Path | None = None) -> Mounted:
+    def _mount(workspace: Path, mountpoint: Path | None = None, **options) -> Mounted:
+        """``options`` go to ``manage.mount`` (``require_read``, ``auto_step``)."""
         mp = mountpoint or tmp_path / f"mnt{len(made)}"
         mp.mkdir(exist_ok=True)
-        pid = manage.mount(str(workspace), str(mp))
+        pid = manage.mount(str(workspace), str(mp), **options)
         m = Mounted(Path(workspace), mp, pid)
         made.append(m)
         return m

@@ -196,9 +196,37 @@ def plan(ws: Workspace, conn: Connection, number: int, paths: list[bytes] | None
         else:
             result.conflicts.append(Conflict(path, f"changed outside stepfs since layer {head}"))
     result.conflicts += _settle_structure(disk, planned)
+    _restore_links(conn, number, by_path, planned, set(result.unchanged))
     result.entries = [planned[p] for p in sorted(planned)]
     result.conflicts.sort(key=lambda c: c.path)
     return result
+
+
+def _defining(rows: list, number: int):
+    """The newest committed entry row of a path at or before ``number``."""
+    at_or_before = [r for r in rows if r.layer <= number]
+    return max(at_or_before, key=lambda r: r.layer) if at_or_before else None
+
+
+def _restore_links(conn: Connection, number: int, by_path: dict, planned: dict[bytes, Entry],
+                   unchanged: set[bytes]) -> None:
+    """Hard links come back as hard links: a restored file whose state as of
+    ``number`` was published as a link to ``q`` (``after_link``) is linked to
+    ``q`` again when ``q``'s state as of ``number`` comes from that same
+    layer and ``q`` is restored too, or already on disk in that state."""
+    for path, entry in list(planned.items()):
+        row = _defining(by_path.get(path, []), number)
+        if row is None or row.after_link is None or entry.after.kind != "file":
+            continue
+        q = bytes(row.after_link)
+        q_rows = by_path.get(q)
+        if q_rows is None:
+            q_rows = committed_rows(conn, E.c.path == q)
+        q_row = _defining(q_rows, number)
+        if q_row is None or q_row.layer != row.layer:
+            continue
+        if q in planned or q in unchanged or q not in by_path:
+            planned[path] = Entry(path, entry.before, entry.after, entry.after_mtime_ns, q)
 
 
 def _add_needed_ancestors(conn: Connection, disk: _Disk, number: int, states: dict) -> None:

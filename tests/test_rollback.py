@@ -344,3 +344,22 @@ def test_rollback_to_any_layer_property(steps, pick, data):
         ws.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_rollback_restores_hard_links_as_links(workspace):
+    ws, view = open_ws(workspace)
+    write(view, "/a", b"shared\n")
+    view.link("/b", "/a")
+    view.mkdir("/d", 0o755)
+    view.link("/d/c", "/a")
+    n1 = commit(view)
+    assert os.stat(workspace / "a").st_nlink == 3
+    view.unlink("/a")
+    view.unlink("/b")
+    write(view, "/d/c", b"changed\n")
+    commit(view)
+    rollback.rollback(ws, n1)
+    st = [os.stat(workspace / p) for p in ("a", "b", "d/c")]
+    assert {s.st_ino for s in st} == {st[0].st_ino} and st[0].st_nlink == 3
+    assert (workspace / "b").read_bytes() == b"shared\n"
+    ws.close()

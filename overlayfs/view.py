@@ -89,6 +89,7 @@ class Overlay(ContentMixin):
         # path keeps the number the view showed, though the workspace file
         # behind it is new.  (dev, workspace ino) -> ino shown.
         self.ino_alias: dict[tuple[int, int], int] = {}
+        self._nlink_cache: dict[str, int] = {}  # see _dir_nlink
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         with ws.db.write() as conn:
@@ -222,6 +223,7 @@ class Overlay(ContentMixin):
     def _persist(self, puts: list[str] = (), removes: list[str] = (), trees: list[str] = ()) -> None:
         """Write the rows of ``puts`` (by their current nodes), delete the
         rows of ``removes`` and of everything below ``trees``: one transaction."""
+        self._nlink_cache.clear()
         if self.on_change is not None:
             self.on_change()
         with self.ws.db.write() as conn:
@@ -406,7 +408,20 @@ class Overlay(ContentMixin):
             node, st = self._resolve(path)
             if node is None:
                 return self._stat_lower(path, st)
-            return self._stat_node(node)
+            out = self._stat_node(node)
+            if node.kind == "dir":
+                out["st_nlink"] = self._dir_nlink(path)
+            return out
+
+    def _dir_nlink(self, path: str) -> int:
+        """2 + subdirectories, for a directory the open step changed (the
+        workspace's own count is right for the others).  Cached until the
+        next namespace change (``_persist`` clears the cache)."""
+        n = self._nlink_cache.get(path)
+        if n is None:
+            n = 2 + sum(1 for _name, kind, _ino in self.readdir(path)[2:] if kind == stat_mod.S_IFDIR)
+            self._nlink_cache[path] = n
+        return n
 
     def _stat_lower_handle(self, h: Handle) -> dict:
         """``fstat`` of a handle reading a workspace file: the file it holds,
@@ -429,7 +444,7 @@ class Overlay(ContentMixin):
     def _stat_lower(self, path: str, st: os.stat_result) -> dict:
         nlink = st.st_nlink
         if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
-            nlink = 1  # "unknown": the upper layer changed its subdirectories
+            nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         return {
             "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
@@ -1033,6 +1048,7 @@ class Overlay(ContentMixin):
             node = self.upper.get(path)
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
+        self._nlink_cache.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
@@ -1085,6 +1101,7 @@ class Overlay(ContentMixin):
         token against the new workspace state.  Drafts in use stay too, and
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
+            self._nlink_cache.clear()
             targets = set()
             for path in paths:
                 targets.add(path)

@@ -115,7 +115,12 @@ def mount(request, tmp_path):
     def _mount(workspace: Path, mountpoint: Path | None = None, **options) -> Mounted:
         """``options`` go to ``manage.mount`` (``require_read``, ``auto_step``)."""
         mp = mountpoint or tmp_path / f"mnt{len(made)}"
-        mp.mkdir(exist_ok=True)
+        try:
+            mp.mkdir()
+        except FileExistsError:
+            # Also a dead mount, whose stat fails with ENOTCONN (pathlib's
+            # exist_ok would re-raise then); manage.mount reclaims it.
+            pass
         pid = manage.mount(str(workspace), str(mp), **options)
         m = Mounted(Path(workspace), mp, pid)
         made.append(m)

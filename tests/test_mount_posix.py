@@ -223,3 +223,20 @@ def test_fallocate_and_punch_hole(workspace, mount):
     assert stepfs("step", m.mountpoint).returncode == 0
     data = (workspace / "f").read_bytes()
     assert len(data) == 1 << 20 and data[4096:12288] == b"\0" * 8192 and data[12288:12290] == b"xx"
+
+
+def test_directory_link_counts(workspace, mount):
+    (workspace / "top" / "s1").mkdir(parents=True)
+    (workspace / "top" / "s2").mkdir()
+    m = mount(workspace)
+    assert os.stat(m.path("top")).st_nlink == 4  # the workspace's own count
+    m.path("top", "s3").mkdir()
+    assert os.stat(m.path("top")).st_nlink == 5
+    os.rmdir(m.path("top", "s1"))
+    m.path("top", "file").write_text("not a directory")
+    assert os.stat(m.path("top")).st_nlink == 4
+    m.path("new").mkdir()
+    m.path("new", "a").mkdir()
+    assert os.stat(m.path("new")).st_nlink == 3 and os.stat(m.path("new", "a")).st_nlink == 2
+    os.rename(m.path("new", "a"), m.path("top", "a"))
+    assert (os.stat(m.path("new")).st_nlink, os.stat(m.path("top")).st_nlink) == (2, 5)

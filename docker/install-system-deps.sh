@@ -3,9 +3,14 @@
 # libfuse3 + fusermount3 (fuse3), and the programs the tests drive (git,
 # sqlite3, rsync, gcc/make). Used by `make deps`, by the Docker image and by
 # CI, so there is exactly one list. Idempotent and quiet when all is present.
+#   docker/install-system-deps.sh            the packages stepfs and its tests need
+#   docker/install-system-deps.sh PKG...     exactly these instead (bench/install-deps.sh)
 set -euo pipefail
 
 PACKAGES=(fuse3 libfuse3-3 git sqlite3 rsync make gcc python3-venv)
+if [ $# -gt 0 ]; then
+  PACKAGES=("$@")
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

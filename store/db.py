@@ -102,7 +102,7 @@ class Database:
         """A writing transaction (``BEGIN IMMEDIATE``); commits on success,
         rolls back on any exception.  Raises :class:`StoreFull` /
         :class:`StoreUnavailable` when SQLite cannot write."""
-        try:
+        with self._translated(notify=True):
             with self.engine.connect() as conn:
                 conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable)
                 trans = conn.begin()
@@ -112,20 +112,13 @@ class Database:
                 finally:
                     if trans.is_active:
                         trans.rollback()
-        except DBAPIError as exc:
-            err = store_error(exc, self.label)
-            if err is None:
-                raise
-            for listener in list(self.on_failure):
-                listener(err)
-            raise err from None
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction on one consistent snapshot; ended with a
         rollback (it has nothing to commit, and a rollback cannot fail on a
         store whose pages turned out damaged)."""
-        try:
+        with self._translated(notify=False):
             with self.engine.connect() as conn:
                 conn.execution_options(stepfs_begin="BEGIN", stepfs_durable=False)
                 trans = conn.begin()
@@ -134,10 +127,20 @@ class Database:
                 finally:
                     if trans.is_active:
                         trans.rollback()
+
+    @contextmanager
+    def _translated(self, notify: bool) -> Iterator[None]:
+        """SQLite's full-disk and I/O errors as StoreFull / StoreUnavailable;
+        a failed write also tells ``on_failure`` (the view goes read-only)."""
+        try:
+            yield
         except DBAPIError as exc:
             err = store_error(exc, self.label)
             if err is None:
                 raise
+            if notify:
+                for listener in list(self.on_failure):
+                    listener(err)
             raise err from None
 
     # -- format ---------------------------------------------------------------

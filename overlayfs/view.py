@@ -40,6 +40,7 @@ from store.workspace import Workspace
 
 from .agents import DEFAULT
 from store import xattrs as xattr_codec
+from store.contained import kind_of
 
 from .content import ContentMixin, Draft, Handle
 from .errors import (
@@ -164,17 +165,7 @@ class Overlay(ContentMixin):
             return False
 
     def _kind(self, node: Node | None, st: os.stat_result | None) -> str:
-        if node is not None:
-            return node.kind
-        if stat_mod.S_ISDIR(st.st_mode):
-            return "dir"
-        if stat_mod.S_ISLNK(st.st_mode):
-            return "symlink"
-        if stat_mod.S_ISREG(st.st_mode):
-            return "file"
-        if stat_mod.S_ISFIFO(st.st_mode):
-            return "fifo"
-        return "special"
+        return node.kind if node is not None else kind_of(st.st_mode)
 
     def _require_dir(self, path: str) -> None:
         node, st = self._resolve(path)

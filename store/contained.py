@@ -32,6 +32,20 @@ class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
+def kind_of(mode: int) -> str:
+    """The kind stepfs records for an ``st_mode``: file, dir, symlink, fifo,
+    or special (sockets and devices: recorded, never created)."""
+    if stat_mod.S_ISREG(mode):
+        return "file"
+    if stat_mod.S_ISDIR(mode):
+        return "dir"
+    if stat_mod.S_ISLNK(mode):
+        return "symlink"
+    if stat_mod.S_ISFIFO(mode):
+        return "fifo"
+    return "special"
+
+
 def _fsencode(path: str | bytes) -> bytes:
     return path if isinstance(path, bytes) else os.fsencode(path)
 

@@ -74,6 +74,7 @@ import xxhash
 from sqlalchemy import select, update
 
 from . import durable, schema, staging, tokens, xattrs
+from .contained import kind_of
 from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
 from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
@@ -96,18 +97,6 @@ class Plan:
     noop_paths: list[bytes] = field(default_factory=list)
 
 
-def _kind_of(mode: int) -> str | None:
-    if stat_mod.S_ISREG(mode):
-        return "file"
-    if stat_mod.S_ISDIR(mode):
-        return "dir"
-    if stat_mod.S_ISLNK(mode):
-        return "symlink"
-    if stat_mod.S_ISFIFO(mode):
-        return "fifo"
-    return "special"
-
-
 def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
     """``lstat`` inside the contained root; None if ``path`` is not in the
     tree (see ``Root.lstat_or_none``): the overlay's tokens treat such a path
@@ -120,7 +109,7 @@ def capture(ws: Workspace, conn, path: bytes) -> _Before:
     st = _lstat(ws, path)
     if st is None:
         return _Before(State(None), tokens.ABSENT)
-    kind = _kind_of(st.st_mode)
+    kind = kind_of(st.st_mode)
     mode = stat_mod.S_IMODE(st.st_mode)
     if kind == "file":
         fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -383,7 +372,7 @@ def _depth(path: bytes) -> int:
 
 def _current_kind(ws: Workspace, path: bytes) -> str | None:
     st = _lstat(ws, path)
-    return None if st is None else _kind_of(st.st_mode)
+    return None if st is None else kind_of(st.st_mode)
 
 
 def _temp_name(number: int, seq: int) -> bytes:

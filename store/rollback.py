@@ -47,6 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from . import cards, diff, publish, schema
+from .contained import kind_of
 from .errors import CommitConflict, NothingToRollBack
 from .history import committed_rows, require_layer, state_from_rows
 from .layers import Entry, State, entry_from_row, head as head_of, next_number
@@ -113,7 +114,7 @@ class _Disk:
 
     def kind(self, path: bytes) -> str | None:
         st = self.lstat(path)
-        return None if st is None else publish._kind_of(st.st_mode)
+        return None if st is None else kind_of(st.st_mode)
 
     def children(self, path: bytes) -> list[bytes]:
         try:
@@ -125,7 +126,7 @@ class _Disk:
         st = self.lstat(path)
         if state.kind is None or st is None:
             return state.kind is None and st is None
-        kind = publish._kind_of(st.st_mode)
+        kind = kind_of(st.st_mode)
         if kind != state.kind:
             return False
         if kind == "symlink":

@@ -11,6 +11,7 @@ import stat as stat_mod
 from pathlib import Path
 
 from overlayfs.view import Overlay
+from store.contained import kind_of
 from store.workspace import Workspace
 
 
@@ -62,16 +63,6 @@ def write_file(view: Overlay, path: str, data: bytes, mode: int = 0o644) -> None
         view.flush(fh)
     finally:
         view.release(fh)
-
-
-def kind_of(mode: int) -> str:
-    if stat_mod.S_ISDIR(mode):
-        return "dir"
-    if stat_mod.S_ISLNK(mode):
-        return "symlink"
-    if stat_mod.S_ISREG(mode):
-        return "file"
-    return "special"
 
 
 def view_manifest(view: Overlay, with_stat: bool = False) -> dict[bytes, tuple]:

@@ -22,6 +22,7 @@ from store.workspace import Workspace
 
 from .control import ControlServer
 from .mounts import mount_key
+from .runfiles import daemon_alive, log_path  # noqa: F401  (re-exported)
 from .view import Overlay
 
 log = logging.getLogger("stepfs.daemon")
@@ -29,29 +30,6 @@ log = logging.getLogger("stepfs.daemon")
 
 def lock_path(ws: Workspace, mountpoint: str) -> str:
     return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
-
-
-def log_path(ws_path: str, mountpoint: str) -> str:
-    return os.path.join(ws_path, ".stepfs", "run", mount_key(mountpoint) + ".log")
-
-
-def daemon_alive(run_dir: str, mountpoint: str) -> int | None:
-    """The pid of the live daemon of ``mountpoint``, or None."""
-    path = os.path.join(run_dir, mount_key(mountpoint) + ".lock")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            data = os.pread(fd, 32, 0).strip()
-            return int(data) if data.isdigit() else -1
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
 
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,

@@ -17,17 +17,24 @@ import sys
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select as sql_select
+from typing import TYPE_CHECKING
 
-from store import layers, publish, schema, staging, tokens
 from store.errors import (
     InputError,
     CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, WorkspaceError,
 )
-from store.workspace import STORE_DIR, Workspace, check_directory, is_workspace
+from store.paths import STORE_DIR, check_directory, is_workspace
 
 from . import control, mounts
-from .daemon import daemon_alive, log_path
+from .runfiles import daemon_alive, log_path
+
+if TYPE_CHECKING:
+    from store import staging
+    from store.workspace import Workspace
+
+# The store and the database layer (SQLAlchemy: most of a CLI start-up) are
+# imported inside the functions that open the store: a `stepfs step` or
+# `stepfs unmount` of a mountpoint only talks to the daemon.
 
 READY_TIMEOUT = 30.0
 EXIT_TIMEOUT = 30.0
@@ -129,6 +136,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     then runs recovery, so the new mount starts from the last committed layer
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise."""
+    from store.workspace import Workspace
+
     from .autostep import parse as parse_auto_step
 
     try:
@@ -257,6 +266,8 @@ def unmount(mountpoint: str, force: bool = False) -> None:
 
 
 def _op(row: staging.StagedRow) -> str:
+    from store import tokens
+
     if row.kind == "whiteout":
         return "D"
     return "A" if row.base == tokens.ABSENT else "M"
@@ -264,6 +275,11 @@ def _op(row: staging.StagedRow) -> str:
 
 def status(target: Target) -> dict:
     """Mounts of the workspace, each open step's staged paths, the conflicts."""
+    from sqlalchemy import select as sql_select
+
+    from store import layers, schema, staging
+    from store.workspace import Workspace
+
     with Workspace.open(target.workspace) as ws:
         live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
         out = {"workspace": ws.path, "mounts": [], "conflicts": []}
@@ -308,6 +324,9 @@ def discard(target: Target, paths: list[str]) -> list[str]:
     target, every open step with a workspace target), keeping their bytes
     as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
+    from store import staging
+    from store.workspace import Workspace
+
     from store import history
 
     dropped: set[str] = set()
@@ -343,6 +362,9 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
                "overwrite": [os.fsdecode(p) for p in over]}
     if target.mountpoint is not None:
         return [control.request(target.mountpoint, payload)["number"]]
+    from store import publish, staging
+    from store.workspace import Workspace
+
     numbers: list[int] = []
     nothing: NothingToCommit | None = None
     with Workspace.open(target.workspace) as ws:
@@ -375,6 +397,8 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
 
 
 def _open_steps_with_changes(ws: Workspace) -> int:
+    from store import staging
+
     with ws.db.read() as conn:
         return sum(1 for st in staging.list_steps(conn) if st["staged"])
 
@@ -413,6 +437,7 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
     """
     from store import history
     from store import rollback as store_rollback
+    from store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
         rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in paths] or None

@@ -27,23 +27,7 @@ from .contained import Root
 from .db import Database
 from .errors import WorkspaceError
 from .objects import ObjectStore
-
-STORE_DIR = ".stepfs"
-DB_NAME = "store.db"
-
-
-def check_directory(path: str) -> str:
-    """The absolute real path of an existing directory, or WorkspaceError."""
-    if not os.path.exists(path):
-        raise WorkspaceError(f"workspace {path} does not exist; create it or name an existing directory.")
-    if not os.path.isdir(path):
-        raise WorkspaceError(f"workspace {path} is not a directory; name the directory that holds the project.")
-    return os.path.realpath(path)
-
-
-def is_workspace(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, STORE_DIR, DB_NAME))
-
+from .paths import DB_NAME, STORE_DIR, check_directory, is_workspace  # noqa: F401  (re-exported)
 
 class Workspace:
     """An opened workspace.  Threading: methods may be called from several

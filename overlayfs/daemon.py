@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 
+from store import staging
 from store.workspace import Workspace
 
 from .control import ControlServer
@@ -63,6 +64,12 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             return {"number": number}
         if op == "status":
             return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        if op == "steps":
+            # Every open step of the workspace (any mount's): lets the CLI
+            # commit a workspace without opening the store itself.
+            with ws.db.read() as conn:
+                return {"steps": [{"mountpoint": st["mountpoint"], "staged": st["staged"]}
+                                  for st in staging.list_steps(conn)]}
         if op == "discard":
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
             dropped = view.discard(paths)

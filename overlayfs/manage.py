@@ -362,6 +362,9 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
                "overwrite": [os.fsdecode(p) for p in over]}
     if target.mountpoint is not None:
         return [control.request(target.mountpoint, payload)["number"]]
+    numbers = _step_live_mounts(target.workspace, payload)
+    if numbers:
+        return numbers
     from store import publish, staging
     from store.workspace import Workspace
 
@@ -390,6 +393,33 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
         raise nothing or NothingToCommit(
             "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."
         )
+    return numbers
+
+
+def _step_live_mounts(workspace: str, payload: dict) -> list[int]:
+    """Commit a workspace through its live daemons alone, without opening
+    the store here (the database layer is most of a CLI start-up).  Returns
+    the new layer numbers, or ``[]`` when this fast path does not apply: no
+    live daemon, a daemon that cannot list the open steps, a dead mount's
+    step with staged changes (only the store can commit that), or nothing
+    committed (the caller then reports it, or records an empty layer)."""
+    run_dir = os.path.join(workspace, STORE_DIR, "run")
+    alive = [m.mountpoint for m in mounts.stepfs_mounts(workspace) if daemon_alive(run_dir, m.mountpoint)]
+    if not alive:
+        return []
+    try:
+        steps = control.request(alive[0], {"op": "steps"}, timeout=10.0)["steps"]
+    except (DaemonError, KeyError, TypeError):
+        return []
+    if any(st["staged"] and st["mountpoint"] not in alive for st in steps):
+        return []
+    numbers: list[int] = []
+    for st in steps:
+        if st["mountpoint"] in alive:
+            try:
+                numbers.append(control.request(st["mountpoint"], payload)["number"])
+            except NothingToCommit:
+                pass
     return numbers
 
 

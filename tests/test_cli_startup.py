@@ -41,3 +41,26 @@ def test_step_of_a_mountpoint_commits_through_the_daemon_alone(mount, workspace)
     assert (m.workspace / "new.txt").read_text() == "hello\n"
     log = stepfs("log", str(m.workspace), "--json")
     assert b'"lean"' in log.stdout
+
+
+@pytest.mark.mount
+def test_step_of_a_workspace_with_live_mounts_commits_each_through_its_daemon(mount, workspace, tmp_path):
+    a = mount(workspace, tmp_path / "a")
+    b = mount(workspace, tmp_path / "b")
+    (a.mountpoint / "from_a.txt").write_text("a\n")
+    (b.mountpoint / "from_b.txt").write_text("b\n")
+    code = (
+        "import sys\nfrom cli.main import main\n"
+        f"rc = main(['step', {str(workspace)!r}, '-m', 'both'])\n"
+        "assert 'sqlalchemy' not in sys.modules, 'the database layer was imported'\n"
+        "sys.exit(rc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert (workspace / "from_a.txt").read_text() == "a\n"
+    assert (workspace / "from_b.txt").read_text() == "b\n"
+    assert len(done.stdout.split()) == 2  # two layers, one per mount
+    # Nothing left: the same command reports it with its exit code.
+    again = stepfs("step", str(workspace))
+    assert again.returncode == 6, again.stderr

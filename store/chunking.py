@@ -23,6 +23,7 @@ each chunk's offset, and the object id is the hash of the whole content.
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 
@@ -41,9 +42,11 @@ MAX_SIZE = 256 * 1024
 WINDOW = 8 << 20
 
 
+@functools.cache
 def _load_fastcdc():
     """pyfastcdc's compiled chunker, or its pure-Python twin (same cuts,
-    about a thousand times slower: logged once) where no wheel exists."""
+    about a thousand times slower: logged once) where no wheel exists.
+    Loaded on first use: importing it costs ~10 ms of CLI start-up."""
     with warnings.catch_warnings():
         # pyfastcdc warns on its own when its extension is missing; we log instead.
         warnings.simplefilter("ignore")
@@ -59,8 +62,6 @@ def _load_fastcdc():
     return slow
 
 
-_FastCDC = _load_fastcdc()
-
 
 class ContentChunker:
     """FastCDC cuts (see the module doc).  ``cut`` returns chunk lengths."""
@@ -69,12 +70,16 @@ class ContentChunker:
                  window: int = WINDOW):
         if window <= max_size:
             raise ValueError(f"a chunking window ({window}) must exceed the largest chunk ({max_size})")
-        self._cdc = _FastCDC(avg_size, min_size=min_size, max_size=max_size)
+        self._params = (avg_size, min_size, max_size)
+        self._cdc = None
         self.max_size = max_size
         self.window = window
 
     def cut(self, buf) -> list[int]:
         """Lengths of the chunks of ``buf`` (bytes-like), in order; they sum to ``len(buf)``."""
+        if self._cdc is None:
+            avg_size, min_size, max_size = self._params
+            self._cdc = _load_fastcdc()(avg_size, min_size=min_size, max_size=max_size)
         return [c.length for c in self._cdc.cut_buf(buf)]
 
     def __repr__(self) -> str:

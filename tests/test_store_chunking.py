@@ -232,3 +232,23 @@ def test_zero_runs_inside_a_chunk_stay_holes(db, tmp_path):
         os.close(fd)
     assert out.read_bytes() == data
     assert st.st_blocks * 512 <= 100_000 + 64 * 1024
+
+
+def test_without_the_compiled_chunker_the_pure_python_one_is_used_and_logged_once(monkeypatch, caplog):
+    import sys
+
+    from pyfastcdc.py import FastCDC as Slow
+
+    monkeypatch.setitem(sys.modules, "pyfastcdc.cy", None)  # as on a machine with no wheel
+    chunking._load_fastcdc.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="stepfs.store"):
+            data = random.Random(41).randbytes(50_000)
+            lengths = chunking.ContentChunker(1024, 4096, 16384).cut(data)
+            chunking.ContentChunker(1024, 4096, 16384).cut(data)
+        assert chunking._load_fastcdc() is Slow
+        assert sum(lengths) == len(data) and len(lengths) > 3
+        logged = [r.getMessage() for r in caplog.records if r.name == "stepfs.store"]
+        assert len(logged) == 1 and "pure-Python" in logged[0]
+    finally:
+        chunking._load_fastcdc.cache_clear()

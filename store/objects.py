@@ -305,9 +305,12 @@ class ObjectStore:
         pos = 0
         for data in self.iter_chunks(conn, oid):
             n = len(data)
-            lead = n - len(data.lstrip(b"\0"))
+            if not n:
+                continue
+            # Most chunks neither start nor end with a zero: no strip (a copy) then.
+            lead = 0 if data[0] else n - len(data.lstrip(b"\0"))
             if lead < n:
-                trail = n - len(data.rstrip(b"\0"))
+                trail = 0 if data[-1] else n - len(data.rstrip(b"\0"))
                 start = max(pos, (pos + lead) // _BLOCK * _BLOCK)
                 end = min(pos + n, -(-(pos + n - trail) // _BLOCK) * _BLOCK)
                 view = memoryview(data)[start - pos:end - pos]

@@ -62,7 +62,6 @@ def _load_fastcdc():
     return slow
 
 
-
 class ContentChunker:
     """FastCDC cuts (see the module doc).  ``cut`` returns chunk lengths."""
 

@@ -38,6 +38,11 @@ from . import schema
 from .errors import StepfsError, StoreFormatError, StoreFull, StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
+#: WAL pages after which a durable commit checkpoints (SQLite's default).
+CHECKPOINT_PAGES = 1000
+#: WAL pages after which any commit checkpoints: bounds the WAL (1 GiB of
+#: 4 KiB pages) when content is staged for long without a step.
+WAL_LIMIT_PAGES = 262144
 
 # Primary result codes (the low byte of an extended code) that mean "the
 # store cannot keep what it is asked to write".
@@ -268,9 +273,17 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         opts = conn.get_execution_options()
-        conn.exec_driver_sql(
-            "PRAGMA synchronous=FULL" if opts.get("stepfs_durable") else "PRAGMA synchronous=NORMAL"
-        )
+        durable = bool(opts.get("stepfs_durable"))
+        conn.exec_driver_sql("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
+        # Checkpoints (which fsync the WAL and the database file) run at the
+        # commit of a durable transaction, where the caller pays for
+        # durability anyway, not at every close-write: a non-durable commit
+        # checkpoints only once the WAL holds more than WAL_LIMIT_PAGES.
+        pages = CHECKPOINT_PAGES if durable else WAL_LIMIT_PAGES
+        info = conn.connection.info
+        if info.get("stepfs_autocheckpoint") != pages:
+            conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={pages}")
+            info["stepfs_autocheckpoint"] = pages
         conn.exec_driver_sql(opts.get("stepfs_begin", "BEGIN"))
 
 

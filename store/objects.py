@@ -1,13 +1,20 @@
 """Content-addressed objects: hash, chunk, deduplicate, read back, verify.
 
-An object is immutable file content split into fixed-size chunks
-(:data:`schema.CHUNK_SIZE`).  Chunks and objects are keyed by the hex
-XXH3-128 of their bytes.  XXH3 is fast but not collision-resistant against
-crafted input, and agents write attacker-influenced text, so a key hit is
-never trusted: a chunk is deduplicated only after a byte-for-byte comparison,
-and an object only when its chunk list is identical (chunks being verified,
-equal chunk lists mean equal bytes).  A genuine collision gets a suffixed key
-(``<hash>.1``), so different bytes are never merged.
+An object is immutable file content split into chunks, cut by content
+(:mod:`store.chunking`: an insertion changes the chunks around it only, so
+an edited file shares all its other chunks with the version before).
+Chunks and objects are keyed by the hex XXH3-128 of their bytes; the object
+id hashes the whole content, so it does not depend on how the content was
+cut, and objects stored with fixed 1 MiB chunks read and verify as before.
+XXH3 is fast but not collision-resistant against crafted input, and agents
+write attacker-influenced text, so a key hit is never trusted: a chunk is
+deduplicated only after a byte-for-byte comparison, and an object only when
+its chunk list is identical (chunks being verified, equal chunk lists mean
+equal bytes) or, cut otherwise, its bytes are.  A genuine collision gets a
+suffixed key (``<hash>.1``), so different bytes are never merged.
+
+A put reads the content in bounded windows and handles each run of chunks
+with one lookup of their keys and one multi-row insert of the new ones.
 
 All functions take an open SQLAlchemy connection inside a transaction chosen
 by the caller (``Database.write`` for puts); none commits on its own.
@@ -22,7 +29,7 @@ import xxhash
 from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 
-from . import durable, schema
+from . import chunking, durable, schema
 from .errors import CorruptObject
 
 Hasher = Callable[[bytes], str]
@@ -50,6 +57,11 @@ _C, _O, _OC = schema.chunks, schema.objects, schema.object_chunks
 _CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None)).where(
     _key_family(_C.c.cid))
 _CHUNK_INSERT = _C.insert()
+_CHUNKS_BY_KEY = select(_C.c.cid, _C.c.data).where(_C.c.cid.in_(bindparam("cids", expanding=True)))
+#: Chunks looked up and inserted per statement (well under SQLite's bound-variable limit).
+_BATCH = 256
+#: Zero runs at least this long and aligned in the file are left as holes.
+_BLOCK = 4096
 _OBJECT_FAMILY = select(_O.c.oid, _O.c.size).where(_key_family(_O.c.oid))
 _OBJECT_CHUNK_LISTS = (
     select(_OC.c.oid, _OC.c.cid).where(_OC.c.oid.in_(bindparam("oids", expanding=True)))
@@ -74,55 +86,110 @@ def _free_key(digest: str, taken: list[str]) -> str:
     return digest if n == 0 else f"{digest}.{n}"
 
 
-class ObjectStore:
-    """Puts and gets objects through a caller-supplied connection."""
+def _equal_streams(a: Iterator[bytes], b: Iterator[bytes]) -> bool:
+    """Whether two streams of byte pieces, cut differently, hold the same bytes."""
+    x = y = memoryview(b"")
+    while True:
+        if not x:
+            x = memoryview(next(a, b""))
+        if not y:
+            y = memoryview(next(b, b""))
+        if not x or not y:
+            return not x and not y
+        n = min(len(x), len(y))
+        if bytes(x[:n]) != bytes(y[:n]):
+            return False
+        x, y = x[n:], y[n:]
 
-    def __init__(self, hasher: Hasher = xxh3_hex, chunk_size: int = schema.CHUNK_SIZE):
+
+class ObjectStore:
+    """Puts and gets objects through a caller-supplied connection.
+
+    New content is cut by :class:`chunking.ContentChunker` unless a
+    ``chunk_size`` asks for fixed-size chunks (version-1 writers; tests).
+    """
+
+    def __init__(self, hasher: Hasher = xxh3_hex, chunk_size: int | None = None, chunker=None):
         self.hasher = hasher
-        self.chunk_size = chunk_size
+        if chunker is None:
+            chunker = chunking.FixedChunker(chunk_size) if chunk_size else chunking.ContentChunker()
+        self.chunker = chunker
 
     # -- writing ------------------------------------------------------------
 
     def put_bytes(self, conn: Connection, data: bytes) -> str:
         """Store ``data``; returns its object id."""
-        pieces = [data[i : i + self.chunk_size] for i in range(0, len(data), self.chunk_size)]
-        return self._put_pieces(conn, iter(pieces), whole_hash=self.hasher(data), size=len(data))
+        data = bytes(data)
+        oid, _size = self._put_stream(conn, lambda offset, n: data[offset:offset + n],
+                                      lambda: iter((data,)))
+        return oid
 
     def put_fd(self, conn: Connection, fd: int) -> tuple[str, int]:
         """Store the whole content of the open file ``fd`` (read with pread).
 
-        Returns ``(oid, size)``.  The file must not change meanwhile; the
-        caller holds whatever lock guarantees that.
+        Returns ``(oid, size)``; the size is what was read, so a file cut
+        short meanwhile gives a consistent (shorter) object.  The file must
+        not change meanwhile; the caller holds whatever lock guarantees that.
         """
-        size = os.fstat(fd).st_size
-        # Hash the whole content while streaming when we can; a custom hasher
-        # (tests) gets the joined bytes instead.
-        whole = xxhash.xxh3_128() if self.hasher is xxh3_hex else None
-        pieces: list[bytes] = []
-
-        def read_pieces() -> Iterator[bytes]:
+        def reread() -> Iterator[bytes]:
             offset = 0
-            while offset < size:
-                piece = os.pread(fd, min(self.chunk_size, size - offset), offset)
-                if not piece:
-                    break
+            while piece := os.pread(fd, 1 << 20, offset):
                 offset += len(piece)
+                yield piece
+
+        return self._put_stream(conn, lambda offset, n: os.pread(fd, n, offset), reread)
+
+    def _put_stream(self, conn: Connection, read, reread) -> tuple[str, int]:
+        """Chunk, dedupe and store the content ``read(offset, n)`` returns;
+        ``reread()`` streams the same bytes again (only needed when an object
+        of the same hash and size but another chunk list exists)."""
+        streaming = self.hasher is xxh3_hex
+        whole = xxhash.xxh3_128() if streaming else None
+        pieces: list[bytes] = []
+        cids: list[tuple[str, int]] = []
+        for window in chunking.windows(read, self.chunker):
+            for piece in window:
                 if whole is not None:
                     whole.update(piece)
                 else:
-                    pieces.append(piece)
-                yield piece
-
-        cids = [(self._put_chunk(conn, p), len(p)) for p in read_pieces()]
+                    pieces.append(bytes(piece))
+            for i in range(0, len(window), _BATCH):
+                cids += self._put_chunks(conn, window[i:i + _BATCH])
         whole_hash = whole.hexdigest() if whole is not None else self.hasher(b"".join(pieces))
-        # The size is what was read: a file cut short meanwhile must not give
-        # an object whose recorded size disagrees with its chunks.
         size = sum(length for _, length in cids)
-        return self._put_object(conn, whole_hash, cids, size), size
+        return self._put_object(conn, whole_hash, cids, size, reread), size
 
-    def _put_pieces(self, conn: Connection, pieces: Iterator[bytes], whole_hash: str, size: int) -> str:
-        cids = [(self._put_chunk(conn, p), len(p)) for p in pieces]
-        return self._put_object(conn, whole_hash, cids, size)
+    def _put_chunks(self, conn: Connection, batch: list[memoryview]) -> list[tuple[str, int]]:
+        """Put a run of chunks with one lookup and one insert for the common
+        cases: bytes never seen (their key is free: keys are taken in family
+        order and chunks are never deleted) and bytes stored already (compared
+        byte for byte).  A key that names other bytes -- a collision, with a
+        stored chunk or within the run -- takes the per-chunk path."""
+        digests = [self.hasher(piece) if self.hasher is xxh3_hex else self.hasher(bytes(piece)) for piece in batch]
+        stored = {cid: data for cid, data in conn.execute(_CHUNKS_BY_KEY, {"cids": sorted(set(digests))})}
+        fresh: dict[str, memoryview] = {}
+        rows: list[dict] = []
+        out: list[tuple[str, int]] = []
+        for piece, digest in zip(batch, digests):
+            have = stored.get(digest)
+            # Compared as bytes: comparing a memoryview goes item by item.
+            if have is not None and len(have) == len(piece) and bytes(have) == bytes(piece):
+                cid = digest
+            elif have is None and digest not in fresh:
+                fresh[digest] = piece
+                rows.append({"cid": digest, "size": len(piece), "data": piece})
+                cid = digest
+            elif have is None and bytes(fresh[digest]) == bytes(piece):
+                cid = digest
+            else:
+                if rows:  # the family query must see this run's new rows
+                    conn.execute(_CHUNK_INSERT, rows)
+                    rows = []
+                cid = self._put_chunk(conn, bytes(piece))
+            out.append((cid, len(piece)))
+        if rows:
+            conn.execute(_CHUNK_INSERT, rows)
+        return out
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:
         digest = self.hasher(data)
@@ -138,7 +205,8 @@ class ObjectStore:
         conn.execute(_CHUNK_INSERT, {"cid": cid, "size": len(data), "data": data})
         return cid
 
-    def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int) -> str:
+    def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int,
+                    reread=None) -> str:
         taken = conn.execute(_OBJECT_FAMILY, _family_params(digest)).all()
         same_size = [oid for oid, osize in taken if osize == size]
         if same_size:
@@ -150,6 +218,12 @@ class ObjectStore:
             for oid in same_size:
                 if lists[oid] == wanted:
                     return oid
+            # The same hash and size cut otherwise (stored by a fixed-size
+            # writer) or a collision: only the bytes tell.
+            if reread is not None:
+                for oid in same_size:
+                    if _equal_streams(self.iter_chunks(conn, oid), reread()):
+                        return oid
         oid = _free_key(digest, [oid for oid, _ in taken])
         conn.execute(_OBJECT_INSERT, {"oid": oid, "size": size})
         rows, pos = [], 0
@@ -224,16 +298,26 @@ class ObjectStore:
         return b"".join(self.iter_chunks(conn, oid))
 
     def write_to_fd(self, conn: Connection, oid: str, fd: int) -> int:
-        """Write the object into the empty file ``fd``; all-zero chunks are
-        left as holes so a sparse file stays sparse.  Returns the size."""
+        """Write the object into the empty file ``fd``, leaving holes where it
+        has zeros: all-zero chunks, and the zero runs a chunk starts or ends
+        with (whole blocks of them), so a sparse file stays sparse however
+        its chunks were cut.  Returns the size."""
         pos = 0
         for data in self.iter_chunks(conn, oid):
-            if data.count(0) != len(data):
-                view = memoryview(data)
+            n = len(data)
+            if not n:
+                continue
+            # Most chunks neither start nor end with a zero: no strip (a copy) then.
+            lead = 0 if data[0] else n - len(data.lstrip(b"\0"))
+            if lead < n:
+                trail = 0 if data[-1] else n - len(data.rstrip(b"\0"))
+                start = max(pos, (pos + lead) // _BLOCK * _BLOCK)
+                end = min(pos + n, -(-(pos + n - trail) // _BLOCK) * _BLOCK)
+                view = memoryview(data)[start - pos:end - pos]
                 done = 0
-                while done < len(data):
-                    done += durable.pwrite(fd, view[done:], pos + done)
-            pos += len(data)
+                while done < len(view):
+                    done += durable.pwrite(fd, view[done:], start + done)
+            pos += n
         os.ftruncate(fd, pos)
         return pos
 

@@ -260,3 +260,22 @@ def test_concurrent_read_then_write_transactions_do_not_fail_busy(tmp_path):
     assert errors == []
     assert meta_rows(db)["counter"] == str(2 * rounds)
     db.close()
+
+
+def test_big_staging_writes_leave_checkpoints_to_the_next_durable_commit(tmp_path):
+    """A close-write that stages many pages appends them to the WAL and
+    returns (no checkpoint, no fsync of store.db); the next durable commit
+    checkpoints them into the database file."""
+    path = tmp_path / "store.db"
+    db = Database.open(str(path))
+    try:
+        main_size = path.stat().st_size
+        with db.write() as conn:  # ~2,000 pages: past SQLite's default threshold of 1,000
+            conn.execute(schema.chunks.insert(), [{"cid": f"c{i}", "size": 4096, "data": os.urandom(4096)}
+                                                  for i in range(2000)])
+        assert path.stat().st_size == main_size
+        with db.write(durable=True) as conn:
+            conn.execute(schema.meta.insert().values(key="test", value="x"))
+        assert path.stat().st_size > main_size + 2000 * 4096
+    finally:
+        db.close()

@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 from sqlalchemy import event, func, select
 
-from store import schema
+from store import chunking, schema
 from store.db import Database
 from store.errors import CorruptObject
 from store.objects import ObjectStore, xxh3_hex
@@ -104,9 +104,9 @@ def test_all_zero_object_is_written_as_one_hole(db, tmp_path):
     objects = ObjectStore()
     with db.write() as conn:
         oid = objects.put_bytes(conn, bytes(5 * MiB))
-        # Five equal chunks are one chunk row.
+        # Zeros have no content-defined cut: maximal chunks, all equal, one chunk row.
         assert count(conn, schema.chunks) == 1
-        assert objects.chunk_ids(conn, oid) == [objects.chunk_ids(conn, oid)[0]] * 5
+        assert objects.chunk_ids(conn, oid) == [objects.chunk_ids(conn, oid)[0]] * (5 * MiB // chunking.MAX_SIZE)
     fd = os.open(tmp_path / "out", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with db.read() as conn:

@@ -396,7 +396,12 @@ class Overlay(ContentMixin):
                 d = self.drafts.get((agent() if callable(agent) else agent, path))
                 if d is not None and d.opens > 0:
                     return self._stat_draft(d, self.upper.get(path))
-            node, st = self._resolve(path)
+            try:
+                node, st = self._resolve(path)
+            except NotFound:
+                if len(os.fsencode(path.rpartition("/")[2])) > 255:
+                    raise NameTooLong(path) from None  # a lookup of a name no directory can hold
+                raise
             if node is None:
                 return self._stat_lower(path, st)
             out = self._stat_node(node)

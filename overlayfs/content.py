@@ -486,6 +486,7 @@ class ContentMixin:
                         gid=owner[1] if owner else os.getgid())
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
+            self._entries_changed(path)
             old = self.drafts.get((agent, path))
             if old is not None:
                 if old.opens:

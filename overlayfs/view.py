@@ -91,6 +91,9 @@ class Overlay(ContentMixin):
         # behind it is new.  (dev, workspace ino) -> ino shown.
         self.ino_alias: dict[tuple[int, int], int] = {}
         self._nlink_cache: dict[str, int] = {}  # see _dir_nlink
+        # Workspace directory -> when the view last changed its entries (ns):
+        # shown as its mtime and ctime (see _entries_changed).
+        self.dir_times: dict[str, int] = {}
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         with ws.db.write() as conn:
@@ -271,7 +274,8 @@ class Overlay(ContentMixin):
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
         if kind == "dir":
-            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
+            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)),
+                        uid=st.st_uid, gid=st.st_gid)
             fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 attrs = xattr_codec.read_fd(fd)
@@ -298,7 +302,7 @@ class Overlay(ContentMixin):
             raise Unsupported(path)
         node.xattrs = attrs
         node.atime_ns = st.st_atime_ns
-        node.ctime_ns = st.st_ctime_ns
+        node.ctime_ns = max(st.st_ctime_ns, node.mtime_ns)
         self._bump(node)
         self.upper.set(path, node)
         digest = node.oid.split(".", 1)[0] if node.oid else ""
@@ -442,10 +446,14 @@ class Overlay(ContentMixin):
         if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
             nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
+        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
+            changed = self.dir_times.get(path, 0)
+            mtime, ctime = max(mtime, changed), max(ctime, changed)
         return {
             "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
-            "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns, "st_blocks": st.st_blocks,
+            "st_mtime": mtime, "st_ctime": ctime, "st_blocks": st.st_blocks,
             "st_blksize": st.st_blksize,
         }
 
@@ -657,7 +665,22 @@ class Overlay(ContentMixin):
         self._bump(node)
         self.upper.set(path, node)
         self._persist(puts=[path])
+        self._entries_changed(path)
         self.observe(agent, path, self.node_token(node))
+
+    def _entries_changed(self, *paths: str) -> None:
+        """The directories holding ``paths`` gained or lost an entry: their
+        mtime and ctime become now.  Shown for the life of the mount, not
+        staged (the commit's own changes give workspace directories new
+        times); a directory node keeps them in memory the same way."""
+        now = time.time_ns()
+        for path in paths:
+            parent = parent_name(path)[0]
+            node = self.upper.get(parent)
+            if node is not None:
+                node.mtime_ns = node.ctime_ns = now
+            else:
+                self.dir_times[parent] = now
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
@@ -679,6 +702,7 @@ class Overlay(ContentMixin):
             if not self._is_empty_dir(path):
                 raise NotEmpty(path)
             self._remove(path, agent)
+            self._entries_changed(path)
 
     # -- names ------------------------------------------------------------------
 
@@ -691,6 +715,7 @@ class Overlay(ContentMixin):
             if self._kind(node, st) == "dir":
                 raise IsADirectory(path)
             self._remove(path, agent)
+            self._entries_changed(path)
 
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
                 agent: str = DEFAULT) -> None:
@@ -745,6 +770,7 @@ class Overlay(ContentMixin):
                 self._resolve(new)  # both must exist
                 if old != new:
                     self._exchange(old, new, agent)
+                    self._entries_changed(old, new)
                 return
             src_kind = self._kind(src, src_st)
             self._require_dir(parent_name(new)[0])
@@ -778,6 +804,7 @@ class Overlay(ContentMixin):
                 fresh = self._fresh_under(agent, old)
                 self._rename_leaf(old, new, agent)
             self._moved(agent, old, new, fresh)
+            self._entries_changed(old, new)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
         """An unlink of an open file (libfuse's hidden rename): the path is
@@ -975,6 +1002,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self.upper.set(path, node)
             self._persist(puts=[path])
+            self._entries_changed(path)
             self._invalidate_names(node, except_path=path)
             self.observe(agent, path, self.node_token(node))
 
@@ -1045,6 +1073,7 @@ class Overlay(ContentMixin):
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
         self._nlink_cache.clear()
+        self.dir_times.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]

@@ -32,3 +32,26 @@ def test_lookup_of_an_overlong_name_is_enametoolong(ws_view):
     for parent in ("", "/d", "/new"):
         assert errno_of(view.getattr, parent + "/" + "x" * 256) == errno.ENAMETOOLONG, parent
         assert errno_of(view.getattr, parent + "/" + "x" * 255) == errno.ENOENT, parent
+
+
+def test_entry_changes_update_the_parent_directory_times(ws_view):
+    ws, view = ws_view
+    os.utime(ws.path + "/d", ns=(10**9, 10**9))  # a workspace directory
+    view.mkdir("/new", 0o755)  # a directory of the step
+    steps = [
+        (lambda: view.mkdir("/d/sub", 0o755), {"/d"}),
+        (lambda: view.symlink("/new/l", "t"), {"/new"}),
+        (lambda: view.rmdir("/d/sub"), {"/d"}),
+        (lambda: view.unlink("/new/l"), {"/new"}),
+        (lambda: view.release(view.create("/d/f", 0o644)), {"/d"}),
+        (lambda: view.rename("/d/f", "/new/f"), {"/d", "/new"}),
+        (lambda: view.link("/d/g", "/new/f"), {"/d"}),
+    ]
+    for step, dirs in steps:
+        view.utimens("/new", (10**9, 10**9))
+        view.dir_times.clear()
+        before = {d: view.getattr(d)["st_ctime"] for d in dirs}
+        step()
+        for d in dirs:
+            st = view.getattr(d)
+            assert st["st_mtime"] > 10**9 and st["st_ctime"] > before[d], (d, dirs)

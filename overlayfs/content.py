@@ -484,6 +484,7 @@ class ContentMixin:
             node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
                         ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
                         gid=owner[1] if owner else os.getgid())
+            self._inherit_group(path, node)
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
             self._entries_changed(path)

@@ -662,11 +662,23 @@ class Overlay(ContentMixin):
     def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
         """Stage a node made for a new name (directory, symlink, FIFO)."""
         node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
+        self._inherit_group(path, node)
         self._bump(node)
         self.upper.set(path, node)
         self._persist(puts=[path])
         self._entries_changed(path)
         self.observe(agent, path, self.node_token(node))
+
+    def _inherit_group(self, path: str, node: Node) -> None:
+        """In a set-group-ID directory a new name takes the directory's
+        group, and a new directory the S_ISGID bit too (the kernel leaves
+        this to the filesystem; BSD group semantics)."""
+        pnode, pst = self._resolve(parent_name(path)[0])
+        pmode, pgid = (pnode.mode, pnode.gid) if pnode is not None else (pst.st_mode, pst.st_gid)
+        if pmode & stat_mod.S_ISGID:
+            node.gid = pgid
+            if node.kind == "dir":
+                node.mode |= stat_mod.S_ISGID
 
     def _entries_changed(self, *paths: str) -> None:
         """The directories holding ``paths`` gained or lost an entry: their

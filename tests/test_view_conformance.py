@@ -55,3 +55,18 @@ def test_entry_changes_update_the_parent_directory_times(ws_view):
         for d in dirs:
             st = view.getattr(d)
             assert st["st_mtime"] > 10**9 and st["st_ctime"] > before[d], (d, dirs)
+
+
+def test_new_names_in_a_setgid_directory_take_its_group(ws_view):
+    _ws, view = ws_view
+    view.mkdir("/s", 0o2775, owner=(0, 0))
+    view.chown("/s", -1, 4242)
+    view.mkdir("/s/sub", 0o755, owner=(1000, 1000))
+    view.symlink("/s/l", "x", owner=(1000, 1000))
+    view.release(view.create("/s/f", 0o644, owner=(1000, 1000)))
+    sub = view.getattr("/s/sub")
+    assert (sub["st_gid"], sub["st_mode"] & 0o7777) == (4242, 0o2755)
+    assert view.getattr("/s/f")["st_gid"] == 4242 and view.getattr("/s/f")["st_mode"] & 0o7777 == 0o644
+    assert view.getattr("/s/l")["st_gid"] == 4242
+    view.mkdir("/plain", 0o755, owner=(1000, 1000))
+    assert view.getattr("/plain")["st_gid"] == 1000

@@ -482,6 +482,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
+            self._invalidate_names(node, except_path=path)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         with self.lock:
@@ -494,6 +495,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
+            self._invalidate_names(node, except_path=path)
 
     def _sync_draft_meta(self, path: str, node: Node) -> None:
         """A metadata change keeps the path's token, so every agent's draft of
@@ -596,6 +598,7 @@ class Overlay(ContentMixin):
                                             st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self._persist(puts=[path])
+            self._invalidate_names(node, except_path=path)
 
     def statfs(self, path: str) -> dict:
         sv = os.statvfs(self.root.fd)

@@ -70,3 +70,16 @@ def test_new_names_in_a_setgid_directory_take_its_group(ws_view):
     assert view.getattr("/s/l")["st_gid"] == 4242
     view.mkdir("/plain", 0o755, owner=(1000, 1000))
     assert view.getattr("/plain")["st_gid"] == 1000
+
+
+def test_metadata_change_through_one_hard_link_invalidates_the_others(ws_view):
+    _ws, view = ws_view
+    view.release(view.create("/a", 0o644))
+    view.link("/b", "/a")
+    seen = []
+    view.invalidate = seen.append
+    view.chown("/b", 7, 7)
+    view.chmod("/b", 0o600)
+    view.utimens("/b", (1, 2))
+    assert seen == ["/a", "/a", "/a"]
+    assert view.getattr("/a")["st_uid"] == 7

@@ -338,8 +338,18 @@ class Overlay(ContentMixin):
         keep working, POSIX-style); other agents' drafts lose at their close."""
         if agent is not None:
             prefix = path + "/"
+            # A name of a hard-linked file: the file lives on under another
+            # name, and so does the agent's draft of it (writes through an
+            # open descriptor reach the remaining names).
+            here = self.upper.get(path)
+            heir = min((n for n in here.names if n != path), default=None) \
+                if here is not None and here.link_group is not None else None
             for (a, p), d in list(self.drafts.items()):
-                if a == agent and (p == path or p.startswith(prefix)):
+                if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
+                    del self.drafts[(a, p)]
+                    self._reindex_draft(d, heir)
+                    self.drafts[(a, heir)] = d
+                elif a == agent and (p == path or p.startswith(prefix)):
                     d.detached = True
                     if d.opens == 0:
                         self._discard_draft(d)

@@ -83,3 +83,20 @@ def test_metadata_change_through_one_hard_link_invalidates_the_others(ws_view):
     view.utimens("/b", (1, 2))
     assert seen == ["/a", "/a", "/a"]
     assert view.getattr("/a")["st_uid"] == 7
+
+
+def test_writes_through_an_unlinked_name_reach_the_remaining_hard_link(ws_view):
+    _ws, view = ws_view
+    fh = view.create("/f", 0o644)
+    view.write(fh, b"abc", 0)
+    view.flush(fh)
+    view.link("/g", "/f")
+    view.rename("/f", "/.fuse_hidden0001")  # libfuse's unlink of an open file
+    view.write(fh, b"XYZ", 0)
+    assert view.getattr("/", fh)["st_nlink"] == 1
+    view.flush(fh)
+    view.release(fh)
+    fh = view.open("/g", os.O_RDONLY)
+    assert view.read(fh, 10, 0) == b"XYZ"
+    view.release(fh)
+    assert view.getattr("/g")["st_nlink"] == 1

@@ -94,6 +94,10 @@ class Overlay(ContentMixin):
         # Workspace directory -> when the view last changed its entries (ns):
         # shown as its mtime and ctime (see _entries_changed).
         self.dir_times: dict[str, int] = {}
+        # A workspace file with several names, some of which the view covers
+        # (removed, or copied up as a file of their own): (dev, ino) ->
+        # (names covered, when).  Its other names show that many links fewer.
+        self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         with ws.db.write() as conn:
@@ -273,6 +277,7 @@ class Overlay(ContentMixin):
         kind = self._kind(None, st)
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
+        self._lower_name_gone(st)  # from now on this name is a file of its own
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)),
                         uid=st.st_uid, gid=st.st_gid)
@@ -308,6 +313,13 @@ class Overlay(ContentMixin):
         digest = node.oid.split(".", 1)[0] if node.oid else ""
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
+
+    def _lower_name_gone(self, st: os.stat_result) -> None:
+        """A name of the workspace file ``st`` is now covered by the upper
+        layer (see ``lower_gone``)."""
+        if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            self.lower_gone[key] = (self.lower_gone.get(key, (0, 0))[0] + 1, time.time_ns())
 
     def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
         if node.link_group is not None:
@@ -357,6 +369,10 @@ class Overlay(ContentMixin):
                         del self.drafts[(a, p)]
         node = self.upper.get(path)
         base = node.base if node is not None else self._lower_token(path)
+        if node is None:
+            lower = self._lower_stat(path)
+            if lower is not None:
+                self._lower_name_gone(lower)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
@@ -457,6 +473,9 @@ class Overlay(ContentMixin):
             nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        if self.lower_gone and nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
+            nlink, ctime = max(1, nlink - gone), max(ctime, when)
         if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
             changed = self.dir_times.get(path, 0)
             mtime, ctime = max(mtime, changed), max(ctime, changed)
@@ -810,6 +829,8 @@ class Overlay(ContentMixin):
                 dnode, dst_st = self._resolve(new)
                 if dnode is not None and dnode is src:
                     return  # two names of one hard-linked file: POSIX says do nothing
+                if dnode is None and src is None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
+                    return  # the same, for a workspace file
                 dst_kind = self._kind(dnode, dst_st)
             if src_kind == "dir":
                 if new.startswith(old + "/"):
@@ -1099,6 +1120,7 @@ class Overlay(ContentMixin):
                 node.base = self._lower_token(path)
         self._nlink_cache.clear()
         self.dir_times.clear()
+        self.lower_gone.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
@@ -1152,6 +1174,7 @@ class Overlay(ContentMixin):
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
             self._nlink_cache.clear()
+            self.lower_gone.clear()
             targets = set()
             for path in paths:
                 targets.add(path)

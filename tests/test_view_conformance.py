@@ -100,3 +100,24 @@ def test_writes_through_an_unlinked_name_reach_the_remaining_hard_link(ws_view):
     assert view.read(fh, 10, 0) == b"XYZ"
     view.release(fh)
     assert view.getattr("/g")["st_nlink"] == 1
+
+
+def test_workspace_hard_links(tmp_path):
+    """Names of a workspace file with several links: renaming one onto
+    another does nothing (POSIX); removing or replacing one lowers the link
+    count the others show."""
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    for name in ("a", "c"):
+        (ws_dir / name).write_bytes(name.encode())
+    os.link(ws_dir / "a", ws_dir / "a2")
+    os.link(ws_dir / "a", ws_dir / "a3")
+    _ws, view = open_view(tmp_path)
+    view.rename("/a", "/a2")
+    assert {n for n, _k, _i in view.readdir("/")} >= {"a", "a2", "a3"}
+    assert view.getattr("/a")["st_nlink"] == 3
+    before = view.getattr("/a3")["st_ctime"]
+    view.unlink("/a")
+    assert view.getattr("/a3")["st_nlink"] == 2 and view.getattr("/a3")["st_ctime"] > before
+    view.rename("/c", "/a2")
+    assert view.getattr("/a3")["st_nlink"] == 1

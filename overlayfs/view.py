@@ -420,7 +420,7 @@ class Overlay(ContentMixin):
             if self.hidden and path in self.hidden:
                 d, attrs = self.hidden[path]
                 out = self._stat_draft(d, None) if d is not None else dict(attrs)
-                out["st_nlink"] = 0
+                out["st_nlink"] = attrs["st_nlink"]
                 return out
             if path in self.open_drafts:
                 d = self.drafts.get((agent() if callable(agent) else agent, path))
@@ -855,11 +855,13 @@ class Overlay(ContentMixin):
     def _hide(self, old: str, new: str, agent: str) -> None:
         """An unlink of an open file (libfuse's hidden rename): the path is
         removed as by ``unlink``; open descriptors keep working under the
-        hidden name, which reports ``st_nlink`` 0."""
+        hidden name, which reports ``st_nlink`` 0 -- or, for a hard-linked
+        file, the names it still has."""
         node, st = self._resolve(old)
         attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
         d = self.drafts.get((agent, old))
         self.unlink(old, agent)
+        attrs["st_nlink"] = len(node.names) if node is not None and node.link_group is not None else 0
         self.hidden[new] = (d, attrs)
         for h in self.handles.values():
             if h.path == old:

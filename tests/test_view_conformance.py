@@ -94,6 +94,7 @@ def test_writes_through_an_unlinked_name_reach_the_remaining_hard_link(ws_view):
     view.rename("/f", "/.fuse_hidden0001")  # libfuse's unlink of an open file
     view.write(fh, b"XYZ", 0)
     assert view.getattr("/", fh)["st_nlink"] == 1
+    assert view.getattr("/.fuse_hidden0001")["st_nlink"] == 1  # fstat: the kernel sends no handle
     view.flush(fh)
     view.release(fh)
     fh = view.open("/g", os.O_RDONLY)

@@ -407,7 +407,10 @@ class Overlay(ContentMixin):
         with self.lock:
             h = self.handles.get(fh) if fh is not None else None
             if h is not None and h.draft is not None:
-                return self._stat_draft(h.draft, self.upper.get(h.path))
+                out = self._stat_draft(h.draft, self.upper.get(h.path))
+                if self.hidden and h.path in self.hidden:
+                    out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
+                return out
             if h is not None and h.node is not None:
                 out = self._stat_node(h.node)
                 if self.upper.get(h.path) is not h.node:
@@ -861,7 +864,9 @@ class Overlay(ContentMixin):
         attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
         d = self.drafts.get((agent, old))
         self.unlink(old, agent)
-        attrs["st_nlink"] = len(node.names) if node is not None and node.link_group is not None else 0
+        # libfuse subtracts one from the st_nlink of a hidden name it is given
+        # (a positive one): the names left, plus one.
+        attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
         self.hidden[new] = (d, attrs)
         for h in self.handles.values():
             if h.path == old:

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import cases_data, cases_meta, cases_names  # noqa: F401  (they register the cases)
+from . import cases_data, cases_meta, cases_misc, cases_names  # noqa: F401  (they register the cases)
 from .kit import CASES, Case, Fail, T
 
 KNOWN_DIFFERENCES = Path(__file__).with_name("known_differences.txt")

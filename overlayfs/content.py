@@ -623,7 +623,8 @@ class ContentMixin:
         mode = node.mode if node is not None else d.mode
         return {
             "st_mode": stat_mod.S_IFREG | stat_mod.S_IMODE(mode), "st_ino": node.ino if node else d.ino,
-            "st_nlink": node.nlink if node is not None else 0 if d.detached else 1, "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
+            "st_nlink": node.nlink if node is not None else 0 if d.detached else 1,
+            "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
             "st_size": st.st_size, "st_blocks": st.st_blocks, "st_blksize": 4096,
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
             "st_ctime": max(st.st_ctime_ns, node.ctime_ns if node else 0),

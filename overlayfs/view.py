@@ -279,8 +279,8 @@ class Overlay(ContentMixin):
         attrs: dict[bytes, bytes] = {}
         self._lower_name_gone(st)  # from now on this name is a file of its own
         if kind == "dir":
-            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)),
-                        uid=st.st_uid, gid=st.st_gid)
+            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
+                        mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
             fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 attrs = xattr_codec.read_fd(fd)

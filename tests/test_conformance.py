@@ -105,7 +105,8 @@ def test_conformance_stepfs_against_native_and_fuse_overlayfs(public_tmp, mount,
               f"stepfs above fuse-overlayfs: {sum(1 for k in sfs if sfs[k] is None and fo[k] is not None)}")
 
     native_fails = {k for k, v in native.items() if v is not None}
-    assert not native_fails, "the native directory fails cases (a case is wrong here):\n" + _listing(native_fails, native)
+    assert not native_fails, ("the native directory fails cases (a case is wrong here):\n"
+                              + _listing(native_fails, native))
 
     fails = {k for k, v in sfs.items() if v is not None}
     new_fails, new_passes = fails - set(known), set(known) - fails

@@ -123,3 +123,23 @@ def test_conformance_stepfs_against_native_and_fuse_overlayfs(public_tmp, mount,
         with capsys.disabled():
             print("listed as below fuse-overlayfs, but fuse-overlayfs failed them in this run:\n  "
                   + "\n  ".join(sorted(overmarked)))
+
+
+def test_allow_other_is_refused_to_a_non_root_caller(tmp_path):
+    """``--allow-other`` opens the mount to every user: only root may ask
+    (refused before anything is touched)."""
+    from conformance.kit import UID1, GID1, run_as
+    from overlayfs import manage
+
+    ws, mp = _dir(tmp_path / "ws"), _dir(tmp_path / "mnt")
+
+    def attempt() -> str:
+        try:
+            manage.mount(str(ws), str(mp), allow_other=True)
+        except Exception as exc:  # noqa: BLE001 - the answer is the refusal's text
+            return f"{type(exc).__name__}: {exc}"
+        return "mounted"
+
+    tag, answer = run_as(UID1, GID1, (), attempt, ())
+    assert tag == "ok" and answer.startswith("InputError") and "needs root" in answer, (tag, answer)
+    assert not (ws / ".stepfs").exists()

@@ -331,6 +331,10 @@ class ContentMixin:
                 # agent already saw this empty file, so its token stays.
                 same = node is not None and node.kind == "file" and node.oid is None and size == 0
                 if node is None or node.kind != "file":
+                    if node is None:
+                        lower = self._lower_stat(d.path)
+                        if lower is not None:
+                            self._lower_name_gone(lower)  # this name is a file of its own now
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)

@@ -124,3 +124,11 @@ def test_workspace_hard_links(tmp_path):
     assert view.getattr("/a3")["st_nlink"] == 2 and view.getattr("/a3")["st_ctime"] > before
     view.rename("/c", "/a2")
     assert view.getattr("/a3")["st_nlink"] == 1
+    (ws_dir / "e").write_bytes(b"e")
+    os.link(ws_dir / "e", ws_dir / "e2")  # written through one name: two files from then on
+    assert view.getattr("/e")["st_nlink"] == 2
+    fh = view.open("/e2", os.O_WRONLY)
+    view.write(fh, b"E", 0)
+    view.flush(fh)
+    view.release(fh)
+    assert view.getattr("/e")["st_nlink"] == view.getattr("/e2")["st_nlink"] == 1

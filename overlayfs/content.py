@@ -331,6 +331,10 @@ class ContentMixin:
                 # agent already saw this empty file, so its token stays.
                 same = node is not None and node.kind == "file" and node.oid is None and size == 0
                 if node is None or node.kind != "file":
+                    if node is None:
+                        lower = self._lower_stat(d.path)
+                        if lower is not None:
+                            self._lower_name_gone(lower)  # this name is a file of its own now
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)
@@ -484,8 +488,10 @@ class ContentMixin:
             node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
                         ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
                         gid=owner[1] if owner else os.getgid())
+            self._inherit_group(path, node)
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
+            self._entries_changed(path)
             old = self.drafts.get((agent, path))
             if old is not None:
                 if old.opens:
@@ -621,7 +627,8 @@ class ContentMixin:
         mode = node.mode if node is not None else d.mode
         return {
             "st_mode": stat_mod.S_IFREG | stat_mod.S_IMODE(mode), "st_ino": node.ino if node else d.ino,
-            "st_nlink": 0 if d.detached else 1, "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
+            "st_nlink": node.nlink if node is not None else 0 if d.detached else 1,
+            "st_uid": node.uid if node else d.uid, "st_gid": node.gid if node else d.gid,
             "st_size": st.st_size, "st_blocks": st.st_blocks, "st_blksize": 4096,
             "st_atime": st.st_atime_ns, "st_mtime": st.st_mtime_ns,
             "st_ctime": max(st.st_ctime_ns, node.ctime_ns if node else 0),

@@ -34,7 +34,7 @@ def lock_path(ws: Workspace, mountpoint: str) -> str:
 
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
-          require_read: bool = False, auto_step: str = "manual") -> int:
+          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
     from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
@@ -104,7 +104,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
                 pass
 
     try:
-        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache)
+        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache,
+                     allow_other=allow_other)
     finally:
         control.stop()
         if stepper is not None:
@@ -122,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--debug", action="store_true")
     parser.add_argument("--require-read", action="store_true")
     parser.add_argument("--auto-step", default="manual")
+    parser.add_argument("--allow-other", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step)
+        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step,
+                     args.allow_other)
     except Exception as exc:  # reported to the parent through the log file
         log.exception("daemon failed")
         print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)

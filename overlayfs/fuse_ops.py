@@ -325,8 +325,11 @@ def _escape_option(value: str) -> str:
 
 
 def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
-        kernel_cache: KernelCache | None = None) -> None:
-    """Mount and serve until unmounted (blocks)."""
+        kernel_cache: KernelCache | None = None, allow_other: bool = False) -> None:
+    """Mount and serve until unmounted (blocks).  ``allow_other``: users
+    other than the mounter may enter; default_permissions makes the kernel
+    check their access against the modes the view reports."""
+    extra = {"allow_other": True} if allow_other else {}
     _FUSE(
         StepFS(view, on_ready, kernel_cache),
         mountpoint,
@@ -341,4 +344,5 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         attr_timeout=ATTR_TIMEOUT,
         entry_timeout=ENTRY_TIMEOUT,
         negative_timeout=0.0,
+        **extra,
     )

@@ -129,16 +129,20 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-          auto_step: str = "manual") -> int:
+          auto_step: str = "manual", allow_other: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
     then runs recovery, so the new mount starts from the last committed layer
     plus the open step's staged rows.  Raises a StepfsError with the reason
-    otherwise."""
+    otherwise.  ``allow_other`` lets users other than the mounter in (root
+    only; the kernel then checks their permissions: default_permissions)."""
     from store.workspace import Workspace
 
     from .autostep import parse as parse_auto_step
+
+    if allow_other and os.geteuid() != 0:
+        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
 
     try:
         parse_auto_step(auto_step)
@@ -157,6 +161,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
             cmd.append("--require-read")
         if auto_step != "manual":
             cmd += ["--auto-step", auto_step]
+        if allow_other:
+            cmd.append("--allow-other")
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},

@@ -91,6 +91,13 @@ class Overlay(ContentMixin):
         # behind it is new.  (dev, workspace ino) -> ino shown.
         self.ino_alias: dict[tuple[int, int], int] = {}
         self._nlink_cache: dict[str, int] = {}  # see _dir_nlink
+        # Workspace directory -> when the view last changed its entries (ns):
+        # shown as its mtime and ctime (see _entries_changed).
+        self.dir_times: dict[str, int] = {}
+        # A workspace file with several names, some of which the view covers
+        # (removed, or copied up as a file of their own): (dev, ino) ->
+        # (names covered, when).  Its other names show that many links fewer.
+        self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         with ws.db.write() as conn:
@@ -270,8 +277,10 @@ class Overlay(ContentMixin):
         kind = self._kind(None, st)
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
+        self._lower_name_gone(st)  # from now on this name is a file of its own
         if kind == "dir":
-            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
+            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
+                        mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
             fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 attrs = xattr_codec.read_fd(fd)
@@ -298,12 +307,19 @@ class Overlay(ContentMixin):
             raise Unsupported(path)
         node.xattrs = attrs
         node.atime_ns = st.st_atime_ns
-        node.ctime_ns = st.st_ctime_ns
+        node.ctime_ns = max(st.st_ctime_ns, node.mtime_ns)
         self._bump(node)
         self.upper.set(path, node)
         digest = node.oid.split(".", 1)[0] if node.oid else ""
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
+
+    def _lower_name_gone(self, st: os.stat_result) -> None:
+        """A name of the workspace file ``st`` is now covered by the upper
+        layer (see ``lower_gone``)."""
+        if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            self.lower_gone[key] = (self.lower_gone.get(key, (0, 0))[0] + 1, time.time_ns())
 
     def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
         if node.link_group is not None:
@@ -334,8 +350,18 @@ class Overlay(ContentMixin):
         keep working, POSIX-style); other agents' drafts lose at their close."""
         if agent is not None:
             prefix = path + "/"
+            # A name of a hard-linked file: the file lives on under another
+            # name, and so does the agent's draft of it (writes through an
+            # open descriptor reach the remaining names).
+            here = self.upper.get(path)
+            heir = min((n for n in here.names if n != path), default=None) \
+                if here is not None and here.link_group is not None else None
             for (a, p), d in list(self.drafts.items()):
-                if a == agent and (p == path or p.startswith(prefix)):
+                if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
+                    del self.drafts[(a, p)]
+                    self._reindex_draft(d, heir)
+                    self.drafts[(a, heir)] = d
+                elif a == agent and (p == path or p.startswith(prefix)):
                     d.detached = True
                     if d.opens == 0:
                         self._discard_draft(d)
@@ -343,6 +369,10 @@ class Overlay(ContentMixin):
                         del self.drafts[(a, p)]
         node = self.upper.get(path)
         base = node.base if node is not None else self._lower_token(path)
+        if node is None:
+            lower = self._lower_stat(path)
+            if lower is not None:
+                self._lower_name_gone(lower)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
@@ -377,7 +407,10 @@ class Overlay(ContentMixin):
         with self.lock:
             h = self.handles.get(fh) if fh is not None else None
             if h is not None and h.draft is not None:
-                return self._stat_draft(h.draft, self.upper.get(h.path))
+                out = self._stat_draft(h.draft, self.upper.get(h.path))
+                if self.hidden and h.path in self.hidden:
+                    out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
+                return out
             if h is not None and h.node is not None:
                 out = self._stat_node(h.node)
                 if self.upper.get(h.path) is not h.node:
@@ -390,13 +423,18 @@ class Overlay(ContentMixin):
             if self.hidden and path in self.hidden:
                 d, attrs = self.hidden[path]
                 out = self._stat_draft(d, None) if d is not None else dict(attrs)
-                out["st_nlink"] = 0
+                out["st_nlink"] = attrs["st_nlink"]
                 return out
             if path in self.open_drafts:
                 d = self.drafts.get((agent() if callable(agent) else agent, path))
                 if d is not None and d.opens > 0:
                     return self._stat_draft(d, self.upper.get(path))
-            node, st = self._resolve(path)
+            try:
+                node, st = self._resolve(path)
+            except NotFound:
+                if len(os.fsencode(path.rpartition("/")[2])) > 255:
+                    raise NameTooLong(path) from None  # a lookup of a name no directory can hold
+                raise
             if node is None:
                 return self._stat_lower(path, st)
             out = self._stat_node(node)
@@ -437,10 +475,17 @@ class Overlay(ContentMixin):
         if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
             nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
+        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        if self.lower_gone and nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
+            nlink, ctime = max(1, nlink - gone), max(ctime, when)
+        if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
+            changed = self.dir_times.get(path, 0)
+            mtime, ctime = max(mtime, changed), max(ctime, changed)
         return {
             "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
-            "st_mtime": st.st_mtime_ns, "st_ctime": st.st_ctime_ns, "st_blocks": st.st_blocks,
+            "st_mtime": mtime, "st_ctime": ctime, "st_blocks": st.st_blocks,
             "st_blksize": st.st_blksize,
         }
 
@@ -469,6 +514,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
+            self._invalidate_names(node, except_path=path)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         with self.lock:
@@ -481,6 +527,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
+            self._invalidate_names(node, except_path=path)
 
     def _sync_draft_meta(self, path: str, node: Node) -> None:
         """A metadata change keeps the path's token, so every agent's draft of
@@ -583,6 +630,7 @@ class Overlay(ContentMixin):
                                             st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self._persist(puts=[path])
+            self._invalidate_names(node, except_path=path)
 
     def statfs(self, path: str) -> dict:
         sv = os.statvfs(self.root.fd)
@@ -649,10 +697,37 @@ class Overlay(ContentMixin):
     def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
         """Stage a node made for a new name (directory, symlink, FIFO)."""
         node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
+        self._inherit_group(path, node)
         self._bump(node)
         self.upper.set(path, node)
         self._persist(puts=[path])
+        self._entries_changed(path)
         self.observe(agent, path, self.node_token(node))
+
+    def _inherit_group(self, path: str, node: Node) -> None:
+        """In a set-group-ID directory a new name takes the directory's
+        group, and a new directory the S_ISGID bit too (the kernel leaves
+        this to the filesystem; BSD group semantics)."""
+        pnode, pst = self._resolve(parent_name(path)[0])
+        pmode, pgid = (pnode.mode, pnode.gid) if pnode is not None else (pst.st_mode, pst.st_gid)
+        if pmode & stat_mod.S_ISGID:
+            node.gid = pgid
+            if node.kind == "dir":
+                node.mode |= stat_mod.S_ISGID
+
+    def _entries_changed(self, *paths: str) -> None:
+        """The directories holding ``paths`` gained or lost an entry: their
+        mtime and ctime become now.  Shown for the life of the mount, not
+        staged (the commit's own changes give workspace directories new
+        times); a directory node keeps them in memory the same way."""
+        now = time.time_ns()
+        for path in paths:
+            parent = parent_name(path)[0]
+            node = self.upper.get(parent)
+            if node is not None:
+                node.mtime_ns = node.ctime_ns = now
+            else:
+                self.dir_times[parent] = now
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
@@ -674,6 +749,7 @@ class Overlay(ContentMixin):
             if not self._is_empty_dir(path):
                 raise NotEmpty(path)
             self._remove(path, agent)
+            self._entries_changed(path)
 
     # -- names ------------------------------------------------------------------
 
@@ -686,6 +762,7 @@ class Overlay(ContentMixin):
             if self._kind(node, st) == "dir":
                 raise IsADirectory(path)
             self._remove(path, agent)
+            self._entries_changed(path)
 
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
                 agent: str = DEFAULT) -> None:
@@ -740,6 +817,7 @@ class Overlay(ContentMixin):
                 self._resolve(new)  # both must exist
                 if old != new:
                     self._exchange(old, new, agent)
+                    self._entries_changed(old, new)
                 return
             src_kind = self._kind(src, src_st)
             self._require_dir(parent_name(new)[0])
@@ -754,6 +832,8 @@ class Overlay(ContentMixin):
                 dnode, dst_st = self._resolve(new)
                 if dnode is not None and dnode is src:
                     return  # two names of one hard-linked file: POSIX says do nothing
+                if dnode is None and src is None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
+                    return  # the same, for a workspace file
                 dst_kind = self._kind(dnode, dst_st)
             if src_kind == "dir":
                 if new.startswith(old + "/"):
@@ -773,15 +853,20 @@ class Overlay(ContentMixin):
                 fresh = self._fresh_under(agent, old)
                 self._rename_leaf(old, new, agent)
             self._moved(agent, old, new, fresh)
+            self._entries_changed(old, new)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
         """An unlink of an open file (libfuse's hidden rename): the path is
         removed as by ``unlink``; open descriptors keep working under the
-        hidden name, which reports ``st_nlink`` 0."""
+        hidden name, which reports ``st_nlink`` 0 -- or, for a hard-linked
+        file, the names it still has."""
         node, st = self._resolve(old)
         attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
         d = self.drafts.get((agent, old))
         self.unlink(old, agent)
+        # libfuse subtracts one from the st_nlink of a hidden name it is given
+        # (a positive one): the names left, plus one.
+        attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
         self.hidden[new] = (d, attrs)
         for h in self.handles.values():
             if h.path == old:
@@ -970,6 +1055,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self.upper.set(path, node)
             self._persist(puts=[path])
+            self._entries_changed(path)
             self._invalidate_names(node, except_path=path)
             self.observe(agent, path, self.node_token(node))
 
@@ -1040,6 +1126,8 @@ class Overlay(ContentMixin):
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
         self._nlink_cache.clear()
+        self.dir_times.clear()
+        self.lower_gone.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
@@ -1093,6 +1181,7 @@ class Overlay(ContentMixin):
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
             self._nlink_cache.clear()
+            self.lower_gone.clear()
             targets = set()
             for path in paths:
                 targets.add(path)

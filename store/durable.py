@@ -157,8 +157,23 @@ def start_fsync_all(fds: list[int]) -> Syncing:
         return Syncing(list(fds), None)
     if not fds:
         return Syncing([], [])
+    if len(fds) == 1:
+        # One call: done here, at once.  Handing it to a pool thread costs
+        # more than the overlap gains (the thread needs the GIL, which the
+        # caller holds while it builds its transaction).
+        return Syncing(list(fds), [_Done(_fsync_or_error(fds[0]))])
     pool = _executor()
     return Syncing(list(fds), [pool.submit(_fsync_or_error, fd) for fd in fds])
+
+
+class _Done:
+    """A result known already, shaped like a finished future."""
+
+    def __init__(self, value: OSError | None):
+        self.value = value
+
+    def result(self) -> OSError | None:
+        return self.value
 
 
 def rename(src: bytes, dst: bytes, *, src_dir_fd: int, dst_dir_fd: int) -> None:

@@ -270,17 +270,19 @@ def _failing_fsync(monkeypatch, where: str):
     return failed
 
 
-def test_a_new_file_failing_its_concurrent_fsync_withdraws_the_intent(tmp_path, monkeypatch):
+@pytest.mark.parametrize("n_new", [0, 5], ids=["one-file", "six-files"])
+def test_a_new_file_failing_its_concurrent_fsync_withdraws_the_intent(tmp_path, monkeypatch, n_new):
     ws_path = tmp_path / "ws"
     ws_path.mkdir()
     (ws_path / "old.txt").write_bytes(b"old\n")
     with Workspace.open(str(ws_path), create=True) as ws:
         old = manifest(ws_path)
         view = Overlay(ws, "/faults/mnt")
-        for i in range(5):
+        for i in range(n_new):
             _write(view, f"/new{i}.txt", b"new %d\n" % i)
         _write(view, "/old.txt", b"changed\n")
-        failed = _failing_fsync(monkeypatch, "/.stepfs/tmp/L1-3")
+        # one file: fsynced at once in the caller; six: on the pool
+        failed = _failing_fsync(monkeypatch, "/.stepfs/tmp/L1-" + ("3" if n_new else "0"))
         with pytest.raises(PublishFailed) as info:
             view.commit("fails while the intent is recorded")
         assert failed, "the injected fsync failure was never reached"
@@ -290,11 +292,12 @@ def test_a_new_file_failing_its_concurrent_fsync_withdraws_the_intent(tmp_path, 
         assert layer_states(ws) == {0: "committed"}
         assert os.listdir(ws.tmp_dir) == []
         assert view.readonly_reason is None
-        assert len(view.staged_paths()) == 6
+        assert len(view.staged_paths()) == n_new + 1
         monkeypatch.undo()
         assert view.commit("the disk is healthy again") == 1
-        assert (ws_path / "new3.txt").read_bytes() == b"new 3\n"
         assert (ws_path / "old.txt").read_bytes() == b"changed\n"
+        if n_new:
+            assert (ws_path / "new3.txt").read_bytes() == b"new 3\n"
 
 
 def test_a_directory_failing_its_concurrent_fsync_leaves_the_layer_pending(tmp_path, monkeypatch):

@@ -15,22 +15,30 @@ power loss) at each point leaves behind is given with the step:
 2. **Objects and new files first.**  Before-objects are stored
    (after-objects already were, at close-write).  Every new file, symlink,
    FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
-   (same filesystem as the workspace), each regular file ``fsync``-ed.  A
-   failure here (``ENOSPC``, ``EDQUOT``, ``EIO`` on write, a failed
-   ``fsync``) removes the temporary files and fails the commit with that
-   errno (:class:`PublishFailed`, ``pending`` None): nothing in the workspace
-   changed and the step stays open.
+   (same filesystem as the workspace).  The regular files are then
+   ``fsync``-ed together on a thread pool (``durable.start_fsync_all``: one
+   journal commit for all of them instead of one each) *while* step 3
+   records the intent; all have ended before step 4.  A failure here
+   (``ENOSPC``, ``EDQUOT``, ``EIO`` on write, a failed ``fsync``) removes
+   the temporary files and fails the commit with that errno
+   (:class:`PublishFailed`, ``pending`` None): nothing in the workspace
+   changed and the step stays open.  An fsync that fails after the intent
+   was recorded first deletes the intent again (durably; it was never
+   acted on), so the outcome is the same.
    *Crash:* leftover temporary files (recovery deletes them); OLD.
 3. **Intent = the single commit point.**  One durable transaction
    (``synchronous=FULL``) inserts the layer with ``state='pending'``, its
    entries, the step it consumes and ``intent_sum``, a checksum over the
    entries and the step.  The step's staged rows stay until step 5.
+   The intent does not need the new files on disk: the objects they are
+   made from are durable with it, and recovery rewrites every new file.
    *Crash before it commits:* OLD, step open.  *After:* recovery rolls
-   forward to NEW.
+   forward to NEW (whether or not the new files' fsyncs had ended).
 4. **Switch.**  Remove what the layer removes (deepest first), create
    directories (shallowest first), ``rename`` each temporary file over its
    target, set directory owners, modes and attributes, then ``fsync`` the
-   parent of every entry and every directory entry, on every run (a run that
+   parent of every entry and every directory entry (each directory once,
+   all together on the pool), on every run (a run that
    finishes a killed one finds removals, new directories and modes already
    done, maybe not yet durable).  *Crash:* a mix of old and new paths (each
    path replaced atomically) that recovery completes to NEW.
@@ -265,39 +273,57 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
-                meta: dict | None, consume_step: int | None) -> int:
+                meta: dict | None, consume_step: int | None, number: int | None = None) -> int:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
-    and has checked for conflicts.  Returns the layer number.  Raises
-    :class:`PublishFailed` or :class:`StoreUnavailable`; the module
-    docstring says what each leaves behind."""
-    with ws.db.read() as conn:
-        number = next_number(conn)
+    and has checked for conflicts.  ``number``: the layer's number if the
+    caller already read ``next_number`` under this same hold of the lock.
+    Returns the layer number.  Raises :class:`PublishFailed` or
+    :class:`StoreUnavailable`; the module docstring says what each leaves
+    behind."""
+    if number is None:
+        with ws.db.read() as conn:
+            number = next_number(conn)
     try:
-        _prepare(ws, number, entries)
+        unsynced = _prepare(ws, number, entries)
     except StepfsError:  # a corrupt object, an unreadable store: before the commit point
         _remove_temps(ws)
         raise
     except OSError as exc:
         _remove_temps(ws)
-        raise PublishFailed(
-            f"could not write the step's new files ({_why(exc)}); nothing in the workspace was changed and "
-            f"the step is still open: fix the cause and run 'stepfs step' again.", exc.errno,
-        ) from None
+        raise _prepare_failure(exc) from None
+    # The new files are fsynced while the intent is recorded: neither needs
+    # the other (recovery rewrites every new file from the store), and both
+    # are done before the first rename.
+    syncing = durable.start_fsync_all(unsynced)
     try:
-        with ws.db.write(durable=True) as conn:
-            conn.execute(
-                L.insert().values(
-                    number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
-                    agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
-                    intent_sum=intent_checksum(entries, consume_step), step=consume_step,
+        try:
+            with ws.db.write(durable=True) as conn:
+                conn.execute(
+                    L.insert().values(
+                        number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
+                        agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
+                        intent_sum=intent_checksum(entries, consume_step), step=consume_step,
+                    )
                 )
-            )
-            if entries:
-                conn.execute(E.insert(), [_entry_row(number, e) for e in entries])
-    except StoreUnavailable:
-        _remove_temps(ws)
-        raise
+                if entries:
+                    conn.execute(E.insert(), [_entry_row(number, e) for e in entries])
+        except BaseException as exc:
+            syncing.abandon()
+            if isinstance(exc, StoreUnavailable):
+                _remove_temps(ws)
+            raise
+        try:
+            syncing.wait()
+        except OSError as exc:
+            # A new file did not reach the disk: take the intent back, so
+            # the commit fails as a whole with nothing changed.
+            _withdraw_intent(ws, number, exc)
+            _remove_temps(ws)
+            raise _prepare_failure(exc) from None
+    finally:
+        for fd in unsynced:
+            os.close(fd)
     # Past the commit point: from here a failure leaves the layer pending.
     try:
         _switch(ws, number, entries)
@@ -305,6 +331,26 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
         raise _pending_failure(number, exc) from None
     _complete(ws, number, consume_step)
     return number
+
+
+def _prepare_failure(exc: OSError) -> PublishFailed:
+    return PublishFailed(
+        f"could not write the step's new files ({_why(exc)}); nothing in the workspace was changed and "
+        f"the step is still open: fix the cause and run 'stepfs step' again.", exc.errno,
+    )
+
+
+def _withdraw_intent(ws: Workspace, number: int, cause: OSError) -> None:
+    """Delete the intent of layer ``number`` (nothing of it was published:
+    no rename happened), durably, so it is as if it was never recorded.
+    If that fails too, the layer stays pending and recovery publishes it
+    (rewriting every new file from the store)."""
+    try:
+        with ws.db.write(durable=True) as conn:
+            conn.execute(E.delete().where(E.c.layer == number))
+            conn.execute(L.delete().where((L.c.number == number) & (L.c.state == "pending")))
+    except StoreUnavailable:
+        raise _pending_failure(number, cause) from None
 
 
 def _why(exc: OSError) -> str:
@@ -341,6 +387,8 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
         _recover_locked(ws)
         with ws.db.read() as conn:
             rows = staging.load(conn, step)
+            # Numbers are only allocated under the commit lock, which we hold.
+            number = next_number(conn)
         plan = plan_step(ws, rows, overwrite)
         if plan.conflicts:
             names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
@@ -360,7 +408,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
                 "(use --allow-empty to record an empty layer anyway)."
             )
         return write_layer(ws, plan.entries, kind="step", message=message, agent=agent, mount=mount,
-                           meta=meta, consume_step=step)
+                           meta=meta, consume_step=step, number=number)
 
 
 # -- publishing -----------------------------------------------------------------
@@ -379,9 +427,20 @@ def _temp_name(number: int, seq: int) -> bytes:
     return f"L{number}-{seq}".encode()
 
 
-def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> None:
+#: Temporary files written before their fsyncs are issued together (and
+#: descriptors held open at once): bounded so a huge layer cannot run out
+#: of file descriptors.
+SYNC_BATCH = 256
+
+
+def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
     """Step 2: every new file, symlink, FIFO and hard link as a temporary
-    file in ``.stepfs/tmp`` (regular files fsynced).
+    file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
+    files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
+    ``start_fsync_all``) before any of them is renamed into place, and
+    closes them.  Files beyond a batch of :data:`SYNC_BATCH` are fsynced
+    here, together, a batch at a time (one journal commit per batch instead
+    of one per file, and a bounded number of open descriptors).
 
     A name depends only on the entry's position, so a re-run replaces the
     files of an interrupted one.  A hard link is made to the temporary file
@@ -390,33 +449,44 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> None:
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    unsynced: list[int] = []
+
+    def sync_batch() -> None:
+        try:
+            durable.fsync_all(unsynced)
+        finally:
+            for fd in unsynced:
+                os.close(fd)
+            unsynced.clear()
+
     try:
-        # Links last: the files they link to must exist first.
-        for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
-            e = entries[seq]
-            if e.after.kind not in ("file", "symlink", "fifo"):
-                continue
-            tmp_name = _temp_name(number, seq)
-            try:
-                os.unlink(tmp_name, dir_fd=tmp_fd)
-            except FileNotFoundError:
-                pass
-            owner = _owner_for(ws, e.path, e.after)
-            if e.after_link is not None:
-                if e.after_link in seq_of:
-                    os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
-                            dst_dir_fd=tmp_fd, follow_symlinks=False)
-                else:
-                    sfd, sname = root.parent(e.after_link)
-                    try:
-                        os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
-                    finally:
-                        os.close(sfd)
-            elif e.after.kind == "file":
-                fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=tmp_fd)
+        with ws.db.read() as conn:
+            # Links last: the files they link to must exist first.
+            for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
+                e = entries[seq]
+                if e.after.kind not in ("file", "symlink", "fifo"):
+                    continue
+                tmp_name = _temp_name(number, seq)
                 try:
-                    with ws.db.read() as conn:
-                        ws.objects.write_to_fd(conn, e.after.oid, fd)
+                    os.unlink(tmp_name, dir_fd=tmp_fd)
+                except FileNotFoundError:
+                    pass
+                owner = _owner_for(ws, e.path, e.after)
+                if e.after_link is not None:
+                    if e.after_link in seq_of:
+                        os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
+                                dst_dir_fd=tmp_fd, follow_symlinks=False)
+                    else:
+                        sfd, sname = root.parent(e.after_link)
+                        try:
+                            os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
+                        finally:
+                            os.close(sfd)
+                elif e.after.kind == "file":
+                    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                                 dir_fd=tmp_fd)
+                    unsynced.append(fd)
+                    ws.objects.write_to_fd(conn, e.after.oid, fd)
                     if owner is not None:
                         os.fchown(fd, *owner)
                     os.fchmod(fd, e.after.mode)
@@ -424,20 +494,24 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> None:
                         xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
                     if e.after_mtime_ns:
                         os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
-                    durable.fsync(fd)
-                finally:
-                    os.close(fd)
-            elif e.after.kind == "fifo":
-                os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
-                if owner is not None:
-                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
-                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
-            else:
-                durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
-                if owner is not None:
-                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                    if len(unsynced) >= SYNC_BATCH:
+                        sync_batch()
+                elif e.after.kind == "fifo":
+                    os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
+                    if owner is not None:
+                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                    os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+                else:
+                    durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
+                    if owner is not None:
+                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+    except BaseException:
+        for fd in unsynced:  # never fsynced: the commit fails anyway
+            os.close(fd)
+        raise
     finally:
         os.close(tmp_fd)
+    return unsynced
 
 
 def _remove_temps(ws: Workspace) -> None:
@@ -524,17 +598,25 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
             finally:
                 os.close(fd)
 
-    # 5. make every directory entry and metadata change durable
-    for d in sorted(dirs_to_sync):
-        try:
-            fd = root.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                continue  # removed, or replaced by a file or symlink, in this same layer
-            raise
-        try:
-            durable.fsync(fd)
-        finally:
+    # 5. make every directory entry and metadata change durable: each
+    # distinct directory once, all of a batch together (one journal commit)
+    dir_fds: list[int] = []
+    try:
+        for d in sorted(dirs_to_sync):
+            try:
+                dir_fds.append(root.open(d, os.O_RDONLY | os.O_DIRECTORY))
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    continue  # removed, or replaced by a file or symlink, in this same layer
+                raise
+            if len(dir_fds) >= SYNC_BATCH:
+                durable.fsync_all(dir_fds)
+                for fd in dir_fds:
+                    os.close(fd)
+                dir_fds.clear()
+        durable.fsync_all(dir_fds)
+    finally:
+        for fd in dir_fds:
             os.close(fd)
 
 
@@ -542,7 +624,12 @@ def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
     """Steps 2 and 4 together: publish a layer whose intent is recorded
     (recovery).  Idempotent.  Raises ``OSError``; the layer then stays
     pending."""
-    _prepare(ws, number, entries)
+    fds = _prepare(ws, number, entries)
+    try:
+        durable.fsync_all(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
     _switch(ws, number, entries)
 
 

@@ -247,3 +247,98 @@ def test_a_commit_failing_past_its_commit_point_turns_the_view_read_only_until_r
         assert (ws_path / "new.txt").read_bytes() == b"new\n"
         view = Overlay(ws, "/faults/mnt")
         assert view.readonly_reason is None and view.staged_paths() == []
+
+
+# -- the concurrent path (no hook installed: fsyncs run on the pool) ----------------
+
+
+def _failing_fsync(monkeypatch, where: str):
+    """Make the real ``os.fsync`` fail with EIO for descriptors whose path
+    contains ``where`` (no hook is installed, so ``store.durable`` runs its
+    batches concurrently on its pool, as in production)."""
+    real = os.fsync
+    failed: list[str] = []
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if where in path:
+            failed.append(path)
+            raise OSError(errno.EIO, "injected")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+@pytest.mark.parametrize("n_new", [0, 5], ids=["one-file", "six-files"])
+def test_a_new_file_failing_its_concurrent_fsync_withdraws_the_intent(tmp_path, monkeypatch, n_new):
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    (ws_path / "old.txt").write_bytes(b"old\n")
+    with Workspace.open(str(ws_path), create=True) as ws:
+        old = manifest(ws_path)
+        view = Overlay(ws, "/faults/mnt")
+        for i in range(n_new):
+            _write(view, f"/new{i}.txt", b"new %d\n" % i)
+        _write(view, "/old.txt", b"changed\n")
+        # one file: fsynced at once in the caller; six: on the pool
+        failed = _failing_fsync(monkeypatch, "/.stepfs/tmp/L1-" + ("3" if n_new else "0"))
+        with pytest.raises(PublishFailed) as info:
+            view.commit("fails while the intent is recorded")
+        assert failed, "the injected fsync failure was never reached"
+        assert info.value.errno == errno.EIO and info.value.pending is None
+        # As if the intent was never recorded: nothing changed, the step is open.
+        assert manifest(ws_path) == old
+        assert layer_states(ws) == {0: "committed"}
+        assert os.listdir(ws.tmp_dir) == []
+        assert view.readonly_reason is None
+        assert len(view.staged_paths()) == n_new + 1
+        monkeypatch.undo()
+        assert view.commit("the disk is healthy again") == 1
+        assert (ws_path / "old.txt").read_bytes() == b"changed\n"
+        if n_new:
+            assert (ws_path / "new3.txt").read_bytes() == b"new 3\n"
+
+
+def test_a_directory_failing_its_concurrent_fsync_leaves_the_layer_pending(tmp_path, monkeypatch):
+    ws_path = tmp_path / "ws"
+    for d in ("a", "b", "c"):
+        (ws_path / d).mkdir(parents=True)
+    with Workspace.open(str(ws_path), create=True) as ws:
+        view = Overlay(ws, "/faults/mnt")
+        for d in ("a", "b", "c"):
+            _write(view, f"/{d}/f.txt", d.encode())
+        failed = _failing_fsync(monkeypatch, f"{ws_path}/b")
+        with pytest.raises(PublishFailed) as info:
+            view.commit("a directory fsync fails")
+        assert failed == [f"{ws_path}/b"]  # never retried
+        assert info.value.pending == 1 and layer_states(ws)[1] == "pending"
+        monkeypatch.undo()
+    with Workspace.open(str(ws_path)) as ws:  # recovery rewrites and commits it
+        assert layer_states(ws) == {0: "committed", 1: "committed"}
+        assert (ws_path / "b" / "f.txt").read_bytes() == b"b"
+
+
+def test_fsync_all_reports_the_first_error_after_every_call_ended(tmp_path):
+    paths = [tmp_path / f"f{i}" for i in range(6)]
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT, 0o600) for p in paths]
+    r, w = os.pipe()  # fsync of a pipe fails with EINVAL
+    try:
+        durable.fsync_all(fds)
+        with pytest.raises(OSError) as info:
+            durable.fsync_all(fds[:3] + [r] + fds[3:])
+        assert info.value.errno == errno.EINVAL
+        syncing = durable.start_fsync_all(fds)
+        syncing.wait()
+        # A forked child gets a pool of its own (the parent's threads do not exist there).
+        pid = os.fork()
+        if pid == 0:
+            try:
+                durable.fsync_all(fds)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitpid(pid, 0)[1] == 0
+    finally:
+        for fd in fds + [r, w]:
+            os.close(fd)

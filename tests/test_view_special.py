@@ -10,7 +10,7 @@ import stat as stat_mod
 
 import pytest
 
-from store import layers, rollback
+from store import cards, diff, layers, rollback
 from store.contained import kind_of
 from viewkit import open_view, reopen
 
@@ -49,6 +49,13 @@ def test_mknod_device_and_socket_are_shown_staged_and_committed(tmp_path):
         after = {e.path: e.after for e in layers.entries(conn, layers.head(conn))}
     assert after[b"null"].kind == "chardev" and after[b"null"].target == str(NULL_RDEV).encode()
     assert after[b"sock"].kind == "socket" and after[b"sock"].target is None
+    with ws.db.read() as conn:  # what 'stepfs show' and 'stepfs diff' print
+        card = cards.card(ws.objects, conn, layers.head(conn))
+        patch = diff.patch(ws.objects, conn, diff.changes_between(conn, layers.head(conn) - 1, layers.head(conn)))
+    files = {f["path"]: f for f in card["files"]}
+    assert files["null"]["kind"] == "chardev" and files["null"]["after"]["rdev"] == NULL_RDEV
+    assert files["sock"]["op"] == "added" and files["sock"]["kind"] == "socket"
+    assert "new file mode 020620" in patch and "new file mode 140755" in patch
 
 
 def test_workspace_device_chmod_chown_rename_copy_up(tmp_path):

@@ -188,3 +188,21 @@ def test_special_before_state_of_a_version_2_store_still_reads_and_is_not_restor
     with pytest.raises(CommitConflict, match="special file"):
         rollback.rollback(ws, base)
     ws.close()
+
+
+def test_layers_tree_shows_devices_sockets_and_fifos_as_nodes(tmp_path):
+    ws, view = open_view(tmp_path)
+    view.mknod("/c", stat_mod.S_IFCHR | 0o640, NULL_RDEV)
+    view.mknod("/s", stat_mod.S_IFSOCK | 0o600)
+    view.mknod("/p", stat_mod.S_IFIFO | 0o644)
+    n = view.commit("nodes")
+    view.unlink("/c")
+    view.commit("remove the device")
+    layer = f"/.stepfs/layers/{n}"
+    listed = {name: kind for name, kind, _ino in view.readdir(layer)[2:]}
+    assert listed == {"c": stat_mod.S_IFCHR, "p": stat_mod.S_IFIFO, "s": stat_mod.S_IFSOCK}
+    st = view.getattr(layer + "/c")  # from the store: gone from the workspace since
+    assert stat_mod.S_ISCHR(st["st_mode"]) and stat_mod.S_IMODE(st["st_mode"]) == 0o640
+    assert st["st_rdev"] == NULL_RDEV
+    assert stat_mod.S_ISSOCK(view.getattr(layer + "/s")["st_mode"])  # from the workspace
+    assert "c" not in {name for name, _k, _i in view.readdir(f"/.stepfs/layers/{n + 1}")[2:]}

@@ -45,6 +45,7 @@ import xxhash
 from sqlalchemy import select
 
 from store import layers as store_layers, schema
+from store.contained import NODE_KINDS
 from store.errors import NoSuchLayer
 from store.snapshot import Item, Snapshot
 
@@ -63,11 +64,12 @@ LATEST = "latest"
 
 @dataclass
 class MetaEntry:
-    kind: str  # dir | file | symlink
+    kind: str  # dir | file | symlink, or (in layers) fifo | chardev | blockdev | socket
     ino: int
     data: object = b""  # file content (bytes or LayerFile) or symlink target (bytes)
     mode: int | None = None  # permission bits; None: the kind's default
     mtime_ns: int | None = None  # None: now
+    rdev: int = 0  # a device's number
 
 
 def is_meta(path: str) -> bool:
@@ -239,11 +241,13 @@ class MetaTree:
             return MetaEntry("dir", ino, mode=item.mode, mtime_ns=item.mtime_ns)
         if item.kind == "symlink":
             return MetaEntry("symlink", ino, item.target or b"", mtime_ns=item.mtime_ns)
+        if item.kind in NODE_KINDS:
+            return MetaEntry(item.kind, ino, mode=item.mode, mtime_ns=item.mtime_ns, rdev=item.rdev)
         return MetaEntry("file", ino, LayerFile(self.ws, rel, item), mode=item.mode, mtime_ns=item.mtime_ns)
 
     # -- FUSE-shaped helpers used by the view -------------------------------------
 
-    _TYPE = {"dir": stat_mod.S_IFDIR, "file": stat_mod.S_IFREG, "symlink": stat_mod.S_IFLNK}
+    _TYPE = {"dir": stat_mod.S_IFDIR, "file": stat_mod.S_IFREG, "symlink": stat_mod.S_IFLNK, **NODE_KINDS}
     _DEFAULT_MODE = {"dir": 0o555, "file": 0o444, "symlink": 0o777}
 
     def getattr(self, path: str) -> dict:
@@ -255,6 +259,7 @@ class MetaTree:
             "st_mode": self._TYPE[e.kind] | mode, "st_ino": e.ino, "st_nlink": 2 if e.kind == "dir" else 1,
             "st_size": size, "st_uid": os.getuid(), "st_gid": os.getgid(),
             "st_atime": when, "st_mtime": when, "st_ctime": when, "st_blocks": (size + 511) // 512,
+            "st_rdev": e.rdev,
         }
 
     def readdir(self, path: str) -> list[tuple[str, int, int]]:

@@ -5,7 +5,8 @@ FUSE hands them over) to :class:`Node` objects, and keeps a parent -> names
 index so a directory listing costs what that directory holds.  A node is one
 of: a file (its published content as an object id; drafts being written
 live in ``content.Draft``), a directory (``opaque`` hides the workspace directory
-of the same path), a symlink, or a whiteout (the path is deleted).
+of the same path), a symlink, a FIFO, a device node (its number in
+``target``, as in the store), a socket, or a whiteout (the path is deleted).
 
 Invariants:
 
@@ -23,7 +24,12 @@ import stat as stat_mod
 import time
 
 from store import xattrs as xattr_codec
+from store.contained import NODE_KINDS
 from store.staging import StagedRow
+
+
+#: File type bits of each node kind (a whiteout has none).
+_TYPE_BITS = {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK, **NODE_KINDS}
 
 
 def rel(path: str) -> bytes:
@@ -100,8 +106,7 @@ class Node:
 
     @property
     def type_bits(self) -> int:
-        return {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
-                "fifo": stat_mod.S_IFIFO}.get(self.kind, 0)
+        return _TYPE_BITS.get(self.kind, 0)
 
 
 class Upper:

@@ -40,7 +40,7 @@ from store.workspace import Workspace
 
 from .agents import DEFAULT
 from store import xattrs as xattr_codec
-from store.contained import kind_of
+from store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
 
 from .content import ContentMixin, Draft, Handle
 from .errors import (
@@ -286,9 +286,9 @@ class Overlay(ContentMixin):
                 attrs = xattr_codec.read_fd(fd)
             finally:
                 os.close(fd)
-        elif kind == "fifo":
-            node = Node("fifo", st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid,
-                        gid=st.st_gid)
+        elif kind in NODE_KINDS:
+            node = Node(kind, st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid,
+                        gid=st.st_gid, target=rdev_target(kind, st.st_rdev))
         elif kind == "symlink":
             node = Node("symlink", st.st_mode, base=base, ino=st.st_ino, target=self.root.readlink(rel(path)),
                         size=st.st_size, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
@@ -486,7 +486,7 @@ class Overlay(ContentMixin):
             "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
             "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
             "st_mtime": mtime, "st_ctime": ctime, "st_blocks": st.st_blocks,
-            "st_blksize": st.st_blksize,
+            "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
         }
 
     def _stat_node(self, node: Node) -> dict:
@@ -502,6 +502,8 @@ class Overlay(ContentMixin):
             out.update(st_size=4096, st_blocks=8)
         elif node.kind == "symlink":
             out.update(st_size=len(node.target or b""), st_blocks=0)
+        elif node.kind in DEVICE_KINDS:
+            out["st_rdev"] = rdev_of(node.kind, node.target)
         return out
 
     def chmod(self, path: str, mode: int) -> None:
@@ -775,8 +777,8 @@ class Overlay(ContentMixin):
 
     def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
               agent: str = DEFAULT) -> None:
-        """FIFOs (staged and committed like any path) and regular files;
-        device nodes and sockets are refused."""
+        """FIFOs, device nodes and sockets (staged and committed like any
+        path; the kernel lets only CAP_MKNOD make a device), and regular files."""
         with self.lock:
             if stat_mod.S_ISREG(mode):
                 fh = self.create(path, mode, os.O_WRONLY | os.O_EXCL, owner=owner, agent=agent)
@@ -785,11 +787,12 @@ class Overlay(ContentMixin):
                 finally:
                     self.release(fh)
                 return
-            if not stat_mod.S_ISFIFO(mode):
+            kind = kind_of(mode)
+            if kind not in NODE_KINDS:
                 raise Unsupported(path)
             self._check_create(path)
-            node = Node("fifo", stat_mod.S_IFIFO | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino))
+            node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self._base_for(path),
+                        ino=next(self._ino), target=rdev_target(kind, dev))
             self._add_new(path, node, owner, agent)
 
     def readlink(self, path: str) -> str:
@@ -1030,8 +1033,8 @@ class Overlay(ContentMixin):
         self.observe(agent, b, self.current_token(b)[0])
 
     def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
-        """A hard link ``path`` to ``existing`` (files only).  Both names
-        share one node: edits through either are seen through both, and the
+        """A hard link ``path`` to ``existing`` (anything but a directory).
+        Both names share one node: edits through either are seen through both, and the
         commit publishes them as hard links.  Workspace files that were
         already hard links are copied up separately (the workspace link is not
         followed into the upper layer)."""
@@ -1041,8 +1044,8 @@ class Overlay(ContentMixin):
             self._check_writable(existing)
             self._require_dir(parent_name(path)[0])
             node, st = self._resolve(existing)
-            if self._kind(node, st) != "file":
-                raise Unsupported(existing)  # no hard links to directories, symlinks or FIFOs here
+            if self._kind(node, st) not in publish.LEAF_KINDS:
+                raise Unsupported(existing)  # a directory (the kernel refuses those first)
             if self._exists(path):
                 raise Exists(path)
             node = self._node_for_meta(existing)

@@ -16,6 +16,7 @@ import time
 from sqlalchemy.engine import Connection
 
 from . import diff, layers
+from .contained import DEVICE_KINDS, rdev_of
 from .objects import ObjectStore
 
 #: Kept for callers of the old name: files above this size are not line-counted.
@@ -26,6 +27,8 @@ def _state(s: layers.State) -> dict:
     out = {"kind": s.kind, "mode": s.mode, "oid": s.oid}
     if s.kind == "symlink":
         out["target"] = os.fsdecode(s.target or b"")
+    elif s.kind in DEVICE_KINDS:
+        out["rdev"] = rdev_of(s.kind, s.target)
     return out
 
 

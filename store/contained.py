@@ -34,16 +34,34 @@ class _OpenHow(ctypes.Structure):
 
 def kind_of(mode: int) -> str:
     """The kind stepfs records for an ``st_mode``: file, dir, symlink, fifo,
-    or special (sockets and devices: recorded, never created)."""
+    chardev, blockdev or socket (``special`` is only ever read from layers
+    of stores written before devices and sockets had kinds of their own)."""
     if stat_mod.S_ISREG(mode):
         return "file"
     if stat_mod.S_ISDIR(mode):
         return "dir"
     if stat_mod.S_ISLNK(mode):
         return "symlink"
-    if stat_mod.S_ISFIFO(mode):
-        return "fifo"
-    return "special"
+    return _NODE_KIND_OF.get(stat_mod.S_IFMT(mode), "special")
+
+
+#: Kinds made by ``mknod`` (no content; a device's number is its ``target``)
+#: and their file type bits.
+NODE_KINDS = {"fifo": stat_mod.S_IFIFO, "chardev": stat_mod.S_IFCHR, "blockdev": stat_mod.S_IFBLK,
+              "socket": stat_mod.S_IFSOCK}
+_NODE_KIND_OF = {bits: kind for kind, bits in NODE_KINDS.items()}
+#: Kinds whose ``target`` is the device number (``st_rdev``) as decimal ASCII.
+DEVICE_KINDS = ("chardev", "blockdev")
+
+
+def rdev_target(kind: str, rdev: int) -> bytes | None:
+    """What a state of ``kind`` keeps in ``target`` for device number ``rdev``."""
+    return str(rdev).encode() if kind in DEVICE_KINDS else None
+
+
+def rdev_of(kind: str, target: bytes | None) -> int:
+    """The device number a state of ``kind`` records (0 for any other kind)."""
+    return int(target) if kind in DEVICE_KINDS and target else 0
 
 
 def _fsencode(path: str | bytes) -> bytes:

@@ -225,6 +225,9 @@ UPGRADES: dict[int, list[str]] = {
     # Staged rows are consumed when the layer is committed, not at its
     # intent.  A pending version-1 layer consumed its rows already: NULL.
     2: ["ALTER TABLE layers ADD COLUMN step INTEGER"],
+    # New kinds (chardev, blockdev, socket) and hard links of non-files: no
+    # table changes; the version alone keeps older stepfs off such a store.
+    3: [],
 }
 
 

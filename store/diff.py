@@ -22,6 +22,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
 from . import schema
+from .contained import NODE_KINDS
 from .history import committed_rows, require_layer, state_from_rows, under
 from .layers import Entry, State
 from .objects import ObjectStore
@@ -179,7 +180,8 @@ def count_lines(a: list[str], b: list[str]) -> tuple[int, int]:
 
 
 def _git_mode(s: State) -> str:
-    kind_bits = {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK}.get(s.kind, 0)
+    kind_bits = {"file": stat_mod.S_IFREG, "dir": stat_mod.S_IFDIR, "symlink": stat_mod.S_IFLNK,
+                 **NODE_KINDS}.get(s.kind, 0)
     mode = 0o777 if s.kind == "symlink" else (s.mode or 0)
     return f"{kind_bits | mode:06o}"
 

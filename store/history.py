@@ -184,6 +184,10 @@ def file_bytes(ws: Workspace, number: int, path: str, mountpoint: str | None = N
             if state.kind != "file":
                 raise NoSuchPath(f"{path} was a {state.kind} as of layer {number}, not a file.")
             return ws.objects.read_all(conn, state.oid)
+    st = ws.root.lstat_or_none(rel)
+    if st is not None and stat_mod.S_IFMT(st.st_mode) in (stat_mod.S_IFCHR, stat_mod.S_IFBLK, stat_mod.S_IFSOCK):
+        # Never opened: opening a device can act on the device (a tape rewinds).
+        raise NoSuchPath(f"{path} was a special file as of layer {number}, not a file.")
     try:
         # O_NONBLOCK: opening a FIFO must not wait for a writer.
         fd = ws.root.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)

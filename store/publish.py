@@ -82,12 +82,16 @@ import xxhash
 from sqlalchemy import select, update
 
 from . import durable, schema, staging, tokens, xattrs
-from .contained import kind_of
+from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
 from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
 from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
 
 L, E = schema.layers, schema.entries
+
+#: Kinds published as a temporary file renamed over the path (everything
+#: but directories); any of them may be a hard link of another path.
+LEAF_KINDS = ("file", "symlink", *NODE_KINDS)
 
 
 @dataclass
@@ -141,9 +145,10 @@ def capture(ws: Workspace, conn, path: bytes) -> _Before:
             os.close(fd)
         return _Before(State("dir", mode, None, None, st.st_uid, st.st_gid, attrs), tokens.from_stat(st),
                        st.st_uid, st.st_gid)
-    # FIFOs are recreated on publish; sockets and devices are recorded as
-    # present but never written.
-    return _Before(State(kind, mode, None, None, st.st_uid, st.st_gid), tokens.from_stat(st), st.st_uid, st.st_gid)
+    # FIFOs, device nodes and sockets are made again by mknod on publish (a
+    # device with its number); "special" is only what older stores recorded.
+    return _Before(State(kind, mode, None, rdev_target(kind, st.st_rdev), st.st_uid, st.st_gid),
+                   tokens.from_stat(st), st.st_uid, st.st_gid)
 
 
 def _after_of(row: staging.StagedRow) -> State:
@@ -153,8 +158,9 @@ def _after_of(row: staging.StagedRow) -> State:
         return State("file", stat_mod.S_IMODE(row.mode), row.oid, None, row.uid, row.gid, row.xattrs)
     if row.kind == "symlink":
         return State("symlink", None, None, row.target, row.uid, row.gid)
-    if row.kind == "fifo":
-        return State("fifo", stat_mod.S_IMODE(row.mode), None, None, row.uid, row.gid)
+    if row.kind in NODE_KINDS:
+        return State(row.kind, stat_mod.S_IMODE(row.mode), None, rdev_target(row.kind, rdev_of(row.kind, row.target)),
+                     row.uid, row.gid)
     return State("dir", stat_mod.S_IMODE(row.mode), None, None, row.uid, row.gid, row.xattrs)
 
 
@@ -194,11 +200,12 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
             for child in _walk(ws, row.path):
                 if child not in staged:
                     after.setdefault(child, (State(None), None, None))
-    # Hard links made in the mount: every name of a group but the first (in
-    # byte order) is published as a link to the first.
+    # Hard links made in the mount (of files, symlinks, FIFOs, devices,
+    # sockets): every name of a group but the first (in byte order) is
+    # published as a link to the first.
     groups: dict[int, list[bytes]] = {}
     for row in rows:
-        if row.kind == "file" and row.link_group is not None:
+        if row.kind in LEAF_KINDS and row.link_group is not None:
             groups.setdefault(row.link_group, []).append(row.path)
     link_to: dict[bytes, bytes] = {}
     for names in groups.values():
@@ -434,8 +441,8 @@ SYNC_BATCH = 256
 
 
 def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
-    """Step 2: every new file, symlink, FIFO and hard link as a temporary
-    file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
+    """Step 2: every new file, symlink, FIFO, device node, socket and hard
+    link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
     ``start_fsync_all``) before any of them is renamed into place, and
     closes them.  Files beyond a batch of :data:`SYNC_BATCH` are fsynced
@@ -464,7 +471,7 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
             # Links last: the files they link to must exist first.
             for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
                 e = entries[seq]
-                if e.after.kind not in ("file", "symlink", "fifo"):
+                if e.after.kind not in LEAF_KINDS:
                     continue
                 tmp_name = _temp_name(number, seq)
                 try:
@@ -496,8 +503,11 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
                         os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
                     if len(unsynced) >= SYNC_BATCH:
                         sync_batch()
-                elif e.after.kind == "fifo":
-                    os.mkfifo(tmp_name, 0o600, dir_fd=tmp_fd)
+                elif e.after.kind in NODE_KINDS:
+                    # A socket too is an S_IFSOCK node (what bind() leaves behind);
+                    # a device needs CAP_MKNOD, as it did to be made in the mount.
+                    os.mknod(tmp_name, NODE_KINDS[e.after.kind] | 0o600, rdev_of(e.after.kind, e.after.target),
+                             dir_fd=tmp_fd)
                     if owner is not None:
                         os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
                     os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
@@ -569,11 +579,12 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
         finally:
             os.close(pfd)
 
-    # 3. files, symlinks, FIFOs and links: each temporary file renamed over its path
+    # 3. files, symlinks, FIFOs, devices, sockets and links: each temporary
+    # file renamed over its path
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for seq, e in enumerate(entries):
-            if e.after.kind not in ("file", "symlink", "fifo"):
+            if e.after.kind not in LEAF_KINDS:
                 continue
             pfd, name = root.parent(e.path)
             try:

@@ -47,7 +47,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from . import cards, diff, publish, schema
-from .contained import kind_of
+from .contained import DEVICE_KINDS, kind_of
 from .errors import CommitConflict, NothingToRollBack
 from .history import committed_rows, require_layer, state_from_rows
 from .layers import Entry, State, entry_from_row, head as head_of, next_number
@@ -133,6 +133,8 @@ class _Disk:
             return self.ws.root.readlink(path) == state.target
         if stat_mod.S_IMODE(st.st_mode) != state.mode:
             return False
+        if kind in DEVICE_KINDS:
+            return str(st.st_rdev).encode() == state.target
         if kind != "file":
             return True
         return st.st_size == self.ws.objects.size(self.conn, state.oid) and self._same_bytes(path, state.oid)
@@ -211,21 +213,23 @@ def _defining(rows: list, number: int):
 
 def _restore_links(conn: Connection, number: int, by_path: dict, planned: dict[bytes, Entry],
                    unchanged: set[bytes]) -> None:
-    """Hard links come back as hard links: a restored file whose state as of
-    ``number`` was published as a link to ``q`` (``after_link``) is linked to
-    ``q`` again when ``q``'s state as of ``number`` comes from that same
-    layer and ``q`` is restored too, or already on disk in that state."""
+    """Hard links come back as hard links: a restored path (file, symlink,
+    FIFO, device or socket) whose state as of ``number`` was published by
+    layer L as a link to ``q`` (``after_link``) is linked to ``q`` again when
+    no layer after L up to ``number`` changed ``q`` (so ``q`` as of
+    ``number`` is the file that was linked: made by L itself, or left as
+    it was) and ``q`` is restored too, or already on disk in that state."""
     for path, entry in list(planned.items()):
         row = _defining(by_path.get(path, []), number)
-        if row is None or row.after_link is None or entry.after.kind != "file":
+        if row is None or row.after_link is None or entry.after.kind in (None, "dir"):
             continue
         q = bytes(row.after_link)
         q_rows = by_path.get(q)
         if q_rows is None:
             q_rows = committed_rows(conn, E.c.path == q)
         q_row = _defining(q_rows, number)
-        if q_row is None or q_row.layer != row.layer:
-            continue
+        if q_row is not None and q_row.layer > row.layer:
+            continue  # q was replaced after the link was made
         if q in planned or q in unchanged or q not in by_path:
             planned[path] = Entry(path, entry.before, entry.after, entry.after_mtime_ns, q)
 

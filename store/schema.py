@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 #: The one integer format version of a store.  A store whose version is newer
 #: is refused; an older one is upgraded (``db.UPGRADES``).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: Chunk size used when splitting an object (fixed-size chunking; the format
@@ -103,9 +103,10 @@ layers = Table(
 )
 
 # What a layer did to each path it touched: the state before and after.
-# A NULL kind means "absent".  kinds: file | dir | symlink | fifo, and as a
-# before state only, special (a socket or device: mode, no content; never
-# written by a commit).
+# A NULL kind means "absent".  kinds: file | dir | symlink | fifo | chardev |
+# blockdev | socket (a device's number is its target, decimal ASCII), and as
+# a before state of layers older than format 3 only, special (a socket or
+# device: mode, no content; never written by a commit).
 entries = Table(
     "entries",
     metadata,
@@ -150,7 +151,8 @@ steps = Table(
 )
 
 # The staged state of an open step, one row per path it changed.
-#   kind     file | dir | symlink | fifo | whiteout (the path is deleted)
+#   kind     file | dir | symlink | fifo | chardev | blockdev | socket |
+#            whiteout (the path is deleted)
 #   opaque   for dir: the workspace directory at this path (if any) is hidden
 #            below it; only staged children are visible
 #   base     the workspace token of the path when it was first staged

@@ -27,6 +27,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
 from . import schema
+from .contained import NODE_KINDS, rdev_of
 from .history import committed_rows, require_layer, state_from_rows, under
 from .workspace import Workspace
 
@@ -42,15 +43,17 @@ class Item:
     store; a file with ``oid is None`` reads the workspace file (untouched
     since the layer)."""
 
-    kind: str  # file | dir | symlink
+    kind: str  # file | dir | symlink | fifo | chardev | blockdev | socket
     mode: int  # permission bits
     size: int
     mtime_ns: int
     oid: str | None = None
     target: bytes | None = None
+    rdev: int = 0  # a device's number
 
 
-_KINDS = {stat_mod.S_IFREG: "file", stat_mod.S_IFDIR: "dir", stat_mod.S_IFLNK: "symlink"}
+_KINDS = {stat_mod.S_IFREG: "file", stat_mod.S_IFDIR: "dir", stat_mod.S_IFLNK: "symlink",
+          **{bits: kind for kind, bits in NODE_KINDS.items()}}
 
 
 class Snapshot:
@@ -69,7 +72,7 @@ class Snapshot:
 
     def lookup(self, path: bytes) -> Item | None:
         """The item at ``path`` (``b"."`` is the root), or None if absent.
-        Special files (FIFOs, devices) are not shown."""
+        FIFOs, devices and sockets are shown as nodes (never opened here)."""
         if path == b".":
             st = os.stat(self.ws.root.fd)
             return Item("dir", stat_mod.S_IMODE(st.st_mode), DIR_SIZE, self.created_ns)
@@ -88,7 +91,9 @@ class Snapshot:
         if state.kind == "symlink":
             target = state.target or b""
             return Item("symlink", 0o777, len(target), when, target=target)
-        return None  # absent, or a special file
+        if state.kind in NODE_KINDS:
+            return Item(state.kind, state.mode or 0, 0, when, rdev=rdev_of(state.kind, state.target))
+        return None  # absent, or a "special" file of an older store (no type recorded)
 
     def _from_workspace(self, path: bytes) -> Item | None:
         try:
@@ -106,7 +111,7 @@ class Snapshot:
             target = self.ws.root.readlink(path)
             return Item("symlink", 0o777, len(target), st.st_mtime_ns, target=target)
         size = DIR_SIZE if kind == "dir" else st.st_size
-        return Item(kind, stat_mod.S_IMODE(st.st_mode), size, st.st_mtime_ns)
+        return Item(kind, stat_mod.S_IMODE(st.st_mode), size, st.st_mtime_ns, rdev=st.st_rdev)
 
     # -- directories ----------------------------------------------------------
 
@@ -133,7 +138,7 @@ class Snapshot:
                 by_child.setdefault(parts[-1], []).append(row)
         for name, rows in by_child.items():
             state, _mtime = state_from_rows(rows, self.number)
-            kind = state.kind if state.kind in ("file", "dir", "symlink") else None
+            kind = state.kind if state.kind in _KINDS.values() else None
             if kind is None:
                 names.pop(name, None)
             else:

@@ -22,7 +22,8 @@ S = schema.staged
 
 @dataclass
 class StagedRow:
-    """One staged path.  ``kind`` is file | dir | symlink | fifo | whiteout."""
+    """One staged path.  ``kind`` is file | dir | symlink | fifo | chardev |
+    blockdev | socket | whiteout; a device's number is its ``target``."""
 
     path: bytes
     kind: str

@@ -44,7 +44,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "2"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "3"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE)
     db.close()
@@ -71,6 +71,20 @@ def test_newer_format_is_refused(tmp_path):
     set_meta(path, "format_version", str(schema.FORMAT_VERSION + 1))
     with pytest.raises(StoreFormatError, match="newer stepfs"):
         Database.open(path)
+
+
+def test_version_2_store_is_upgraded_to_3_keeping_its_data(tmp_path):
+    """Format 3 only adds kinds: the upgrade records the version, nothing else."""
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    with db.write() as conn:
+        conn.execute(schema.meta.insert().values(key="probe", value="kept"))
+    db.close()
+    set_meta(path, "format_version", "2")
+    db = Database.open(path, create=False)
+    facts = meta_rows(db)
+    assert facts["format_version"] == "3" and facts["probe"] == "kept"
+    db.close()
 
 
 def test_unknown_hash_algorithm_is_refused(tmp_path):
@@ -183,13 +197,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "2"
+    assert meta_rows(db)["format_version"] == "3"
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "2"
+    assert meta_rows(db)["format_version"] == "3"
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"

@@ -4,6 +4,7 @@ as of a layer (kernel-free tier)."""
 from __future__ import annotations
 
 import os
+import stat as stat_mod
 
 import pytest
 
@@ -60,6 +61,13 @@ def test_file_bytes_of_an_untouched_fifo_neither_hangs_nor_crashes(own_ws):
     os.mkfifo(os.path.join(own_ws.path, "pipe"))
     with pytest.raises(NoSuchPath, match="special file"):
         history.file_bytes(own_ws, 1, "pipe")
+
+
+@pytest.mark.parametrize("fmt", [stat_mod.S_IFCHR, stat_mod.S_IFSOCK], ids=["chardev", "socket"])
+def test_file_bytes_of_an_untouched_device_or_socket_never_opens_it(own_ws, fmt):
+    os.mknod(os.path.join(own_ws.path, "node"), fmt | 0o600, os.makedev(1, 3))
+    with pytest.raises(NoSuchPath, match="special file"):
+        history.file_bytes(own_ws, 1, "node")
 
 
 def test_state_at_touched_paths(ws):

@@ -247,7 +247,7 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
     """Pragmas on every new connection; our own BEGIN on every transaction."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, record) -> None:
         # Autocommit at the driver level: SQLAlchemy's "begin" event below
         # emits the BEGIN we want instead of pysqlite's implicit one.
         dbapi_conn.isolation_level = None
@@ -257,6 +257,7 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
             if wal:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            record.info["stepfs_synchronous"] = "NORMAL"
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA mmap_size=0")
         except sqlite3.DatabaseError:
@@ -268,9 +269,15 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
         opts = conn.get_execution_options()
-        conn.exec_driver_sql(
-            "PRAGMA synchronous=FULL" if opts.get("stepfs_durable") else "PRAGMA synchronous=NORMAL"
-        )
+        # The pragma is per connection and outside transactions: set it only
+        # when this pooled connection has the other value (a statement per
+        # transaction was a tenth of a staged-row write).
+        want = "FULL" if opts.get("stepfs_durable") else "NORMAL"
+        info = conn.connection.info
+        if info.get("stepfs_synchronous") != want:
+            info.pop("stepfs_synchronous", None)  # unknown until the pragma ran
+            conn.exec_driver_sql(f"PRAGMA synchronous={want}")
+            info["stepfs_synchronous"] = want
         conn.exec_driver_sql(opts.get("stepfs_begin", "BEGIN"))
 
 

@@ -1,10 +1,14 @@
 """Open steps and their staged rows (store side, no FUSE).
 
 An open step belongs to one mountpoint; its rows in ``staged`` are the
-overlay's upper layer as it was at the last close-write or metadata change,
-so a daemon that restarts on the same mountpoint resumes with nothing lost.
-The daemon keeps the same state in memory (``overlayfs/upper.py``) and
-writes through to these rows; it never reads them on a hot path.
+overlay's upper layer as it was at one moment: the last close-write, fsync,
+commit, status request or unmount, or at most the daemon's ``ROW_DELAY``
+after a namespace or metadata change (``overlayfs/view.py``, "Staged rows
+and crashes").  A daemon that restarts on the same mountpoint resumes from
+there; one killed with SIGKILL loses the changes of that window together,
+never an earlier one without the later ones.  The daemon keeps the state in
+memory (``overlayfs/upper.py``) and writes these rows in batches, one
+transaction each; it never reads them on a hot path.
 """
 
 from __future__ import annotations

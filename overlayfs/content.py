@@ -342,8 +342,11 @@ class ContentMixin:
                 node.oid, node.size = oid, size
                 node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
                 node.ctime_ns = time.time_ns()
-                for name in (node.names if node.link_group is not None else (d.path,)):
+                names = node.names if node.link_group is not None else (d.path,)
+                self._write_pending(conn, superseded=names)  # recorded rows ride along (view.py)
+                for name in names:
                     staging.put(conn, self.step, node.row(name))
+            self._pending_written()
         finally:
             os.close(fd)
         node.staged = True
@@ -590,8 +593,10 @@ class ContentMixin:
                 raise Stale(h.path)
 
     def fsync(self, fh: int, datasync: bool) -> None:
-        """Durability means staged in the store: the same decision as a close."""
+        """Durability means staged in the store: the same decision as a
+        close, and every recorded staged row written (view.py)."""
         self.flush(fh)
+        self.sync_rows()
 
     def release(self, fh: int) -> None:
         """Never fails (the kernel ignores its result): a handle that still

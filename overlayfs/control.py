@@ -11,7 +11,9 @@ with one JSON object and a newline and closes.  Requests: ``{"op": "ping"}``,
 ``{"op": "invalidate", "paths": ["/a/b", ...]}`` (the workspace changed under
 the mount: the view forgets its copies of those paths and the kernel its
 cached attributes and pages; answered once done, so a caller that got the
-answer knows the mount shows the new state).
+answer knows the mount shows the new state), ``{"op": "sync"}`` (write the
+staged rows the view recorded but has not written yet, see ``view.py``;
+answered once they are in the store).
 Answers: ``{"ok": true, ...}`` or ``{"ok": false, "error": <class name>,
 "message": <sentence>, "paths": [...]}``.
 

@@ -24,7 +24,7 @@ from store.workspace import Workspace
 from .control import ControlServer
 from .mounts import mount_key
 from .runfiles import daemon_alive, log_path  # noqa: F401  (re-exported)
-from .view import Overlay
+from .view import ROW_DELAY, Overlay
 
 log = logging.getLogger("stepfs.daemon")
 
@@ -48,7 +48,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
 
-    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read)
+    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
+                   row_delay=ROW_DELAY)
     kernel_cache = fuse_ops.KernelCache()
 
     def handle(req: dict) -> dict:
@@ -62,6 +63,9 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
                 overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
             )
             return {"number": number}
+        if op == "sync":  # before someone reads this step's rows from the store
+            view.sync_rows()
+            return {}
         if op == "status":
             return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
         if op == "steps":

@@ -275,6 +275,12 @@ class StepFS(mfusepy.Operations):
         return 0
 
     @_translating
+    def fsyncdir(self, path, datasync, fh):
+        # rename + fsync(directory) is how programs make a name durable.
+        self.view.sync_rows()
+        return 0
+
+    @_translating
     def release(self, path, fi):
         self.view.release(fi.fh)
         return 0

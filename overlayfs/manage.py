@@ -9,6 +9,7 @@ inside either (default: the current directory).
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import select
 import shutil
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from store.errors import (
     InputError,
-    CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, WorkspaceError,
+    CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, StepfsError, WorkspaceError,
 )
 from store.paths import STORE_DIR, check_directory, is_workspace
 
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
 # The store and the database layer (SQLAlchemy: most of a CLI start-up) are
 # imported inside the functions that open the store: a `stepfs step` or
 # `stepfs unmount` of a mountpoint only talks to the daemon.
+
+log = logging.getLogger("stepfs.manage")
 
 READY_TIMEOUT = 30.0
 EXIT_TIMEOUT = 30.0
@@ -279,6 +282,21 @@ def _op(row: staging.StagedRow) -> str:
     return "A" if row.base == tokens.ABSENT else "M"
 
 
+def sync_rows(ws: Workspace, mountpoint: str | None = None) -> None:
+    """Ask every live daemon of ``ws`` (or the one of ``mountpoint``) to
+    write the staged rows it recorded but has not written yet, so that the
+    store shows what the mounts show (``view.py``, "Staged rows and
+    crashes").  A daemon that does not answer has nothing to add."""
+    for m in mounts.stepfs_mounts(ws.path):
+        if mountpoint is not None and m.mountpoint != mountpoint:
+            continue
+        if daemon_alive(ws.run_dir, m.mountpoint):
+            try:
+                control.request(m.mountpoint, {"op": "sync"}, timeout=60.0)
+            except StepfsError as exc:
+                log.warning("could not sync the staged rows of %s: %s", m.mountpoint, exc)
+
+
 def status(target: Target) -> dict:
     """Mounts of the workspace, each open step's staged paths, the conflicts."""
     from sqlalchemy import select as sql_select
@@ -288,6 +306,7 @@ def status(target: Target) -> dict:
 
     with Workspace.open(target.workspace) as ws:
         live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        sync_rows(ws, target.mountpoint)
         out = {"workspace": ws.path, "mounts": [], "conflicts": []}
         with ws.db.read() as conn:
             out["head"] = layers.head(conn)
@@ -435,6 +454,7 @@ def _step_live_mounts(workspace: str, payload: dict) -> list[int]:
 def _open_steps_with_changes(ws: Workspace) -> int:
     from store import staging
 
+    sync_rows(ws)
     with ws.db.read() as conn:
         return sum(1 for st in staging.list_steps(conn) if st["staged"])
 

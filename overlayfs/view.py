@@ -12,13 +12,28 @@ and errors.  Lookup precedence for a path ``p``:
 Copy-up: the first open for writing (or truncate) of a workspace file copies
 it into a scratch file (sparse-aware, O(size of that file)); writes go to
 the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row.  Metadata changes (mkdir, unlink, rename,
-symlink, chmod, utimens) are written through to the store at once.  Mounting
-reads only the open step's staged rows: O(1) in the size of the workspace.
+object and writes the staged row.  Mounting reads only the open step's staged
+rows: O(1) in the size of the workspace.
+
+Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
+rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer
+in memory at once and their staged rows are recorded in
+:class:`upper.PendingRows`; all recorded rows are written in one transaction
+(see :meth:`Overlay.sync_rows`) at the next close-write (in the same
+transaction as its content), ``fsync``/``fsyncdir``, commit, discard, status
+request (``sync`` on the control channel), unmount, or at the latest
+``row_delay`` seconds after the first of them (the daemon's is
+:data:`ROW_DELAY`; a view made with ``row_delay=0`` writes every change at
+once, as library callers and most tests expect).  The store
+therefore always holds the upper layer as it was at one moment: a daemon
+killed with SIGKILL loses at most the changes of its last ``row_delay``
+seconds that no close-write, fsync or commit followed, and never keeps a
+later change without an earlier one.  (One transaction per change cost more
+than everything else ``tar -x`` does through the mount.)
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
-its whole duration.  The FUSE loop and the control thread (commits) are the
-only callers.  Nothing here blocks on another process.
+its whole duration.  The FUSE loop, the control thread (commits) and the
+row-flush timer are the only callers.  Nothing here blocks on another process.
 
 Caveats: mtime-only changes (``touch`` of an unchanged file) are shown in the
 mount but not committed; ownership changes are not staged yet.
@@ -48,7 +63,7 @@ from .errors import (
     ReadOnly, Reserved, Unsupported,
 )
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
-from .upper import Node, Upper, parent_name, rel, view_path
+from .upper import Node, PendingRows, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
 
@@ -61,12 +76,21 @@ RENAME_EXCHANGE = 2
 # Inode numbers for paths that exist only in the upper layer; far above what
 # real filesystems hand out so they do not collide with workspace inodes.
 SYNTHETIC_INO_BASE = 1 << 62
+#: Seconds a recorded staged-row change may wait for a transaction that
+#: carries it anyway (see the module doc): the window of changes a daemon
+#: killed with SIGKILL can lose.
+ROW_DELAY = 0.05
 
 
 class Overlay(ContentMixin):
     """The merged view of ``ws`` for the open step of ``mountpoint``."""
 
-    def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False):
+    def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
+                 row_delay: float | None = 0.0):
+        """``row_delay``: seconds before recorded staged rows are written by a
+        timer (the daemon passes :data:`ROW_DELAY`); 0, the default, writes
+        each change at once; None leaves them to the other flush points
+        (tests that decide when the store is written)."""
         self.ws = ws
         self.root = ws.root
         self.mountpoint = mountpoint
@@ -100,6 +124,9 @@ class Overlay(ContentMixin):
         self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
+        self.row_delay = row_delay
+        self._pending = PendingRows()
+        self._row_timer: threading.Timer | None = None
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
         self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
@@ -219,25 +246,65 @@ class Overlay(ContentMixin):
     # -- persistence (write-through of staged rows) ------------------------------
 
     def _persist(self, puts: list[str] = (), removes: list[str] = (), trees: list[str] = ()) -> None:
-        """Write the rows of ``puts`` (by their current nodes), delete the
-        rows of ``removes`` and of everything below ``trees``: one transaction."""
+        """Record the rows of ``puts`` (by their current nodes), the deletion
+        of the rows of ``removes`` and of everything below ``trees``; they
+        reach the store at the next flush (module doc)."""
         self._nlink_cache.clear()
         if self.on_change is not None:
             self.on_change()
-        with self.ws.db.write() as conn:
-            for path in trees:
-                staging.remove_tree(conn, self.step, rel(path))
-            for path in removes:
-                staging.remove(conn, self.step, rel(path))
-            for path in puts:
-                node = self.upper.nodes[path]
-                if node.kind == "file" and node.oid is None:
-                    # A created file nobody closed yet (moved by a rename): it
-                    # is empty, and a staged file row always names an object.
-                    node.oid = self.ws.objects.put_bytes(conn, b"")
-                for name in (node.names if node.link_group is not None else (path,)):
-                    staging.put(conn, self.step, node.row(name))
-                node.staged = True
+        pending = self._pending
+        for path in trees:
+            pending.remove_tree(rel(path))
+        for path in removes:
+            pending.remove(rel(path))
+        for path in puts:
+            node = self.upper.nodes[path]
+            for name in (node.names if node.link_group is not None else (path,)):
+                pending.put(node.row(name))
+            node.staged = True
+        self._rows_recorded()
+
+    def _rows_recorded(self) -> None:
+        if self.row_delay is None:
+            return
+        if self.row_delay <= 0:
+            self.sync_rows()
+        elif self._row_timer is None:
+            self._row_timer = threading.Timer(self.row_delay, self._timed_sync)
+            self._row_timer.daemon = True
+            self._row_timer.start()
+
+    def _timed_sync(self) -> None:
+        with self.lock:
+            self._row_timer = None
+            try:
+                self.sync_rows()
+            except Exception:  # a store error also made the view read-only
+                log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
+
+    def sync_rows(self) -> None:
+        """Write every recorded staged row now, in one transaction."""
+        with self.lock:
+            if self._pending:
+                with self.ws.db.write() as conn:
+                    self._write_pending(conn)
+                self._pending_written()
+
+    def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
+        """Write the recorded rows through ``conn``, a write transaction of
+        the caller, who calls :meth:`_pending_written` once it committed.
+        ``superseded``: paths whose rows the caller writes next, in the same
+        transaction (their recorded rows are older)."""
+        for path in superseded:
+            self._pending.discard(rel(path))
+        if self._pending:
+            self._pending.write(conn, self.step, self._empty_oid)
+
+    def _pending_written(self) -> None:
+        self._pending.clear()
+
+    def _empty_oid(self, conn) -> str:
+        return self.ws.objects.put_bytes(conn, b"")
 
     def _new_scratch(self) -> str:
         return os.path.join(self.scratch_dir, str(next(self._scratch_seq)))
@@ -537,9 +604,16 @@ class Overlay(ContentMixin):
         dropped ``node`` (a draft then publishes with its own metadata): it
         must carry the new mode, owner and xattrs, or its close would put
         the old ones back."""
-        for (_agent, p), d in self.drafts.items():
-            if p == path:
-                d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+        for d in self._drafts_at(path):
+            d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+
+    def _drafts_at(self, path: str) -> list[Draft]:
+        """Every agent's draft of ``path``, looked up agent by agent (an agent
+        with a draft has observed its path, so it is a key of ``observed``).
+        Idle drafts stay cached, so scanning them all made ``tar -x``, which
+        changes the metadata of every file it writes, O(n^2)."""
+        drafts = self.drafts
+        return [d for d in (drafts.get((agent, path)) for agent in self.observed) if d is not None]
 
     # -- extended attributes (user.*; see store/xattrs.py) -----------------
 
@@ -625,11 +699,10 @@ class Overlay(ContentMixin):
             new_a = node.atime_ns if atime == self.UTIME_OMIT else now if atime == self.UTIME_NOW else atime
             new_m = node.mtime_ns if mtime == self.UTIME_OMIT else now if mtime == self.UTIME_NOW else mtime
             # Open drafts of the path carry the times their handles report.
-            for (_agent, p), d in self.drafts.items():
-                if p == path:
-                    st = os.stat(d.scratch)
-                    os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
-                                            st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
+            for d in self._drafts_at(path):
+                st = os.stat(d.scratch)
+                os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
+                                        st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self._persist(puts=[path])
             self._invalidate_names(node, except_path=path)
@@ -1091,6 +1164,7 @@ class Overlay(ContentMixin):
             if self.readonly_reason is not None:
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
+            self.sync_rows()  # the commit reads the step's rows from the store
             covered = self._unstaged_over_rows()
             try:
                 number = publish.commit_step(
@@ -1165,9 +1239,11 @@ class Overlay(ContentMixin):
         with self.lock:
             dropped: list[str] = []
             with self.ws.db.write() as conn:
+                self._write_pending(conn)  # staging.discard reads the rows it drops
                 for path in paths:
                     dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
                                                                       mount=self.mountpoint)]
+            self._pending_written()
             for path in dropped:
                 node = self.upper.pop(path)
                 if node is not None:
@@ -1199,6 +1275,18 @@ class Overlay(ContentMixin):
             for d in list(self.drafts.values()):
                 if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):
                     self._discard_draft(d)
+
+    def close(self) -> None:
+        """Unmount: decide every open handle, then write the recorded rows."""
+        with self.lock:
+            super().close()
+            if self._row_timer is not None:
+                self._row_timer.cancel()
+                self._row_timer = None
+            try:
+                self.sync_rows()
+            except Exception:
+                log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

@@ -255,7 +255,7 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
     """Pragmas on every new connection; our own BEGIN on every transaction."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: sqlite3.Connection, _record) -> None:
+    def _on_connect(dbapi_conn: sqlite3.Connection, record) -> None:
         # Autocommit at the driver level: SQLAlchemy's "begin" event below
         # emits the BEGIN we want instead of pysqlite's implicit one.
         dbapi_conn.isolation_level = None
@@ -265,6 +265,7 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
             if wal:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")
+            record.info["stepfs_synchronous"] = "NORMAL"
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA mmap_size=0")
         except sqlite3.DatabaseError:
@@ -277,13 +278,20 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
     def _on_begin(conn: Connection) -> None:
         opts = conn.get_execution_options()
         durable = bool(opts.get("stepfs_durable"))
-        conn.exec_driver_sql("PRAGMA synchronous=FULL" if durable else "PRAGMA synchronous=NORMAL")
+        # The pragmas are per connection and outside transactions: set them
+        # only when this pooled connection has another value (a statement
+        # per transaction was a tenth of a staged-row write).
+        want = "FULL" if durable else "NORMAL"
+        info = conn.connection.info
+        if info.get("stepfs_synchronous") != want:
+            info.pop("stepfs_synchronous", None)  # unknown until the pragma ran
+            conn.exec_driver_sql(f"PRAGMA synchronous={want}")
+            info["stepfs_synchronous"] = want
         # Checkpoints (which fsync the WAL and the database file) run at the
         # commit of a durable transaction, where the caller pays for
         # durability anyway, not at every close-write: a non-durable commit
         # checkpoints only once the WAL holds more than WAL_LIMIT_PAGES.
         pages = CHECKPOINT_PAGES if durable else WAL_LIMIT_PAGES
-        info = conn.connection.info
         if info.get("stepfs_autocheckpoint") != pages:
             conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={pages}")
             info["stepfs_autocheckpoint"] = pages

@@ -50,3 +50,23 @@ def test_remove_tree_removes_exactly_the_subtree(db):
         assert [r.path for r in staging.load(conn, other)] == [b"d/x"]  # other steps untouched
         staging.remove(conn, step, b"e")
         assert b"e" not in [r.path for r in staging.load(conn, step)]
+
+
+def test_put_many_inserts_and_replaces_every_field_in_one_statement(db):
+    full = StagedRow(b"q", "file", 0o100600, oid=None, target=None, size=9, mtime_ns=5, opaque=False,
+                     base="tok", uid=7, gid=8, xattrs=b"\x00x", link_group=3)
+    with db.write() as conn:
+        step = staging.open_step(conn, "/m")
+        other = staging.open_step(conn, "/other")
+        staging.put(conn, other, StagedRow(b"q", "dir"))
+        staging.put(conn, step, StagedRow(b"p", "file", 0o100644, size=1, base="tok1"))
+        staging.put_many(conn, step, [
+            StagedRow(b"p", "symlink", 0o120777, target=b"t", size=1, base="tok2"),  # replaced
+            full,  # new
+        ])
+        assert staging.load(conn, step) == [
+            StagedRow(b"p", "symlink", 0o120777, target=b"t", size=1, base="tok2"), full]
+        staging.put_many(conn, step, [StagedRow(b"q", "dir", 0o40755, opaque=True)])  # every field replaced
+        assert staging.load(conn, step)[1] == StagedRow(b"q", "dir", 0o40755, opaque=True)
+        assert staging.load(conn, other) == [StagedRow(b"q", "dir")]  # the same path of another step
+        staging.put_many(conn, step, [])

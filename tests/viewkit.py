@@ -15,26 +15,31 @@ from store.contained import kind_of
 from store.workspace import Workspace
 
 
-def open_view(tmp_path: Path, mount_name: str = "mnt") -> tuple[Workspace, Overlay]:
+def open_view(tmp_path: Path, mount_name: str = "mnt", **options) -> tuple[Workspace, Overlay]:
     """A workspace at ``tmp_path/ws`` (created if needed) and a view of it
-    for the mountpoint ``tmp_path/<mount_name>`` (never mounted)."""
+    for the mountpoint ``tmp_path/<mount_name>`` (never mounted).
+    ``options`` go to :class:`Overlay` (``row_delay``)."""
     ws_dir = tmp_path / "ws"
     ws_dir.mkdir(exist_ok=True)
     ws = Workspace.open(str(ws_dir), create=True)
-    return ws, Overlay(ws, mountpoint=str(tmp_path / mount_name))
+    return ws, Overlay(ws, mountpoint=str(tmp_path / mount_name), **options)
 
 
 def reopen(view: Overlay) -> Overlay:
     """A new view of the same workspace and mountpoint: a daemon that died
-    (nothing closed) and restarted.  The new view clears the scratch
-    directory, so the old view must not be used afterwards; its handles
-    are forgotten here so that nothing touches the store through it."""
+    (nothing closed, staged rows it had not written yet lost) and restarted
+    with the same options.  The new view clears the scratch directory, so
+    the old view must not be used afterwards; its handles and row timer
+    are dropped here so that nothing touches the store through it."""
     for h in view.handles.values():
         if h.fd >= 0:
             os.close(h.fd)
     view.handles.clear()
+    if view._row_timer is not None:
+        view._row_timer.cancel()
+    view._pending.clear()
     view.upper = None  # any further use of the dead view fails loudly
-    return Overlay(view.ws, mountpoint=view.mountpoint)
+    return Overlay(view.ws, mountpoint=view.mountpoint, row_delay=view.row_delay)
 
 
 def read_all(view: Overlay, path: str) -> bytes:

@@ -1,0 +1,175 @@
+"""When the view's staged rows reach the store (view.py, "Staged rows and
+crashes"), without a kernel.
+
+Namespace and metadata changes are recorded in memory and written in one
+transaction at the next close-write (with its content), fsync, commit,
+discard, unmount or timer tick.  A daemon that dies keeps the upper layer as
+it was at the last of those: never a later change without an earlier one.
+These views run with ``row_delay=None`` (no timer) so each test decides when
+the store is written, except the one that tests the timer itself.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mod
+
+import pytest
+
+from store import durable, staging
+from viewkit import open_view, read_all, reopen, view_manifest, write_file
+
+
+def rows(ws, view) -> dict[bytes, staging.StagedRow]:
+    with ws.db.read() as conn:
+        return {r.path: r for r in staging.load(conn, view.step)}
+
+
+class Commits:
+    """Counts database COMMITs (the durability seam); can make them fail."""
+
+    def __init__(self, fail: bool = False):
+        self.n = 0
+        self.fail = fail
+
+    def before(self, op: str, args: tuple) -> None:
+        if op == "commit" and self.fail:
+            raise OSError(5, "injected commit failure")
+
+    def after(self, op: str, args: tuple) -> None:
+        if op == "commit":
+            self.n += 1
+
+
+@pytest.fixture
+def deferred(tmp_path):
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    (ws_dir / "old.txt").write_bytes(b"old\n")
+    ws, view = open_view(tmp_path, row_delay=None)
+    yield ws, view
+    ws.close()
+
+
+def test_metadata_changes_ride_along_with_the_next_close_write(deferred):
+    ws, view = deferred
+    write_file(view, "/a", b"a\n")
+    assert set(rows(ws, view)) == {b"a"}
+    view.chmod("/a", 0o600)
+    view.mkdir("/d", 0o755)
+    view.utimens("/old.txt", (1_000_000_000, 2_000_000_000))
+    view.symlink("/d/l", "../a")
+    assert set(rows(ws, view)) == {b"a"}  # recorded, not written yet
+    assert stat_mod.S_IMODE(rows(ws, view)[b"a"].mode) == 0o644
+    with durable.installed(Commits()) as commits:
+        write_file(view, "/d/b", b"b\n")
+    assert commits.n == 1  # the content, its row and every recorded row: one transaction
+    got = rows(ws, view)
+    assert set(got) == {b"a", b"d", b"d/b", b"d/l", b"old.txt"}
+    assert stat_mod.S_IMODE(got[b"a"].mode) == 0o600
+    assert got[b"old.txt"].mtime_ns == 2_000_000_000
+    assert got[b"d/l"].target == b"../a"
+
+
+def test_metadata_of_a_file_being_written_is_one_transaction_at_its_close(deferred):
+    """What ``tar -x`` does to every file: create, write, futimens, fchown,
+    fchmod on the open descriptor, then close."""
+    ws, view = deferred
+    with durable.installed(Commits()) as commits:
+        fh = view.create("/t.txt", 0o600, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        view.write(fh, b"tarred\n", 0)
+        view.utimens("/t.txt", (view.UTIME_OMIT, 1_500_000_000_000_000_000))
+        view.chown("/t.txt", os.getuid(), os.getgid())
+        view.chmod("/t.txt", 0o644)
+        view.flush(fh)
+        view.release(fh)
+    assert commits.n == 1
+    row = rows(ws, view)[b"t.txt"]
+    assert (stat_mod.S_IMODE(row.mode), row.mtime_ns) == (0o644, 1_500_000_000_000_000_000)
+    assert read_all(reopen(view), "/t.txt") == b"tarred\n"
+
+
+def test_a_crash_keeps_the_upper_layer_of_the_last_write(deferred):
+    ws, view = deferred
+    view.mkdir("/d", 0o755)
+    write_file(view, "/d/f", b"f\n")  # writes the mkdir too
+    expected = view_manifest(view)
+    view.chmod("/d/f", 0o600)
+    view.rename("/d", "/e")
+    view.unlink("/old.txt")
+    view.symlink("/l", "e/f")
+    after = reopen(view)  # SIGKILL: the four recorded changes are lost together
+    assert view_manifest(after) == expected
+    assert stat_mod.S_IMODE(after.getattr("/d/f")["st_mode"]) == 0o644
+
+
+def test_coalesced_removals_and_recreations_leave_the_rows_of_the_view(deferred):
+    ws, view = deferred
+    view.mkdir("/t", 0o755)
+    write_file(view, "/t/x", b"x\n")
+    view.unlink("/t/x")
+    view.rmdir("/t")
+    view.mkdir("/t", 0o700)
+    view.symlink("/t/y", "nowhere")
+    view.rename("/old.txt", "/t/old")
+    view.mkdir("/t/sub", 0o755)
+    view.rename("/t/sub", "/t/sub2")
+    expected = view_manifest(view)
+    view.sync_rows()
+    got = rows(ws, view)
+    assert {p: r.kind for p, r in got.items()} == {
+        b"t": "dir", b"t/y": "symlink", b"t/old": "file", b"t/sub2": "dir", b"old.txt": "whiteout",
+    }
+    assert view_manifest(reopen(view)) == expected
+
+
+def test_fsync_writes_the_recorded_rows(deferred):
+    ws, view = deferred
+    view.chmod("/old.txt", 0o640)
+    fh = view.open("/old.txt", os.O_RDONLY)
+    view.fsync(fh, False)
+    view.release(fh)
+    assert stat_mod.S_IMODE(rows(ws, view)[b"old.txt"].mode) == 0o640
+    assert stat_mod.S_IMODE(reopen(view).getattr("/old.txt")["st_mode"]) == 0o640
+
+
+def test_commit_discard_and_close_write_the_recorded_rows(deferred):
+    ws, view = deferred
+    view.mkdir("/n", 0o755)
+    number = view.commit(message="mkdir only")
+    assert number >= 1 and os.path.isdir(os.path.join(ws.path, "n"))
+    view.mkdir("/gone", 0o755)
+    assert view.discard(["/gone"]) == ["/gone"]
+    assert b"gone" not in rows(ws, view)
+    view.symlink("/kept", "n")
+    view.close()  # unmount
+    assert rows(ws, view)[b"kept"].kind == "symlink"
+
+
+def test_a_failed_write_keeps_the_rows_recorded(deferred):
+    ws, view = deferred
+    view.mkdir("/m", 0o755)
+    with durable.installed(Commits(fail=True)), pytest.raises(OSError):
+        view.sync_rows()
+    assert rows(ws, view) == {}
+    view.sync_rows()  # the store can write again: nothing was dropped
+    assert rows(ws, view)[b"m"].kind == "dir"
+
+
+def test_the_timer_writes_recorded_rows(tmp_path):
+    ws, view = open_view(tmp_path, row_delay=0.01)
+    view.mkdir("/later", 0o755)
+    timer = view._row_timer
+    assert timer is not None
+    timer.join()  # the timer thread has run (an event, not a sleep)
+    assert rows(ws, view)[b"later"].kind == "dir"
+    assert view._row_timer is None
+    ws.close()
+
+
+def test_row_delay_zero_writes_each_change_at_once(tmp_path):
+    ws, view = open_view(tmp_path)  # the default for library callers
+    view.mkdir("/now", 0o755)
+    assert rows(ws, view)[b"now"].kind == "dir"
+    assert view._row_timer is None
+    ws.close()

@@ -39,8 +39,9 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
-from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from .view import Overlay  # noqa: E402
+from .watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
 
@@ -119,11 +120,16 @@ class KernelCache:
     Threading: call from any thread except the FUSE loop's, and never while
     holding the view's lock: the kernel may have to wait for a request in
     flight (a read holding a page lock) that the loop can only finish by
-    taking that lock.  Dentries are not invalidated (libfuse3 3.14 offers
-    that only by node id, which the high-level API keeps to itself): a name
-    whose kind changed (file -> directory, say) would fail once with EIO
-    until its entry timeout expires, so ``manage.rollback`` waits out
-    :data:`ENTRY_TIMEOUT` before returning when a kind changed.
+    taking that lock.
+
+    Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
+    that only by node id, which the high-level API keeps to itself), so a
+    name whose file was removed or replaced is put in :attr:`gone` before
+    its attributes are dropped: the next ``getattr`` of it (the kernel's
+    question once the attributes are gone) answers ``ESTALE`` once, and the
+    VFS retries the lookup with revalidation, which drops or rebinds the
+    name (a kind change, file -> directory, included).  ``gone`` is a plain
+    set: added to by the control and watcher threads, consumed by the loop.
     """
 
     def __init__(self) -> None:
@@ -131,23 +137,32 @@ class KernelCache:
         self._call = mfusepy._libfuse.fuse_invalidate_path
         self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         self._call.restype = ctypes.c_int
+        self.gone: set[str] = set()
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
         self._fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
 
-    def invalidate(self, paths: list[str]) -> int:
-        """Invalidate ``paths`` (view paths); returns how many the kernel had cached."""
-        if not self._fuse:
-            return 0
-        done = 0
-        for path in paths:
-            rc = self._call(self._fuse, os.fsencode(path))
-            if rc == 0:
-                done += 1
-            elif rc != -errno.ENOENT:
-                log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
-        return done
+    def detach(self) -> None:
+        """The session is ending: no more invalidations (from ``destroy``)."""
+        self._fuse = None
+
+    def forget(self, path: str) -> bool:
+        """Invalidate one view path; True when the kernel had it cached."""
+        fuse = self._fuse
+        if not fuse:
+            return False
+        rc = self._call(fuse, os.fsencode(path))
+        if rc != 0 and rc != -errno.ENOENT:
+            log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
+        return rc == 0
+
+    def invalidate(self, paths: list[str], gone: bool = False) -> int:
+        """Invalidate ``paths`` (view paths); returns how many the kernel had
+        cached.  ``gone``: their files were removed or replaced (see above)."""
+        if gone:
+            self.gone.update(paths)
+        return sum(1 for path in paths if self.forget(path))
 
 
 def _owner() -> tuple[int, int]:
@@ -160,11 +175,18 @@ class StepFS(mfusepy.Operations):
 
     use_ns = True
 
-    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None):
+    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None,
+                 watcher: Watcher | None = None):
         self.view = view
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
         self.kernel_cache = kernel_cache
+        # Hot-path shortcuts: the gone set (empty almost always) and the
+        # watcher's "watch this directory" (None: nothing to watch).
+        self._gone = kernel_cache.gone if kernel_cache is not None else set()
+        self.watcher = watcher
+        self._watch = watcher.watch if watcher is not None else None
+        self._config = None
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -180,19 +202,43 @@ class StepFS(mfusepy.Operations):
         """The calling process's agent (pid from the FUSE request)."""
         return self.agents.of(mfusepy.fuse_get_context()[2])
 
-    def init(self, path):
+    def init_with_config(self, conn, config):
+        """libfuse's ``init``: ``config`` is the live ``struct fuse_config``
+        (its timeouts are read at every reply), kept for :meth:`short_timeouts`."""
+        self._config = config
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
         self.view.invalidate = self.invalidate
+        if self.watcher is not None:
+            self.watcher.start()
         if self.on_ready is not None:
             self.on_ready()
 
+    def short_timeouts(self) -> None:
+        """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
+        edits can no longer be seen as they happen; any thread)."""
+        if self._config is not None:
+            self._config.entry_timeout = SHORT_TIMEOUT
+            self._config.attr_timeout = SHORT_TIMEOUT
+
     def destroy(self, path):
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.kernel_cache is not None:
+            self.kernel_cache.detach()
         self.view.close()
 
     @_translating
     def getattr(self, path, fh=None):
-        return self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        if fh is None and self._gone and path in self._gone:
+            # The kernel still binds this name to a file that was removed or
+            # replaced: make it look the name up again (KernelCache).
+            self._gone.discard(path)
+            raise mfusepy.FuseOSError(errno.ESTALE)
+        out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
+            self._watch(path)  # before the kernel can cache anything inside it
+        return out
 
     @_translating
     def readdir(self, path, fh):
@@ -244,7 +290,13 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def open(self, path, fi):
-        fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+        try:
+            fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+        except view_errors.NotFound:
+            # The kernel sends OPEN only for a name it holds as existing: its
+            # entry is stale (removed outside the mount).  ESTALE makes the
+            # VFS look the name up again; open(O_CREAT) then creates it.
+            raise mfusepy.FuseOSError(errno.ESTALE) from None
         # Generated .stepfs files and named agents' handles bypass the page
         # cache (see content.py: the cache is shared by all agents).
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
@@ -325,10 +377,19 @@ def _escape_option(value: str) -> str:
 
 
 def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
-        kernel_cache: KernelCache | None = None) -> None:
-    """Mount and serve until unmounted (blocks)."""
+        kernel_cache: KernelCache | None = None, watch: bool = True) -> None:
+    """Mount and serve until unmounted (blocks).  ``watch``: see outside
+    edits through inotify and cache for :data:`ENTRY_TIMEOUT`; otherwise
+    (or when inotify fails) cache for :data:`SHORT_TIMEOUT` only."""
+    if kernel_cache is None:
+        kernel_cache = KernelCache()
+    ops = StepFS(view, on_ready, kernel_cache)
+    if watch:
+        ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts)
+        ops._watch = ops.watcher.watch
+    long_cache = watch
     _FUSE(
-        StepFS(view, on_ready, kernel_cache),
+        ops,
         mountpoint,
         raw_fi=True,
         foreground=True,
@@ -338,7 +399,7 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         subtype="stepfs",
         default_permissions=True,
         use_ino=True,
-        attr_timeout=ATTR_TIMEOUT,
-        entry_timeout=ENTRY_TIMEOUT,
+        attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
+        entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
         negative_timeout=0.0,
     )

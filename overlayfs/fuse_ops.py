@@ -365,11 +365,24 @@ class StepFS(mfusepy.Operations):
 
 class _FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
-    them, which would turn RENAME_NOREPLACE into a silent overwrite)."""
+    them, which would turn RENAME_NOREPLACE into a silent overwrite), and
+    ``getxattr`` answering the names the view never holds without going
+    through it (``ls -l`` asks every file for two of them).
+
+    (Kernel caching of directory listings, ``cache_readdir`` set in
+    ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
+    the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
                                       new.decode(self.encoding, self.errors), flags)
+
+    def getxattr(self, path, name, value, size, *args):
+        # Only user.* attributes exist in the view (store/xattrs.py); ls -l
+        # asks every file for security.selinux and system.posix_acl_access.
+        if not name.startswith(b"user."):
+            return -errno.ENODATA
+        return super().getxattr(path, name, value, size, *args)
 
 
 def _escape_option(value: str) -> str:

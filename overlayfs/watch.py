@@ -251,8 +251,7 @@ class Watcher:
         except OSError:
             return
         try:
-            wd = _libc.inotify_add_watch(self._fd, f"/proc/self/fd/{dfd}".encode(), MASK)
-            err = ctypes.get_errno()
+            wd, err = self._add_watch(f"/proc/self/fd/{dfd}".encode())
         finally:
             os.close(dfd)
         if wd < 0:
@@ -267,6 +266,11 @@ class Watcher:
                 self._wd_of.pop(old, None)
             self._dir_of[wd] = path
             self._wd_of[path] = wd
+
+    def _add_watch(self, path: bytes) -> tuple[int, int]:
+        """``(wd or -1, errno)`` of ``inotify_add_watch``."""
+        wd = _libc.inotify_add_watch(self._fd, path, MASK)
+        return wd, (ctypes.get_errno() if wd < 0 else 0)
 
     def _unwatch_below(self, top: str) -> None:
         with self._lock:

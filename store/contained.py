@@ -128,10 +128,19 @@ class Root:
         try:
             with os.scandir(fd) as it:
                 for entry in it:
-                    try:
-                        kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
-                    except FileNotFoundError:
-                        continue
+                    # The directory entry's own type (d_type) when the
+                    # filesystem gives one: no stat per entry.
+                    if entry.is_dir(follow_symlinks=False):
+                        kind = stat_mod.S_IFDIR
+                    elif entry.is_file(follow_symlinks=False):
+                        kind = stat_mod.S_IFREG
+                    elif entry.is_symlink():
+                        kind = stat_mod.S_IFLNK
+                    else:
+                        try:
+                            kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+                        except FileNotFoundError:
+                            continue
                     name = os.fsencode(entry.name)
                     if self.hide is not None and normalize(path) == b"." and name == self.hide:
                         continue

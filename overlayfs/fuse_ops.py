@@ -19,9 +19,22 @@ Choices (measured or forced, see README "Architecture"):
   namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
-* 1 s attribute and entry timeouts, no negative caching; when the workspace
-  changes under a mount (a rollback), :meth:`KernelCache.invalidate` drops the
-  kernel's cached attributes and pages of the paths at once.
+* 60 s attribute and entry timeouts (``mounts.ENTRY_TIMEOUT``), no negative
+  caching.  The kernel's caches are what make repeated metadata work (a
+  second ``git status``) cheap; what makes them safe is that nothing changes
+  the view unannounced: changes through the mount go through the kernel,
+  rollback and discard call :meth:`KernelCache.invalidate`, and outside
+  edits of the workspace are seen by the inotify :class:`Watcher`
+  (``overlayfs/watch.py``), which invalidates the changed names at once.
+  The trade-off: a change whose event was lost stays hidden until the
+  timeout, so the timeout is long enough to span the gap between an
+  agent's commands (the measured gain) and no longer.  A mount that cannot
+  watch (no inotify, ``ENOSPC`` from the watch limit, a queue overflow)
+  drops to :data:`SHORT_TIMEOUT` (1 s) for every later reply, by editing
+  libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
+* A name the kernel holds for a removed or replaced file answers
+  ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
+  that is not there): the VFS then repeats the lookup with revalidation.
 """
 
 from __future__ import annotations

@@ -57,6 +57,8 @@ from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
+#: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).
+PAGE_TOKENS_LIMIT = 100_000
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -200,6 +202,9 @@ class StepFS(mfusepy.Operations):
         self.watcher = watcher
         self._watch = watcher.watch if watcher is not None else None
         self._config = None
+        # path -> version token of the workspace file whose pages the kernel
+        # holds from the last read-only open (see open).
+        self._page_tokens: dict[str, str] = {}
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -299,6 +304,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def truncate(self, path, length, fh=None):
+        self._page_tokens.pop(path, None)
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
     @_translating
@@ -313,10 +319,30 @@ class StepFS(mfusepy.Operations):
         # Generated .stepfs files and named agents' handles bypass the page
         # cache (see content.py: the cache is shared by all agents).
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
+        self._keep_pages(path, fi)
         return 0
+
+    def _keep_pages(self, path: str, fi) -> None:
+        """``keep_cache`` for a read-only open of an untouched workspace
+        file whose version token is the one of its previous such open: the
+        pages the kernel holds are that file's bytes (any change of the
+        file changes the token; a write through the mount goes through a
+        writable open, which forgets the entry, and discard and rollback
+        invalidate the pages themselves)."""
+        tok = self.view.handle_workspace_token(fi.fh) if not fi.flags & (os.O_ACCMODE | os.O_TRUNC) else None
+        if tok is None:
+            self._page_tokens.pop(path, None)
+            return
+        if self._page_tokens.get(path) == tok:
+            fi.keep_cache = 1
+        else:
+            if len(self._page_tokens) >= PAGE_TOKENS_LIMIT:
+                self._page_tokens.clear()
+            self._page_tokens[path] = tok
 
     @_translating
     def create(self, path, mode, fi):
+        self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0

@@ -165,3 +165,20 @@ def test_without_the_watcher_the_short_timeouts_apply(workspace, mount, monkeypa
                 deadline_s=mounts.SHORT_TIMEOUT + DEADLINE)
     os.unlink(workspace / "src" / "c.py")
     assert seen(lambda: m.path("src", "c.py").exists(), False, deadline_s=mounts.SHORT_TIMEOUT + DEADLINE)
+
+
+def test_kept_pages_never_show_old_bytes(workspace, mount):
+    """Read-only opens of an unchanged workspace file keep the kernel's
+    pages (keep_cache); a write through the mount, a discard and an outside
+    edit of the same size must each still be read back exactly."""
+    (workspace / "f").write_text("original\n")
+    m = mount(workspace)
+    f = m.path("f")
+    assert f.read_text() == "original\n" and f.read_text() == "original\n"
+    sh("printf 'agent!!!\\n' > f", m.mountpoint)
+    assert f.read_text() == "agent!!!\n" and f.read_text() == "agent!!!\n"
+    r = stepfs("discard", m.mountpoint, str(f))
+    assert r.returncode == 0, r.stderr
+    assert f.read_text() == "original\n" and f.read_text() == "original\n"
+    (workspace / "f").write_text("outside\n\n")  # same size as "original\n"
+    assert seen(lambda: f.read_text(), "outside\n\n")

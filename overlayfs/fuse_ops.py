@@ -402,6 +402,11 @@ class StepFS(mfusepy.Operations):
         return 0
 
 
+_STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
+_STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
+              "st_blocks", "st_blksize"}
+
+
 class _FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
     them, which would turn RENAME_NOREPLACE into a silent overwrite), and
@@ -415,6 +420,32 @@ class _FUSE(mfusepy.FUSE):
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
                                       new.decode(self.encoding, self.errors), flags)
+
+    def fgetattr(self, path, buf, fip):
+        # mfusepy's set_st_attrs looks every key up by name (about twice
+        # the cost); the view's attribute dicts have these eleven keys.
+        ctypes.memset(buf, 0, _STAT_SIZE)
+        a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
+                                    fip.contents if fip else None)
+        st = buf.contents
+        if a.keys() != _STAT_KEYS:
+            mfusepy.set_st_attrs(st, a, use_ns=True)
+            return 0
+        st.st_mode = a["st_mode"]
+        st.st_ino = a["st_ino"]
+        st.st_nlink = a["st_nlink"]
+        st.st_size = a["st_size"]
+        st.st_uid = a["st_uid"]
+        st.st_gid = a["st_gid"]
+        st.st_blocks = a["st_blocks"]
+        st.st_blksize = a["st_blksize"]
+        ts = st.st_atimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_atime"], 1_000_000_000)
+        ts = st.st_mtimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_mtime"], 1_000_000_000)
+        ts = st.st_ctimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_ctime"], 1_000_000_000)
+        return 0
 
     def getxattr(self, path, name, value, size, *args):
         # Only user.* attributes exist in the view (store/xattrs.py); ls -l

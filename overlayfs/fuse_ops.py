@@ -263,6 +263,11 @@ class StepFS(mfusepy.Operations):
         return [(name, {"st_mode": kind, "st_ino": ino}, 0) for name, kind, ino in self.view.readdir(path)]
 
     @_translating
+    def readdir_entries(self, path):
+        """``[(name, S_IFMT bits, inode)]`` for ``_FUSE.readdir_fuse_3``."""
+        return self.view.readdir(path)
+
+    @_translating
     def readlink(self, path):
         return self.view.readlink(path)
 
@@ -420,6 +425,18 @@ class _FUSE(mfusepy.FUSE):
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
                                       new.decode(self.encoding, self.errors), flags)
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
+        # mfusepy builds a dict per entry and sets its fields by name; a
+        # listing of a large directory is thousands of these.
+        st = mfusepy.c_stat()
+        enc, errs = self.encoding, self.errors
+        for name, kind, ino in self.operations.readdir_entries(path.decode(enc, errs)):
+            st.st_mode = kind
+            st.st_ino = ino
+            if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
+                break
+        return 0
 
     def fgetattr(self, path, buf, fip):
         # mfusepy's set_st_attrs looks every key up by name (about twice

@@ -125,15 +125,16 @@ class Root:
         """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted)."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         out = []
+        hide = self.hide if self.hide is not None and normalize(path) == b"." else None
         try:
             with os.scandir(fd) as it:
                 for entry in it:
                     # The directory entry's own type (d_type) when the
                     # filesystem gives one: no stat per entry.
-                    if entry.is_dir(follow_symlinks=False):
-                        kind = stat_mod.S_IFDIR
-                    elif entry.is_file(follow_symlinks=False):
+                    if entry.is_file(follow_symlinks=False):
                         kind = stat_mod.S_IFREG
+                    elif entry.is_dir(follow_symlinks=False):
+                        kind = stat_mod.S_IFDIR
                     elif entry.is_symlink():
                         kind = stat_mod.S_IFLNK
                     else:
@@ -142,7 +143,7 @@ class Root:
                         except FileNotFoundError:
                             continue
                     name = os.fsencode(entry.name)
-                    if self.hide is not None and normalize(path) == b"." and name == self.hide:
+                    if name == hide:
                         continue
                     out.append((name, kind, entry.inode()))
         finally:

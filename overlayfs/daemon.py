@@ -88,7 +88,10 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         if op == "discard":
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
             dropped = view.discard(paths)
-            kernel_cache.invalidate(sorted({q for p in dropped for q in (p, p.rpartition("/")[0] or "/")}))
+            # Gone: the workspace's file shows through again, maybe of
+            # another kind than the staged one (fuse_ops.KernelCache).
+            kernel_cache.invalidate(sorted(set(dropped)), gone=True)
+            kernel_cache.invalidate(sorted({p.rpartition("/")[0] or "/" for p in dropped} - set(dropped)))
             return {"discarded": dropped}
         if op == "invalidate":
             # The workspace changed under this mount (a rollback): first the

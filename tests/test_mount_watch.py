@@ -182,3 +182,13 @@ def test_kept_pages_never_show_old_bytes(workspace, mount):
     assert f.read_text() == "original\n" and f.read_text() == "original\n"
     (workspace / "f").write_text("outside\n\n")  # same size as "original\n"
     assert seen(lambda: f.read_text(), "outside\n\n")
+
+
+def test_discarding_a_kind_change_shows_the_workspace_kind_at_once(workspace, mount):
+    (workspace / "f").write_text("a file\n")
+    m = mount(workspace)
+    sh("cat f > /dev/null && rm f && mkdir f && touch f/inside", m.mountpoint)
+    assert m.path("f").is_dir()
+    r = stepfs("discard", m.mountpoint, str(m.path("f")))
+    assert r.returncode == 0, r.stderr
+    assert m.path("f").is_file() and m.path("f").read_text() == "a file\n"

@@ -32,6 +32,9 @@ Choices (measured or forced, see README "Architecture"):
   watch (no inotify, ``ENOSPC`` from the watch limit, a queue overflow)
   drops to :data:`SHORT_TIMEOUT` (1 s) for every later reply, by editing
   libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
+* ``keep_cache`` for a read-only open of an untouched workspace file whose
+  version token equals that of its previous read-only open
+  (:meth:`StepFS._keep_pages`).
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
   that is not there): the VFS then repeats the lookup with revalidation.

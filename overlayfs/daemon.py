@@ -77,16 +77,22 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         if op == "discard":
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
             dropped = view.discard(paths)
-            kernel_cache.invalidate(sorted({q for p in dropped for q in (p, p.rpartition("/")[0] or "/")}))
+            # Gone: the workspace's file shows through again, maybe of
+            # another kind than the staged one (fuse_ops.KernelCache).
+            kernel_cache.invalidate(sorted(set(dropped)), gone=True)
+            kernel_cache.invalidate(sorted({p.rpartition("/")[0] or "/" for p in dropped} - set(dropped)))
             return {"discarded": dropped}
         if op == "invalidate":
             # The workspace changed under this mount (a rollback): first the
             # view forgets its copies, then (outside the view's lock) the
             # kernel forgets attributes and pages of each path and its parent.
+            # The paths are marked gone: their files were replaced, maybe by
+            # another kind (the kernel must look the names up again).
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
             view.forget(paths)
-            targets = sorted({q for p in paths for q in (p, p.rpartition("/")[0] or "/")})
-            return {"invalidated": kernel_cache.invalidate(targets)}
+            parents = sorted({p.rpartition("/")[0] or "/" for p in paths} - set(paths))
+            done = kernel_cache.invalidate(sorted(set(paths)), gone=True)
+            return {"invalidated": done + kernel_cache.invalidate(parents)}
         raise ValueError(f"unknown op {op!r}")
 
     from .autostep import AutoStepper, parse as parse_auto_step
@@ -109,7 +115,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
 
     try:
         fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache,
-                     allow_other=allow_other)
+                     allow_other=allow_other, watch=os.environ.get("STEPFS_WATCH", "1") != "0")
     finally:
         control.stop()
         if stepper is not None:

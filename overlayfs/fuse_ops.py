@@ -19,9 +19,25 @@ Choices (measured or forced, see README "Architecture"):
   namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
-* 1 s attribute and entry timeouts, no negative caching; when the workspace
-  changes under a mount (a rollback), :meth:`KernelCache.invalidate` drops the
-  kernel's cached attributes and pages of the paths at once.
+* 60 s attribute and entry timeouts (``mounts.ENTRY_TIMEOUT``), no negative
+  caching.  The kernel's caches are what make repeated metadata work (a
+  second ``git status``) cheap; what makes them safe is that nothing changes
+  the view unannounced: changes through the mount go through the kernel,
+  rollback and discard call :meth:`KernelCache.invalidate`, and outside
+  edits of the workspace are seen by the inotify :class:`Watcher`
+  (``overlayfs/watch.py``), which invalidates the changed names at once.
+  The trade-off: a change whose event was lost stays hidden until the
+  timeout, so the timeout is long enough to span the gap between an
+  agent's commands (the measured gain) and no longer.  A mount that cannot
+  watch (no inotify, ``ENOSPC`` from the watch limit, a queue overflow)
+  drops to :data:`SHORT_TIMEOUT` (1 s) for every later reply, by editing
+  libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
+* ``keep_cache`` for a read-only open of an untouched workspace file whose
+  version token equals that of its previous read-only open
+  (:meth:`StepFS._keep_pages`).
+* A name the kernel holds for a removed or replaced file answers
+  ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
+  that is not there): the VFS then repeats the lookup with revalidation.
 """
 
 from __future__ import annotations
@@ -39,10 +55,13 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
-from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from .view import Overlay  # noqa: E402
+from .watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
+#: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).
+PAGE_TOKENS_LIMIT = 100_000
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -119,11 +138,16 @@ class KernelCache:
     Threading: call from any thread except the FUSE loop's, and never while
     holding the view's lock: the kernel may have to wait for a request in
     flight (a read holding a page lock) that the loop can only finish by
-    taking that lock.  Dentries are not invalidated (libfuse3 3.14 offers
-    that only by node id, which the high-level API keeps to itself): a name
-    whose kind changed (file -> directory, say) would fail once with EIO
-    until its entry timeout expires, so ``manage.rollback`` waits out
-    :data:`ENTRY_TIMEOUT` before returning when a kind changed.
+    taking that lock.
+
+    Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
+    that only by node id, which the high-level API keeps to itself), so a
+    name whose file was removed or replaced is put in :attr:`gone` before
+    its attributes are dropped: the next ``getattr`` of it (the kernel's
+    question once the attributes are gone) answers ``ESTALE`` once, and the
+    VFS retries the lookup with revalidation, which drops or rebinds the
+    name (a kind change, file -> directory, included).  ``gone`` is a plain
+    set: added to by the control and watcher threads, consumed by the loop.
     """
 
     def __init__(self) -> None:
@@ -131,23 +155,32 @@ class KernelCache:
         self._call = mfusepy._libfuse.fuse_invalidate_path
         self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         self._call.restype = ctypes.c_int
+        self.gone: set[str] = set()
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
         self._fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
 
-    def invalidate(self, paths: list[str]) -> int:
-        """Invalidate ``paths`` (view paths); returns how many the kernel had cached."""
-        if not self._fuse:
-            return 0
-        done = 0
-        for path in paths:
-            rc = self._call(self._fuse, os.fsencode(path))
-            if rc == 0:
-                done += 1
-            elif rc != -errno.ENOENT:
-                log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
-        return done
+    def detach(self) -> None:
+        """The session is ending: no more invalidations (from ``destroy``)."""
+        self._fuse = None
+
+    def forget(self, path: str) -> bool:
+        """Invalidate one view path; True when the kernel had it cached."""
+        fuse = self._fuse
+        if not fuse:
+            return False
+        rc = self._call(fuse, os.fsencode(path))
+        if rc != 0 and rc != -errno.ENOENT:
+            log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
+        return rc == 0
+
+    def invalidate(self, paths: list[str], gone: bool = False) -> int:
+        """Invalidate ``paths`` (view paths); returns how many the kernel had
+        cached.  ``gone``: their files were removed or replaced (see above)."""
+        if gone:
+            self.gone.update(paths)
+        return sum(1 for path in paths if self.forget(path))
 
 
 def _owner() -> tuple[int, int]:
@@ -160,11 +193,21 @@ class StepFS(mfusepy.Operations):
 
     use_ns = True
 
-    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None):
+    def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None,
+                 watcher: Watcher | None = None):
         self.view = view
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
         self.kernel_cache = kernel_cache
+        # Hot-path shortcuts: the gone set (empty almost always) and the
+        # watcher's "watch this directory" (None: nothing to watch).
+        self._gone = kernel_cache.gone if kernel_cache is not None else set()
+        self.watcher = watcher
+        self._watch = watcher.watch if watcher is not None else None
+        self._config = None
+        # path -> version token of the workspace file whose pages the kernel
+        # holds from the last read-only open (see open).
+        self._page_tokens: dict[str, str] = {}
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -180,23 +223,52 @@ class StepFS(mfusepy.Operations):
         """The calling process's agent (pid from the FUSE request)."""
         return self.agents.of(mfusepy.fuse_get_context()[2])
 
-    def init(self, path):
+    def init_with_config(self, conn, config):
+        """libfuse's ``init``: ``config`` is the live ``struct fuse_config``
+        (its timeouts are read at every reply), kept for :meth:`short_timeouts`."""
+        self._config = config
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
         self.view.invalidate = self.invalidate
+        if self.watcher is not None:
+            self.watcher.start()
         if self.on_ready is not None:
             self.on_ready()
 
+    def short_timeouts(self) -> None:
+        """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
+        edits can no longer be seen as they happen; any thread)."""
+        if self._config is not None:
+            self._config.entry_timeout = SHORT_TIMEOUT
+            self._config.attr_timeout = SHORT_TIMEOUT
+
     def destroy(self, path):
+        if self.watcher is not None:
+            self.watcher.stop()
+        if self.kernel_cache is not None:
+            self.kernel_cache.detach()
         self.view.close()
 
     @_translating
     def getattr(self, path, fh=None):
-        return self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        if fh is None and self._gone and path in self._gone:
+            # The kernel still binds this name to a file that was removed or
+            # replaced: make it look the name up again (KernelCache).
+            self._gone.discard(path)
+            raise mfusepy.FuseOSError(errno.ESTALE)
+        out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
+            self._watch(path)  # before the kernel can cache anything inside it
+        return out
 
     @_translating
     def readdir(self, path, fh):
         return [(name, {"st_mode": kind, "st_ino": ino}, 0) for name, kind, ino in self.view.readdir(path)]
+
+    @_translating
+    def readdir_entries(self, path):
+        """``[(name, S_IFMT bits, inode)]`` for ``_FUSE.readdir_fuse_3``."""
+        return self.view.readdir(path)
 
     @_translating
     def readlink(self, path):
@@ -240,18 +312,45 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def truncate(self, path, length, fh=None):
+        self._page_tokens.pop(path, None)
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
     @_translating
     def open(self, path, fi):
-        fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+        try:
+            fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+        except view_errors.NotFound:
+            # The kernel sends OPEN only for a name it holds as existing: its
+            # entry is stale (removed outside the mount).  ESTALE makes the
+            # VFS look the name up again; open(O_CREAT) then creates it.
+            raise mfusepy.FuseOSError(errno.ESTALE) from None
         # Generated .stepfs files and named agents' handles bypass the page
         # cache (see content.py: the cache is shared by all agents).
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
+        self._keep_pages(path, fi)
         return 0
+
+    def _keep_pages(self, path: str, fi) -> None:
+        """``keep_cache`` for a read-only open of an untouched workspace
+        file whose version token is the one of its previous such open: the
+        pages the kernel holds are that file's bytes (any change of the
+        file changes the token; a write through the mount goes through a
+        writable open, which forgets the entry, and discard and rollback
+        invalidate the pages themselves)."""
+        tok = self.view.handle_workspace_token(fi.fh) if not fi.flags & (os.O_ACCMODE | os.O_TRUNC) else None
+        if tok is None:
+            self._page_tokens.pop(path, None)
+            return
+        if self._page_tokens.get(path) == tok:
+            fi.keep_cache = 1
+        else:
+            if len(self._page_tokens) >= PAGE_TOKENS_LIMIT:
+                self._page_tokens.clear()
+            self._page_tokens[path] = tok
 
     @_translating
     def create(self, path, mode, fi):
+        self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
@@ -317,13 +416,69 @@ class StepFS(mfusepy.Operations):
         return 0
 
 
+_STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
+_STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
+              "st_blocks", "st_blksize"}
+
+
 class _FUSE(mfusepy.FUSE):
     """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
-    them, which would turn RENAME_NOREPLACE into a silent overwrite)."""
+    them, which would turn RENAME_NOREPLACE into a silent overwrite), and
+    ``getxattr`` answering the names the view never holds without going
+    through it (``ls -l`` asks every file for two of them).
+
+    (Kernel caching of directory listings, ``cache_readdir`` set in
+    ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
+    the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
                                       new.decode(self.encoding, self.errors), flags)
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
+        # mfusepy builds a dict per entry and sets its fields by name; a
+        # listing of a large directory is thousands of these.
+        st = mfusepy.c_stat()
+        enc, errs = self.encoding, self.errors
+        for name, kind, ino in self.operations.readdir_entries(path.decode(enc, errs)):
+            st.st_mode = kind
+            st.st_ino = ino
+            if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
+                break
+        return 0
+
+    def fgetattr(self, path, buf, fip):
+        # mfusepy's set_st_attrs looks every key up by name (about twice
+        # the cost); the view's attribute dicts have these eleven keys.
+        ctypes.memset(buf, 0, _STAT_SIZE)
+        a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
+                                    fip.contents if fip else None)
+        st = buf.contents
+        if a.keys() != _STAT_KEYS:
+            mfusepy.set_st_attrs(st, a, use_ns=True)
+            return 0
+        st.st_mode = a["st_mode"]
+        st.st_ino = a["st_ino"]
+        st.st_nlink = a["st_nlink"]
+        st.st_size = a["st_size"]
+        st.st_uid = a["st_uid"]
+        st.st_gid = a["st_gid"]
+        st.st_blocks = a["st_blocks"]
+        st.st_blksize = a["st_blksize"]
+        ts = st.st_atimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_atime"], 1_000_000_000)
+        ts = st.st_mtimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_mtime"], 1_000_000_000)
+        ts = st.st_ctimespec
+        ts.tv_sec, ts.tv_nsec = divmod(a["st_ctime"], 1_000_000_000)
+        return 0
+
+    def getxattr(self, path, name, value, size, *args):
+        # Only user.* attributes exist in the view (store/xattrs.py); ls -l
+        # asks every file for security.selinux and system.posix_acl_access.
+        if not name.startswith(b"user."):
+            return -errno.ENODATA
+        return super().getxattr(path, name, value, size, *args)
 
 
 def _escape_option(value: str) -> str:
@@ -331,13 +486,22 @@ def _escape_option(value: str) -> str:
 
 
 def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
-        kernel_cache: KernelCache | None = None, allow_other: bool = False) -> None:
+        kernel_cache: KernelCache | None = None, allow_other: bool = False, watch: bool = True) -> None:
     """Mount and serve until unmounted (blocks).  ``allow_other``: users
     other than the mounter may enter; default_permissions makes the kernel
-    check their access against the modes the view reports."""
+    check their access against the modes the view reports.  ``watch``: see
+    outside edits through inotify and cache for :data:`ENTRY_TIMEOUT`;
+    otherwise (or when inotify fails) cache for :data:`SHORT_TIMEOUT` only."""
     extra = {"allow_other": True} if allow_other else {}
+    if kernel_cache is None:
+        kernel_cache = KernelCache()
+    ops = StepFS(view, on_ready, kernel_cache)
+    if watch:
+        ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts)
+        ops._watch = ops.watcher.watch
+    long_cache = watch
     _FUSE(
-        StepFS(view, on_ready, kernel_cache),
+        ops,
         mountpoint,
         raw_fi=True,
         foreground=True,
@@ -347,8 +511,8 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         subtype="stepfs",
         default_permissions=True,
         use_ino=True,
-        attr_timeout=ATTR_TIMEOUT,
-        entry_timeout=ENTRY_TIMEOUT,
+        attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
+        entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
         negative_timeout=0.0,
         **extra,
     )

@@ -463,8 +463,9 @@ def invalidate_mounts(ws: Workspace, paths: list[bytes]) -> dict:
     """Tell every live mount of ``ws`` that ``paths`` changed in the
     workspace under it; returns ``{"invalidated": [mountpoints],
     "unreachable": [mountpoints]}``.  A mount that does not answer only
-    serves cached attributes until its 1 s timeouts expire, so this never
-    fails the caller."""
+    serves cached attributes until its timeouts expire (the inotify watch
+    of a live daemon usually tells it sooner), so this never fails the
+    caller."""
     view_paths = ["/" + os.fsdecode(p) for p in paths]
     view_paths += ["/.stepfs/layers", "/.stepfs/layers/latest"]
     out: dict[str, list[str]] = {"invalidated": [], "unreachable": []}
@@ -508,15 +509,11 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
         pending = _open_steps_with_changes(ws) if dry_run else 0
         result = store_rollback.rollback(ws, number, rels, dry_run=dry_run, skip_conflicts=skip_conflicts,
                                          mount=target.mountpoint or "")
-        published = time.monotonic()
         seen = {"invalidated": [], "unreachable": []}
         if result.layer is not None:
+            # Each mount also makes the kernel look the names up again (a
+            # name whose kind changed included: fuse_ops.KernelCache).
             seen = invalidate_mounts(ws, result.paths)
-            if seen["invalidated"] and result.kind_changed:
-                # The kernel keeps a looked-up name bound to its inode until
-                # the entry timeout; a name whose kind changed would fail once
-                # with EIO before then (see fuse_ops.KernelCache).  Wait it out.
-                time.sleep(max(0.0, mounts.ENTRY_TIMEOUT + 0.1 - (time.monotonic() - published)))
         return {
             "number": number, "head_before": result.head, "layer": result.layer, "dry_run": dry_run,
             "committed_first": committed, "open_steps_with_changes": pending,

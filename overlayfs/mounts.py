@@ -14,10 +14,16 @@ from dataclasses import dataclass
 
 FSTYPE = "fuse.stepfs"
 FSNAME_PREFIX = "stepfs:"
-#: How long the kernel trusts a looked-up name and its attributes in every
-#: stepfs mount (``fuse_ops.run``); no negative entries are cached.
-ENTRY_TIMEOUT = 1.0
-ATTR_TIMEOUT = 1.0
+#: How long the kernel trusts a looked-up name and its attributes in a
+#: stepfs mount (``fuse_ops.run``) while the mount watches the workspace
+#: for outside edits (``overlayfs/watch.py``); no negative entries are
+#: cached.  Long enough to span the pause between an agent's commands;
+#: short enough to bound what a lost inotify event could hide.
+ENTRY_TIMEOUT = 60.0
+ATTR_TIMEOUT = 60.0
+#: The timeouts of a mount that cannot watch (inotify unavailable, out of
+#: watches, events lost): outside edits show after at most this long.
+SHORT_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)

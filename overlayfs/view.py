@@ -509,6 +509,16 @@ class Overlay(ContentMixin):
                 out["st_nlink"] = self._dir_nlink(path)
             return out
 
+    def handle_workspace_token(self, fh: int) -> str | None:
+        """The version token of a read-only handle on the workspace file
+        itself (None for drafts, staged nodes, ``.stepfs`` files and
+        direct I/O): the FUSE adapter lets the kernel keep the pages of such
+        a file across opens while this token stays the same."""
+        h = self.handles.get(fh)
+        if h is None or h.writable or h.direct or h.draft is not None or h.node is not None or h.data is not None:
+            return None
+        return h.token or None
+
     def _dir_nlink(self, path: str) -> int:
         """2 + subdirectories, for a directory the open step changed (the
         workspace's own count is right for the others).  Cached until the

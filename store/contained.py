@@ -143,15 +143,25 @@ class Root:
         """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted)."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         out = []
+        hide = self.hide if self.hide is not None and normalize(path) == b"." else None
         try:
             with os.scandir(fd) as it:
                 for entry in it:
-                    try:
-                        kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
-                    except FileNotFoundError:
-                        continue
+                    # The directory entry's own type (d_type) when the
+                    # filesystem gives one: no stat per entry.
+                    if entry.is_file(follow_symlinks=False):
+                        kind = stat_mod.S_IFREG
+                    elif entry.is_dir(follow_symlinks=False):
+                        kind = stat_mod.S_IFDIR
+                    elif entry.is_symlink():
+                        kind = stat_mod.S_IFLNK
+                    else:
+                        try:
+                            kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+                        except FileNotFoundError:
+                            continue
                     name = os.fsencode(entry.name)
-                    if self.hide is not None and normalize(path) == b"." and name == self.hide:
+                    if name == hide:
                         continue
                     out.append((name, kind, entry.inode()))
         finally:

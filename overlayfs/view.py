@@ -122,6 +122,9 @@ class Overlay(ContentMixin):
         # (removed, or copied up as a file of their own): (dev, ino) ->
         # (names covered, when).  Its other names show that many links fewer.
         self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
+        #: View paths the last commit published (read by the watcher thread;
+        #: set operations are atomic under the GIL).
+        self.own_publishes: set[str] = set()
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
@@ -1176,6 +1179,12 @@ class Overlay(ContentMixin):
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
             covered = self._unstaged_over_rows()
+            # The names this commit is about to replace in the workspace keep
+            # their inode numbers in the view (``ino_alias``): the watcher must
+            # not take our own renames for outside replacements (that would
+            # answer ESTALE to an fstat of a file open across the step).
+            self.own_publishes.clear()
+            self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,

@@ -189,8 +189,11 @@ class Watcher:
     to short timeouts (called once, from any thread).
     """
 
-    def __init__(self, root, kernel, fallback: Callable[[], None]):
+    def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None):
         self.root = root
+        # Paths the mount's own last commit replaced: their names stay bound
+        # to the same view inodes, so their events only invalidate.
+        self._own: set[str] = own if own is not None else set()
         self._invalidate = kernel.forget
         self.gone: set[str] = kernel.gone
         self._fallback = fallback
@@ -323,8 +326,11 @@ class Watcher:
             self._unwatch_below(top)
         if len(self.gone) + len(ch.gone) + len(ch.replaced) > GONE_LIMIT:
             self.gone.clear()
-        self.gone.update(ch.gone)
-        self.gone.update(ch.replaced)
+        for path in ch.gone | ch.replaced:
+            if path in self._own:
+                self._own.discard(path)  # our commit's rename: same view inode
+            else:
+                self.gone.add(path)
         for path in sorted(ch.invalidate):
             known = self._invalidate(path)
             if path in ch.replaced and not known:

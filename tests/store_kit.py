@@ -111,3 +111,17 @@ def plain(state):
     import dataclasses
 
     return None if state is None else dataclasses.replace(state, uid=None, gid=None)
+
+
+def object_to_file(db, objects, oid: str, out: Path) -> os.stat_result:
+    """Write object ``oid`` into the new file ``out`` with
+    ``ObjectStore.write_to_fd`` and fsync it; returns its stat (allocated
+    blocks included, to check that holes stayed holes)."""
+    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with db.read() as conn:
+            objects.write_to_fd(conn, oid, fd)
+        os.fsync(fd)
+        return os.fstat(fd)
+    finally:
+        os.close(fd)

@@ -19,6 +19,19 @@ def _modules_after(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
+def _step_without_database(target: str, message: str) -> subprocess.CompletedProcess:
+    """``stepfs step TARGET -m MESSAGE`` in a fresh interpreter that fails
+    if the command imported the database layer."""
+    code = (
+        "import sys\nfrom cli.main import main\n"
+        f"rc = main(['step', {target!r}, '-m', {message!r}])\n"
+        "assert 'sqlalchemy' not in sys.modules, 'the database layer was imported'\n"
+        "sys.exit(rc)\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def test_library_for_mount_commands_does_not_import_the_database_layer():
     mods = _modules_after("from cli import main\nfrom overlayfs import manage, control, runfiles")
     assert "sqlalchemy" not in mods
@@ -29,14 +42,7 @@ def test_library_for_mount_commands_does_not_import_the_database_layer():
 def test_step_of_a_mountpoint_commits_through_the_daemon_alone(mount, workspace):
     m = mount(workspace)
     (m.mountpoint / "new.txt").write_text("hello\n")
-    code = (
-        "import sys\nfrom cli.main import main\n"
-        f"rc = main(['step', {str(m.mountpoint)!r}, '-m', 'lean'])\n"
-        "assert 'sqlalchemy' not in sys.modules, 'the database layer was imported'\n"
-        "sys.exit(rc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = _step_without_database(str(m.mountpoint), "lean")
     assert done.returncode == 0, done.stderr
     assert (m.workspace / "new.txt").read_text() == "hello\n"
     log = stepfs("log", str(m.workspace), "--json")
@@ -49,14 +55,7 @@ def test_step_of_a_workspace_with_live_mounts_commits_each_through_its_daemon(mo
     b = mount(workspace, tmp_path / "b")
     (a.mountpoint / "from_a.txt").write_text("a\n")
     (b.mountpoint / "from_b.txt").write_text("b\n")
-    code = (
-        "import sys\nfrom cli.main import main\n"
-        f"rc = main(['step', {str(workspace)!r}, '-m', 'both'])\n"
-        "assert 'sqlalchemy' not in sys.modules, 'the database layer was imported'\n"
-        "sys.exit(rc)\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = _step_without_database(str(workspace), "both")
     assert done.returncode == 0, done.stderr
     assert (workspace / "from_a.txt").read_text() == "a\n"
     assert (workspace / "from_b.txt").read_text() == "b\n"

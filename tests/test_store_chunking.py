@@ -12,6 +12,7 @@ import random
 import pytest
 from sqlalchemy import func, select
 
+from store_kit import object_to_file
 from store import chunking, schema
 from store.db import Database
 from store.objects import ObjectStore, xxh3_hex
@@ -222,14 +223,7 @@ def test_zero_runs_inside_a_chunk_stay_holes(db, tmp_path):
     with db.write() as conn:
         oid = objects.put_bytes(conn, data)
     out = tmp_path / "out"
-    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with db.read() as conn:
-            objects.write_to_fd(conn, oid, fd)
-        os.fsync(fd)
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
+    st = object_to_file(db, objects, oid, out)
     assert out.read_bytes() == data
     assert st.st_blocks * 512 <= 100_000 + 64 * 1024
 

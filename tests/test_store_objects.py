@@ -13,6 +13,7 @@ import sqlite3
 import pytest
 from sqlalchemy import event, func, select
 
+from store_kit import object_to_file
 from store import chunking, schema
 from store.db import Database
 from store.errors import CorruptObject
@@ -86,14 +87,7 @@ def test_write_to_fd_leaves_zero_chunks_as_holes(db, tmp_path):
     with db.write() as conn:
         oid = objects.put_bytes(conn, data)
     out = tmp_path / "out"
-    fd = os.open(out, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with db.read() as conn:
-            objects.write_to_fd(conn, oid, fd)
-        os.fsync(fd)
-        st = os.fstat(fd)
-    finally:
-        os.close(fd)
+    st = object_to_file(db, objects, oid, out)
     assert st.st_size == len(data)
     # Only the data chunk is allocated (allow a few blocks of metadata slack).
     assert st.st_blocks * 512 <= MiB + 64 * 1024

@@ -110,14 +110,11 @@ def trunc(t: T):
 def append(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_WRONLY | os.O_APPEND)
-    try:
+    with t.opened("f", os.O_WRONLY | os.O_APPEND) as fd:
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, b"def")
         os.lseek(fd, 1, os.SEEK_SET)
         os.write(fd, b"g")
-    finally:
-        os.close(fd)
     t.eq(_read(t.p("f")), b"abcdefg", "content")
 
 
@@ -138,8 +135,7 @@ def append_two_descriptors(t: T):
 
 @case("open")
 def rdwr_new_file(t: T):
-    fd = os.open(t.p("f"), os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600)
-    try:
+    with t.opened("f", os.O_CREAT | os.O_RDWR | os.O_EXCL, 0o600) as fd:
         os.write(fd, b"hello")
         t.eq(os.pread(fd, 10, 0), b"hello", "read through the creating descriptor")
         m = mmap.mmap(fd, 5)
@@ -149,8 +145,6 @@ def rdwr_new_file(t: T):
             m.flush()
         finally:
             m.close()
-    finally:
-        os.close(fd)
     t.eq(_read(t.p("f")), b"Jello", "content")
 
 
@@ -294,16 +288,13 @@ def write_then_read_other_descriptor(t: T):
 def mmap_sees_write(t: T):
     t.file("f", b"a" * 8192)
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         m = mmap.mmap(fd, 8192, prot=mmap.PROT_READ)
         try:
             os.pwrite(fd, b"WRITE", 4096)
             t.eq(m[4096:4101], b"WRITE", "shared read mapping sees write()")
         finally:
             m.close()
-    finally:
-        os.close(fd)
 
 
 # -- truncate / ftruncate ---------------------------------------------------------------
@@ -351,25 +342,19 @@ def times_updated(t: T):
 def ftruncate_rdwr(t: T):
     t.file("f", b"abcdef")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.ftruncate(fd, 2)
         t.eq(os.fstat(fd).st_size, 2, "fstat size")
         os.ftruncate(fd, 4)
         t.eq(os.pread(fd, 10, 0), b"ab\0\0", "read through the descriptor")
-    finally:
-        os.close(fd)
 
 
 @case("truncate")
 def ftruncate_readonly_fd(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_RDONLY)
-    try:
+    with t.opened("f", os.O_RDONLY) as fd:
         t.expect((errno.EINVAL, errno.EBADF), os.ftruncate, fd, 1)
-    finally:
-        os.close(fd)
     t.eq(t.lst("f").st_size, 3, "size")
 
 
@@ -430,13 +415,10 @@ def eacces(t: T):
 def unlinked_open_file(t: T):
     t.file("f", b"abcdef")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.unlink(t.p("f"))
         os.ftruncate(fd, 3)
         t.eq(os.pread(fd, 10, 0), b"abc", "content of the unlinked file")
-    finally:
-        os.close(fd)
 
 
 @case("truncate")
@@ -444,12 +426,9 @@ def sparse_gigabyte(t: T):
     t.file("f", b"head")
     yield
     os.truncate(t.p("f"), 1 << 30)
-    fd = os.open(t.p("f"), os.O_RDONLY)
-    try:
+    with t.opened("f", os.O_RDONLY) as fd:
         t.eq(os.pread(fd, 8, (1 << 30) - 8), b"\0" * 8, "tail of a 1 GiB sparse file")
         t.eq(os.pread(fd, 4, 0), b"head", "head")
-    finally:
-        os.close(fd)
 
 
 # -- posix_fallocate / fallocate --------------------------------------------------------
@@ -459,24 +438,18 @@ def sparse_gigabyte(t: T):
 def extends(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.posix_fallocate(fd, 0, 100)
         t.eq(os.fstat(fd).st_size, 100, "size")
         t.eq(os.pread(fd, 200, 0), b"abc" + b"\0" * 97, "content")
-    finally:
-        os.close(fd)
 
 
 @case("fallocate")
 def inside_keeps_content(t: T):
     t.file("f", b"abcdef")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.posix_fallocate(fd, 1, 3)
-    finally:
-        os.close(fd)
     t.eq(_read(t.p("f")), b"abcdef", "content")
 
 
@@ -484,25 +457,19 @@ def inside_keeps_content(t: T):
 def keep_size(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, 8192)
         t.eq(os.fstat(fd).st_size, 3, "size")
-    finally:
-        os.close(fd)
 
 
 @case("fallocate")
 def punch_hole(t: T):
     t.file("f", b"x" * 10000)
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 100, 5000)
         t.eq(os.fstat(fd).st_size, 10000, "size")
         data = os.pread(fd, 20000, 0)
-    finally:
-        os.close(fd)
     t.eq(data, b"x" * 100 + b"\0" * 5000 + b"x" * 4900, "content after the punch")
 
 
@@ -510,23 +477,17 @@ def punch_hole(t: T):
 def ebadf_readonly(t: T):
     t.file("f")
     yield
-    fd = os.open(t.p("f"), os.O_RDONLY)
-    try:
+    with t.opened("f", os.O_RDONLY) as fd:
         t.expect(errno.EBADF, os.posix_fallocate, fd, 0, 10)
-    finally:
-        os.close(fd)
 
 
 @case("fallocate")
 def einval_length(t: T):
     t.file("f")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         t.expect(errno.EINVAL, os.posix_fallocate, fd, 0, 0)
         t.expect(errno.EINVAL, os.posix_fallocate, fd, -1, 10)
-    finally:
-        os.close(fd)
 
 
 # -- permissions as an unprivileged user ------------------------------------------------

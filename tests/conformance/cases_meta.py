@@ -57,12 +57,9 @@ def follows_symlink(t: T):
 def fchmod(t: T):
     t.file("f")
     yield
-    fd = os.open(t.p("f"), os.O_RDONLY)
-    try:
+    with t.opened("f", os.O_RDONLY) as fd:
         os.fchmod(fd, 0o604)
         t.eq(stat.S_IMODE(os.fstat(fd).st_mode), 0o604, "fstat mode")
-    finally:
-        os.close(fd)
     t.eq(t.mode("f"), 0o604, "mode")
 
 
@@ -367,12 +364,9 @@ def ctime_updated(t: T):
 def futimens(t: T):
     t.file("f")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.utime(fd, ns=(7_000_000_007, 8_000_000_008))
         t.eq(os.fstat(fd).st_mtime_ns, 8_000_000_008, "fstat mtime")
-    finally:
-        os.close(fd)
     t.eq(t.lst("f").st_mtime_ns, 8_000_000_008, "mtime")
 
 

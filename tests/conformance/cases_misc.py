@@ -87,15 +87,12 @@ def _try_lock(path: str, kind: str) -> None:
 def conflict_across_processes(t: T, kind: str):
     t.file("f", b"data", 0o666)
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         if kind == "posix":
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         else:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         t.uexpect((errno.EAGAIN, errno.EACCES), _try_lock, t.p("f"), kind, uid=0, gid=0)
-    finally:
-        os.close(fd)
     t.uok(_try_lock, t.p("f"), kind, uid=0, gid=0)  # released with the descriptor
 
 
@@ -111,12 +108,9 @@ def posix_ranges_independent(t: T):
         finally:
             os.close(fd)
 
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 50, 0)
         t.uok(other_range, t.p("f"), uid=0, gid=0)
-    finally:
-        os.close(fd)
 
 
 # -- statfs -------------------------------------------------------------------------------

@@ -152,14 +152,11 @@ def eacces_target_dir(t: T):
 def open_fd_after_link_and_unlink(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.link(t.p("f"), t.p("g"))
         os.unlink(t.p("f"))
         os.pwrite(fd, b"XYZ", 0)
         t.eq(os.fstat(fd).st_nlink, 1, "fstat link count")
-    finally:
-        os.close(fd)
     with open(t.p("g"), "rb") as f:
         t.eq(f.read(), b"XYZ", "content through the remaining name")
 
@@ -549,13 +546,10 @@ def enametoolong(t: T):
 def open_fd_survives(t: T):
     t.file("a", b"content")
     yield
-    fd = os.open(t.p("a"), os.O_RDWR)
-    try:
+    with t.opened("a", os.O_RDWR) as fd:
         os.rename(t.p("a"), t.p("b"))
         t.eq(os.pread(fd, 100, 0), b"content", "read through the descriptor")
         os.pwrite(fd, b"C", 0)
-    finally:
-        os.close(fd)
     with open(t.p("b"), "rb") as f:
         t.eq(f.read(), b"Content", "content under the new name")
 
@@ -565,12 +559,9 @@ def replaced_file_stays_open(t: T):
     t.file("a", b"new")
     t.file("b", b"old")
     yield
-    fd = os.open(t.p("b"), os.O_RDONLY)
-    try:
+    with t.opened("b", os.O_RDONLY) as fd:
         os.rename(t.p("a"), t.p("b"))
         t.eq(os.pread(fd, 100, 0), b"old", "read of the replaced file")
-    finally:
-        os.close(fd)
 
 
 @case("rename")
@@ -818,30 +809,24 @@ def hardlink_count_and_ctime(t: T):
 def open_fd_survives(t: T):
     t.file("f", b"abc")
     yield
-    fd = os.open(t.p("f"), os.O_RDWR)
-    try:
+    with t.opened("f", os.O_RDWR) as fd:
         os.unlink(t.p("f"))
         os.pwrite(fd, b"defg", 3)
         t.eq(os.pread(fd, 100, 0), b"abcdefg", "read through the descriptor")
         t.eq(os.fstat(fd).st_nlink, 0, "fstat link count")
         t.eq(os.fstat(fd).st_size, 7, "fstat size")
         t.eq(os.listdir(t.d), [], "listing")
-    finally:
-        os.close(fd)
 
 
 @case("unlink")
 def recreate_is_new(t: T):
     t.file("f", b"old")
     yield
-    fd = os.open(t.p("f"), os.O_RDONLY)
-    try:
+    with t.opened("f", os.O_RDONLY) as fd:
         os.unlink(t.p("f"))
         with open(t.p("f"), "xb") as f:
             f.write(b"new!")
         t.eq(os.pread(fd, 100, 0), b"old", "old descriptor's content")
-    finally:
-        os.close(fd)
     with open(t.p("f"), "rb") as f:
         t.eq(f.read(), b"new!", "new file's content")
 

@@ -26,6 +26,7 @@ import select
 import signal
 import stat
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -137,15 +138,21 @@ class T:
     def p(self, *names: str) -> str:
         return os.path.join(self.d, *names)
 
+    @contextmanager
+    def opened(self, name: str, flags: int, mode: int = 0o777):
+        """A descriptor of ``name`` for the ``with`` block, closed after it."""
+        fd = os.open(self.p(name), flags, mode)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
     # creation helpers (as the current user)
     def file(self, name: str, data: bytes = b"", mode: int = 0o644) -> str:
         path = self.p(name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-        try:
+        with self.opened(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode) as fd:
             if data:
                 os.write(fd, data)
-        finally:
-            os.close(fd)
         os.chmod(path, mode)  # not subject to the umask
         return path
 

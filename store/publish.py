@@ -15,7 +15,8 @@ power loss) at each point leaves behind is given with the step:
 2. **Objects and new files first.**  Before-objects are stored
    (after-objects already were, at close-write).  Every new file, symlink,
    FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
-   (same filesystem as the workspace).  The regular files are then
+   (same filesystem as the workspace; a regular file is a spare inode from
+   ``store.spares`` when one is on hand).  The regular files are then
    ``fsync``-ed together on a thread pool (``durable.start_fsync_all``: one
    journal commit for all of them instead of one each) *while* step 3
    records the intent; all have ended before step 4.  A failure here
@@ -490,8 +491,12 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
                         finally:
                             os.close(sfd)
                 elif e.after.kind == "file":
-                    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                                 dir_fd=tmp_fd)
+                    # A spare inode when there is one (``store.spares``: creating
+                    # is the dearest call here on some filesystems), else a new file.
+                    fd = ws.spares.take(tmp_name, tmp_fd)
+                    if fd is None:
+                        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                                     dir_fd=tmp_fd)
                     unsynced.append(fd)
                     ws.objects.write_to_fd(conn, e.after.oid, fd)
                     if owner is not None:

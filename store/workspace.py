@@ -7,6 +7,7 @@ Layout of ``WORKSPACE/.stepfs/`` (see FORMAT.md):
                     as the workspace, so renames into place are atomic)
 * ``scratch/<step>/`` a daemon's working copies of files open for writing
 * ``run/``          locks, pid files and logs of mount daemons
+* ``spare/``        empty files made ahead of commits (``store.spares``)
 * ``commit.lock``   held (flock) for the whole of every commit and recovery
 
 Opening a workspace runs recovery first (``publish.recover``): nothing else
@@ -27,6 +28,7 @@ from .contained import Root
 from .db import Database
 from .errors import WorkspaceError
 from .objects import ObjectStore
+from .spares import Spares
 from .paths import DB_NAME, STORE_DIR, check_directory, is_workspace  # noqa: F401  (re-exported)
 
 class Workspace:
@@ -42,6 +44,7 @@ class Workspace:
         self.root = Root(path, hide=STORE_DIR)
         self.tmp_dir = os.path.join(self.store_dir, "tmp")
         self.run_dir = os.path.join(self.store_dir, "run")
+        self.spares = Spares(os.path.join(self.store_dir, "spare"))
 
     @classmethod
     def open(cls, path: str, create: bool = False, recover: bool = True) -> "Workspace":
@@ -72,6 +75,7 @@ class Workspace:
         return ws
 
     def close(self) -> None:
+        self.spares.stop()
         self.root.close()
         self.db.close()
 

@@ -30,6 +30,7 @@ from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 
 from . import chunking, durable, schema
+from .db import Prepared
 from .errors import CorruptObject
 
 Hasher = Callable[[bytes], str]
@@ -54,27 +55,29 @@ def _family_params(digest: str) -> dict:
 # every read of a staged file runs them, and building a statement costs
 # more than SQLite takes to run it.
 _C, _O, _OC = schema.chunks, schema.objects, schema.object_chunks
+# The hot ones run through ``db.Prepared`` (no per-execution SQLAlchemy
+# work): their values and columns are plain str, int and bytes.
 _CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None)).where(
     _key_family(_C.c.cid))
-_CHUNK_INSERT = _C.insert()
-_CHUNKS_BY_KEY = select(_C.c.cid, _C.c.data).where(_C.c.cid.in_(bindparam("cids", expanding=True)))
+_CHUNK_INSERT = Prepared(_C.insert(), ["cid", "size", "data"])
+_CHUNKS_BY_KEY = Prepared(select(_C.c.cid, _C.c.data).where(_C.c.cid.in_(bindparam("cids", expanding=True))))
 #: Chunks looked up and inserted per statement (well under SQLite's bound-variable limit).
 _BATCH = 256
 #: Zero runs at least this long and aligned in the file are left as holes.
 _BLOCK = 4096
-_OBJECT_FAMILY = select(_O.c.oid, _O.c.size).where(_key_family(_O.c.oid))
-_OBJECT_CHUNK_LISTS = (
+_OBJECT_FAMILY = Prepared(select(_O.c.oid, _O.c.size).where(_key_family(_O.c.oid)))
+_OBJECT_CHUNK_LISTS = Prepared(
     select(_OC.c.oid, _OC.c.cid).where(_OC.c.oid.in_(bindparam("oids", expanding=True)))
     .order_by(_OC.c.oid, _OC.c.seq)
 )
-_OBJECT_INSERT = _O.insert()
-_OBJECT_READ = (
+_OBJECT_INSERT = Prepared(_O.insert(), ["oid", "size"])
+_OBJECT_READ = Prepared(
     select(_OC.c.cid, _OC.c.offset, _C.c.data)
     .select_from(_OC.outerjoin(_C, _C.c.cid == _OC.c.cid))
     .where(_OC.c.oid == bindparam("oid"))
     .order_by(_OC.c.seq)
 )
-_OBJECT_CHUNKS_INSERT = _OC.insert()
+_OBJECT_CHUNKS_INSERT = Prepared(_OC.insert(), ["oid", "seq", "offset", "cid"])
 
 
 def _free_key(digest: str, taken: list[str]) -> str:
@@ -166,7 +169,7 @@ class ObjectStore:
         byte for byte).  A key that names other bytes -- a collision, with a
         stored chunk or within the run -- takes the per-chunk path."""
         digests = [self.hasher(piece) if self.hasher is xxh3_hex else self.hasher(bytes(piece)) for piece in batch]
-        stored = {cid: data for cid, data in conn.execute(_CHUNKS_BY_KEY, {"cids": sorted(set(digests))})}
+        stored = {cid: data for cid, data in _CHUNKS_BY_KEY.execute(conn, {"cids": sorted(set(digests))})}
         fresh: dict[str, memoryview] = {}
         rows: list[dict] = []
         out: list[tuple[str, int]] = []
@@ -183,12 +186,12 @@ class ObjectStore:
                 cid = digest
             else:
                 if rows:  # the family query must see this run's new rows
-                    conn.execute(_CHUNK_INSERT, rows)
+                    _CHUNK_INSERT.executemany(conn, rows)
                     rows = []
                 cid = self._put_chunk(conn, bytes(piece))
             out.append((cid, len(piece)))
         if rows:
-            conn.execute(_CHUNK_INSERT, rows)
+            _CHUNK_INSERT.executemany(conn, rows)
         return out
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:
@@ -202,17 +205,17 @@ class ObjectStore:
                 return cid
         # New bytes, or a real collision: take the first free suffix.
         cid = _free_key(digest, [cid for cid, _ in family])
-        conn.execute(_CHUNK_INSERT, {"cid": cid, "size": len(data), "data": data})
+        _CHUNK_INSERT.executemany(conn, [{"cid": cid, "size": len(data), "data": data}])
         return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int,
                     reread=None) -> str:
-        taken = conn.execute(_OBJECT_FAMILY, _family_params(digest)).all()
+        taken = _OBJECT_FAMILY.execute(conn, _family_params(digest))
         same_size = [oid for oid, osize in taken if osize == size]
         if same_size:
             # Chunks being verified byte for byte, equal chunk lists mean equal bytes.
             lists: dict[str, list[str]] = {oid: [] for oid in same_size}
-            for oid, cid in conn.execute(_OBJECT_CHUNK_LISTS, {"oids": same_size}):
+            for oid, cid in _OBJECT_CHUNK_LISTS.execute(conn, {"oids": same_size}):
                 lists[oid].append(cid)
             wanted = [cid for cid, _ in cids]
             for oid in same_size:
@@ -225,13 +228,12 @@ class ObjectStore:
                     if _equal_streams(self.iter_chunks(conn, oid), reread()):
                         return oid
         oid = _free_key(digest, [oid for oid, _ in taken])
-        conn.execute(_OBJECT_INSERT, {"oid": oid, "size": size})
+        _OBJECT_INSERT.executemany(conn, [{"oid": oid, "size": size}])
         rows, pos = [], 0
         for seq, (cid, length) in enumerate(cids):
             rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
             pos += length
-        if rows:
-            conn.execute(_OBJECT_CHUNKS_INSERT, rows)
+        _OBJECT_CHUNKS_INSERT.executemany(conn, rows)
         return oid
 
     # -- reading ------------------------------------------------------------
@@ -259,16 +261,15 @@ class ObjectStore:
         corrupt bytes are never served.  A missing chunk row or a gap in the
         offsets raises too (even without ``verify``): a short read would
         otherwise pass for the file's content."""
-        rows = conn.execute(_OBJECT_READ, {"oid": oid})
         pos = 0
-        for row in rows:
-            if row.data is None or row.offset != pos:
+        for cid, offset, stored in _OBJECT_READ.iterate(conn, {"oid": oid}):
+            if stored is None or offset != pos:
                 raise CorruptObject(
                     f"object {oid} is missing its bytes at offset {pos}; run 'stepfs verify' for a full report."
                 )
-            data = bytes(row.data)
-            if verify and self.hasher(data) != row.cid.split(".", 1)[0]:
-                raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            data = bytes(stored)
+            if verify and self.hasher(data) != cid.split(".", 1)[0]:
+                raise CorruptObject(f"chunk {cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
             pos += len(data)
             yield data
 

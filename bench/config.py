@@ -46,7 +46,7 @@ def full() -> Config:
 
 def quick() -> Config:
     return Config(mode="quick", big_mib=64, reps=3, commit_reps=10, mount_reps=3, cli_reps=5, guard_samples=100,
-                  checkpoint_reps=5)
+                  checkpoint_reps=10)
 
 
 def smoke() -> Config:

@@ -52,7 +52,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
                    row_delay=ROW_DELAY)
     kernel_cache = fuse_ops.KernelCache()
     # Empty files made ahead, so a commit renames them into place instead
-    # of allocating inodes (store.spares); the thread ends with ws.close().
+    # of allocating inodes (store.spares): refilled after every commit
+    # (paused during one); the thread ends with ws.close().
     ws.spares.start_filling()
 
     def handle(req: dict) -> dict:
@@ -60,14 +61,11 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason}
         if op == "commit":
-            try:
-                number = view.commit(
-                    message=req.get("message", ""), meta=req.get("meta") or {},
-                    allow_empty=bool(req.get("allow_empty")),
-                    overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
-                )
-            finally:
-                ws.spares.refill()  # between steps, off the next commit's path
+            number = view.commit(
+                message=req.get("message", ""), meta=req.get("meta") or {},
+                allow_empty=bool(req.get("allow_empty")),
+                overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
+            )
             return {"number": number}
         if op == "sync":  # before someone reads this step's rows from the store
             view.sync_rows()

@@ -497,7 +497,8 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         kernel_cache = KernelCache()
     ops = StepFS(view, on_ready, kernel_cache)
     if watch:
-        ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts, own=view.own_publishes)
+        ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts, own=view.own_publishes,
+                              quiet=view.commit_idle)
         ops._watch = ops.watcher.watch
     long_cache = watch
     _FUSE(

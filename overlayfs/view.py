@@ -125,6 +125,11 @@ class Overlay(ContentMixin):
         #: View paths the last commit published (read by the watcher thread;
         #: set operations are atomic under the GIL).
         self.own_publishes: set[str] = set()
+        #: Clear while a commit runs: the watcher holds its handling of
+        #: workspace events (mostly this commit's own renames) until the
+        #: commit ends, instead of taking turns at the GIL with it.
+        self.commit_idle = threading.Event()
+        self.commit_idle.set()
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
@@ -1185,6 +1190,7 @@ class Overlay(ContentMixin):
             # answer ESTALE to an fstat of a file open across the step).
             self.own_publishes.clear()
             self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
+            self.commit_idle.clear()
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
@@ -1197,6 +1203,8 @@ class Overlay(ContentMixin):
                 if exc.pending is not None:  # past the commit point: only recovery may finish it
                     self._go_readonly(str(exc))
                 raise
+            finally:
+                self.commit_idle.set()
             self._after_commit(covered)
             return number
 

@@ -189,8 +189,12 @@ class Watcher:
     to short timeouts (called once, from any thread).
     """
 
-    def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None):
+    def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None,
+                 quiet: threading.Event | None = None):
         self.root = root
+        # Set except while the mount commits: events are handled once it is
+        # (waiting holds no lock, so the commit never waits for this thread).
+        self._quiet = quiet
         # Paths the mount's own last commit replaced: their names stay bound
         # to the same view inodes, so their events only invalidate.
         self._own: set[str] = own if own is not None else set()
@@ -300,6 +304,8 @@ class Watcher:
             ready = {fd for fd, _ev in poller.poll()}
             if self._wake_r in ready:
                 return
+            if self._quiet is not None:
+                self._quiet.wait()
             events = []
             while True:
                 try:

@@ -80,15 +80,27 @@ import time
 from dataclasses import dataclass, field, replace
 
 import xxhash
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from . import durable, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
+from .db import Prepared
 from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
 from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
 
 L, E = schema.layers, schema.entries
+
+# The statements every commit runs, built once (building a Core statement
+# costs more than SQLite takes to run it); the inserts go through
+# ``db.Prepared`` (plain str, int and bytes values, every column given).
+_LAYER_COLUMNS = ["number", "state", "kind", "created_ns", "message", "agent", "mount", "meta", "intent_sum", "step"]
+_INSERT_LAYER = Prepared(L.insert(), _LAYER_COLUMNS)
+_ENTRY_COLUMNS = [c.name for c in E.columns]
+_INSERT_ENTRIES = Prepared(E.insert(), _ENTRY_COLUMNS)
+_MARK_COMMITTED = update(L).where(L.c.number == bindparam("n")).values(state="committed")
+_CONSUME_STEP = schema.staged.delete().where(schema.staged.c.step == bindparam("s"))
+_PENDING = select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
 
 #: Kinds published as a temporary file renamed over the path (everything
 #: but directories); any of them may be a hard link of another path.
@@ -307,15 +319,12 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     try:
         try:
             with ws.db.write(durable=True) as conn:
-                conn.execute(
-                    L.insert().values(
-                        number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
-                        agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
-                        intent_sum=intent_checksum(entries, consume_step), step=consume_step,
-                    )
-                )
-                if entries:
-                    conn.execute(E.insert(), [_entry_row(number, e) for e in entries])
+                _INSERT_LAYER.executemany(conn, [dict(
+                    number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
+                    agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
+                    intent_sum=intent_checksum(entries, consume_step), step=consume_step,
+                )])
+                _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
         except BaseException as exc:
             syncing.abandon()
             if isinstance(exc, StoreUnavailable):
@@ -376,9 +385,9 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
 def _complete(ws: Workspace, number: int, step: int | None) -> None:
     """Step 5: the layer is committed and its step's staged rows consumed."""
     with ws.db.write(durable=True) as conn:
-        conn.execute(update(L).where(L.c.number == number).values(state="committed"))
+        conn.execute(_MARK_COMMITTED, {"n": number})
         if step is not None:
-            conn.execute(schema.staged.delete().where(schema.staged.c.step == step))
+            conn.execute(_CONSUME_STEP, {"s": step})
 
 
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
@@ -391,7 +400,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     :class:`PublishFailed` and :class:`StoreUnavailable` (see the module
     docstring for what each leaves behind).
     """
-    with ws.commit_lock():
+    with ws.commit_lock(), ws.spares.pausing():
         _recover_locked(ws)
         with ws.db.read() as conn:
             rows = staging.load(conn, step)
@@ -675,9 +684,7 @@ def recover(ws: Workspace) -> list[int]:
 
 def _recover_locked(ws: Workspace) -> list[int]:
     with ws.db.read() as conn:
-        pending = conn.execute(
-            select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
-        ).all()
+        pending = conn.execute(_PENDING).all()
     done = []
     for number, checksum, step in pending:
         with ws.db.read() as conn:

@@ -43,6 +43,8 @@ import logging
 import os
 import threading
 from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
 
 log = logging.getLogger("stepfs.spares")
 
@@ -61,6 +63,9 @@ class Spares:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._filled = threading.Event()  # the filler finished a round since the last refill()
+        self._commits = 0  # guarded by _lock: commits of this process in progress
+        self._idle = threading.Event()  # set while no commit of this process runs
+        self._idle.set()
         self._thread: threading.Thread | None = None
 
     # -- taking -------------------------------------------------------------
@@ -114,6 +119,10 @@ class Spares:
                 self._adopt()
                 if len(self._names) >= target:
                     break
+            # Never alongside a commit: an inode allocation holds a journal
+            # handle for its whole (long) run, and the commit's fsyncs wait
+            # for every open handle before the journal can commit.
+            self._idle.wait()
             name = f"{self._prefix}{next(self._seq)}"
             try:
                 os.close(os.open(os.path.join(self.directory, name),
@@ -149,6 +158,23 @@ class Spares:
         self._thread = threading.Thread(target=run, name="stepfs-spares", daemon=True)
         self._thread.start()
 
+    @contextmanager
+    def pausing(self) -> Iterator[None]:
+        """Around a commit: the background filler makes no spare meanwhile
+        (one already being made finishes), and is woken afterwards to
+        replace the spares the commit took."""
+        with self._lock:
+            self._commits += 1
+            self._idle.clear()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._commits -= 1
+                if self._commits == 0:
+                    self._idle.set()
+            self.refill()
+
     def refill(self) -> None:
         """Wake the background filler, if any (call after a commit)."""
         self._filled.clear()
@@ -164,6 +190,7 @@ class Spares:
         process)."""
         self._stop.set()
         self._wake.set()
+        self._idle.set()  # a filler waiting for a commit to end: let it see the stop
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None

@@ -185,3 +185,34 @@ def test_power_loss_at_every_durability_call_with_spares_ends_in_old_or_new(fast
         shutil.rmtree(image.parent)
     assert failures == []
     assert seen["OLD"] > 0 and seen["NEW"] > 0, seen
+
+
+def test_no_spare_is_made_while_a_commit_runs(tmp_path):
+    import threading
+
+    spares = Spares(str(tmp_path / "spare"))
+    made = []
+    with spares.pausing():
+        filler = threading.Thread(target=lambda: made.append(spares.fill(3)))
+        filler.start()
+        filler.join(timeout=0.5)
+        assert filler.is_alive()  # waiting for the commit to end
+        assert os.listdir(tmp_path / "spare") == []
+    filler.join(timeout=30)
+    assert made == [3] and len(os.listdir(tmp_path / "spare")) == 3
+
+
+def test_a_commit_wakes_the_filler_to_replace_what_it_took(tmp_path):
+    ws, view = open_view(tmp_path)
+    ws.spares.start_filling(4)
+    try:
+        assert ws.spares.wait_filled(timeout=30)
+        for i in range(3):
+            write_file(view, f"/f{i}", b"x\n")
+        view.commit(message="takes three spares")
+        assert ws.spares.wait_filled(timeout=30)
+        assert ws.spares.available() == 4
+    finally:
+        view.close()
+        ws.close()  # stops the filler
+    assert ws.spares._thread is None

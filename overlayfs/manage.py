@@ -411,9 +411,7 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
             except NothingToCommit as exc:
                 nothing = exc
         if not numbers and allow_empty:
-            with ws.commit_lock():
-                numbers.append(publish.write_layer(ws, [], kind="step", message=message, agent="", mount="",
-                                                   meta=meta, consume_step=None))
+            numbers.append(publish.record_empty(ws, message=message, meta=meta))
     if not numbers:
         raise nothing or NothingToCommit(
             "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."

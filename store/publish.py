@@ -668,6 +668,16 @@ def recover(ws: Workspace) -> list[int]:
         return _recover_locked(ws)
 
 
+def record_empty(ws: Workspace, *, message: str = "", meta: dict | None = None) -> int:
+    """Record an empty step layer (``step --allow-empty`` with nothing
+    staged anywhere).  Like every commit, it first finishes or voids any
+    pending layer under the same hold of the commit lock, so its number can
+    never overtake an intent that recovery would still roll forward."""
+    with ws.commit_lock():
+        _recover_locked(ws)
+        return write_layer(ws, [], kind="step", message=message, agent="", mount="", meta=meta, consume_step=None)
+
+
 def _recover_locked(ws: Workspace) -> list[int]:
     with ws.db.read() as conn:
         pending = conn.execute(

@@ -364,6 +364,22 @@ def test_recover_rolls_forward_a_layer_interrupted_mid_publish(ws, monkeypatch, 
     assert publish.recover(ws) == []  # nothing left to do
 
 
+def test_empty_layer_finishes_a_pending_layer_first(ws, monkeypatch):
+    """An empty step recorded while another commit's intent is pending
+    rolls that commit forward first, so the empty layer comes after it."""
+    st = Stager(ws)
+    stage_after(st)
+    with monkeypatch.context() as m:
+        crash_on_nth_rename(m, 1)
+        with pytest.raises(Crash):
+            publish.commit_step(ws, st.step)
+    assert layer_rows(ws)[-1] == (1, "pending")
+    assert publish.record_empty(ws, message="marker") == 2
+    assert layer_rows(ws) == [(0, "committed"), (1, "committed"), (2, "committed")]
+    assert manifest(ws.path) == expected_manifest(AFTER)
+    assert tmp_files(ws) == []
+
+
 def die_before_completion(*args):
     raise Crash("killed before the layer was marked committed")
 

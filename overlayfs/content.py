@@ -407,25 +407,31 @@ class ContentMixin:
 
     def _needs_direct_io(self, path: str, agent: str) -> bool:
         """The kernel's page cache and size of an inode are shared by every
-        process: a named agent's handles bypass them, and so does the default
-        agent's while another agent has a draft of the path open, so nobody
-        reads another agent's unpublished bytes (or truncation) from the
-        cache.  The default agent alone keeps the cache (and shared mmap)."""
-        if agent != self.default_agent:
-            return True
+        process, whatever its agent.  A handle may use them only while no
+        other agent has the path open: then the cache holds one agent's view
+        (its draft, or the published version), and the next agent to open
+        it gets a handle that bypasses the cache.  That handle's direct
+        writes drop the cached pages they overlap, so the first agent
+        re-reads them through its own handle; and an open that keeps no
+        cache drops the previous agent's pages (see fuse_ops ``_keep_pages``).
+        So one agent at a time -- the default one or a named one -- has the
+        cache and shared ``mmap`` (SQLite in WAL mode needs it); handles
+        opened while another agent has the path open do not.
+
+        Known gap: handles keep the path they were opened on, so a file
+        that another agent holds open under the name it had before a rename
+        is not seen as open here; the new handle may then share the cache
+        with that agent's handle.
+
+        Cost: nothing while only one agent has ever opened a file (every
+        open records an observation); otherwise a pass over the open
+        handles, which are few."""
         node = self.upper.get(path)
         if node is not None and node.link_group is not None:
             return True  # the kernel caches each name of a hard link as its own inode
-        if path in self.open_drafts:
-            # Look up this path's drafts agent by agent (few agents), not by
-            # scanning every draft: idle drafts stay cached, so a scan made
-            # creating n files O(n^2) (the benchmark profile showed 38%).
-            for other in self.observed:
-                if other != agent:
-                    d = self.drafts.get((other, path))
-                    if d is not None and d.opens:
-                        return True
-        return False
+        if len(self.observed) < 2 and agent in self.observed:
+            return False
+        return any(h.path == path and h.agent != agent and h.data is None for h in self.handles.values())
 
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)

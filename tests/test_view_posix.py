@@ -248,3 +248,22 @@ def test_committed_links_are_recorded_and_a_discard_renews(tmp_path):
     view.discard(["/f"])
     assert renewals == [1, 1]
     assert view.getattr("/g")["st_nlink"] == 2
+
+
+def test_a_kernel_without_fuse_epochs_is_told_once(caplog):
+    """The adapter's half: a kernel that refuses FUSE_NOTIFY_INC_EPOCH
+    (older than 6.16) is logged once and not asked again."""
+    from overlayfs.fuse_ops import KernelCache
+
+    kc = KernelCache()
+    assert kc.new_epoch() is False  # not attached: nothing to tell
+    r, w = os.pipe()
+    try:
+        kc._dev_fd = r  # a write fails as the kernel's refusal would
+        assert kc.new_epoch() is False and kc.new_epoch() is False
+        assert sum("FUSE_NOTIFY_INC_EPOCH" in rec.getMessage() for rec in caplog.records) == 1
+        kc._dev_fd = w
+        assert kc.new_epoch() is True and os.read(r, 64) == bytes.fromhex("1000000008000000") + bytes(8)
+    finally:
+        os.close(r)
+        os.close(w)

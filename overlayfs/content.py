@@ -334,7 +334,7 @@ class ContentMixin:
                     if node is None:
                         lower = self._lower_stat(d.path)
                         if lower is not None:
-                            self._lower_name_gone(lower)  # this name is a file of its own now
+                            self._lower_name_gone(lower, d.path)  # this name is a file of its own now
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)

@@ -80,6 +80,9 @@ SYNTHETIC_INO_BASE = 1 << 62
 #: carries it anyway (see the module doc): the window of changes a daemon
 #: killed with SIGKILL can lose.
 ROW_DELAY = 0.05
+#: Bound of ``Overlay.lower_shown`` (names); past it every later removal of
+#: a name of a multi-link workspace file renews the kernel's names.
+LOWER_SHOWN_LIMIT = 50_000
 
 
 class Overlay(ContentMixin):
@@ -122,6 +125,12 @@ class Overlay(ContentMixin):
         # (removed, or copied up as a file of their own): (dev, ino) ->
         # (names covered, when).  Its other names show that many links fewer.
         self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
+        # The names the kernel may hold attributes of, of workspace files
+        # with several links: (dev, ino) -> view paths the view answered
+        # (see _lower_shown); ``_shown_lost``: the bound was hit.
+        self.lower_shown: dict[tuple[int, int], set[str]] = {}
+        self._shown_count = 0
+        self._shown_lost = False
         #: View paths the last commit published (read by the watcher thread;
         #: set operations are atomic under the GIL).
         self.own_publishes: set[str] = set()
@@ -147,6 +156,9 @@ class Overlay(ContentMixin):
         self.meta = MetaTree(self)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
+        # Set by the FUSE adapter: make the kernel look every name up again
+        # before it uses the attributes it holds (KernelCache.new_epoch).
+        self.renew_names = lambda: None
         self.root_dev = os.fstat(self.root.fd).st_dev
         with ws.db.read() as conn:
             groups: dict[int, Node] = {}
@@ -347,7 +359,7 @@ class Overlay(ContentMixin):
         kind = self._kind(None, st)
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
-        self._lower_name_gone(st)  # from now on this name is a file of its own
+        self._lower_name_gone(st, path)  # from now on this name is a file of its own
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
                         mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
@@ -384,12 +396,78 @@ class Overlay(ContentMixin):
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
 
-    def _lower_name_gone(self, st: os.stat_result) -> None:
-        """A name of the workspace file ``st`` is now covered by the upper
-        layer (see ``lower_gone``)."""
+    def _lower_name_gone(self, st: os.stat_result, path: str) -> None:
+        """The name ``path`` of the workspace file ``st`` is now covered by
+        the upper layer (see ``lower_gone``): the file's other names show one
+        link fewer and a new ctime from now on.  The kernel may hold their
+        old attributes (each name is an inode of its own to libfuse's
+        high-level API) for the attribute timeout; when one of them may be
+        held (``lower_shown``), the kernel is told to look every name up
+        again (:meth:`_renew_names`).  No directory scan: only the names the
+        view answered can be held."""
         if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
             self.lower_gone[key] = (self.lower_gone.get(key, (0, 0))[0] + 1, time.time_ns())
+            names = self.lower_shown.get(key)
+            if names is not None and path in names:
+                names.discard(path)  # unlinked, or a file of its own now: not a name of this file
+                self._shown_count -= 1
+                if not names:
+                    del self.lower_shown[key]
+            if names or self._shown_lost:
+                self._renew_names()
+
+    def _lower_shown(self, st: os.stat_result, path: str) -> None:
+        """The view answered the attributes of ``path``, a name of the
+        workspace file ``st``: remember it if the file has several names.
+
+        Invariant: every name of a multi-link workspace file whose
+        attributes the kernel may use without asking again (until the
+        attribute timeout) is in ``lower_shown`` -- or ``_shown_lost`` is
+        set.  Every attribute the kernel holds came from ``getattr`` (libfuse
+        asks it for lookups too; listings carry no attributes), from a
+        commit that turned staged names into workspace names (recorded in
+        :meth:`_after_commit`), or from before the last :meth:`_renew_names`,
+        after which the kernel asks again for every name it walks.
+        Extra paths (renamed since, or asked for by someone else) cost at
+        most a needless renewal.  O(1) per answer; bounded by
+        :data:`LOWER_SHOWN_LIMIT`."""
+        if st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode) or self._shown_lost:
+            return
+        key = (st.st_dev, st.st_ino)
+        names = self.lower_shown.get(key)
+        if names is not None and path in names:
+            return
+        if self._shown_count >= LOWER_SHOWN_LIMIT:
+            self._shown_lost = True  # any name may be held: renew at the next removal
+            return
+        if names is None:
+            names = self.lower_shown[key] = set()
+        names.add(path)
+        self._shown_count += 1
+
+    def _renew_names(self) -> None:
+        """Make the kernel look every name up again before it uses the
+        attributes it holds (a new FUSE epoch, ``KernelCache.new_epoch``);
+        its lookups reach :meth:`getattr`, which records the names afresh.
+        Costs one lookup per name the kernel holds, once: done only when a
+        link count the view shows changed under a name the kernel may hold.
+
+        Why not invalidate just the recorded names: libfuse3's
+        ``fuse_invalidate_path`` drops a name's pages as well as its
+        attributes, and on the FUSE loop thread (where unlink runs) that can
+        wait for a page locked by a read of that name queued behind this very
+        request: a deadlock.  In-mount links avoid it by opening every name
+        ``direct_io``; doing that for every multi-link workspace file would
+        take the page cache and shared mmap from whole package stores.  Off
+        the loop thread the invalidation could not be ordered before the
+        reply (the loop cannot wait for it), so the names would stay stale
+        for a moment.  A new epoch takes no lock and is in effect before the
+        reply."""
+        self.lower_shown.clear()
+        self._shown_count = 0
+        self._shown_lost = False
+        self.renew_names()
 
     def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
         if node.link_group is not None:
@@ -442,7 +520,7 @@ class Overlay(ContentMixin):
         if node is None:
             lower = self._lower_stat(path)
             if lower is not None:
-                self._lower_name_gone(lower)
+                self._lower_name_gone(lower, path)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
@@ -556,9 +634,11 @@ class Overlay(ContentMixin):
             nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-        if self.lower_gone and nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
-            nlink, ctime = max(1, nlink - gone), max(ctime, when)
+        if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            self._lower_shown(st, path)
+            if self.lower_gone:
+                gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
+                nlink, ctime = max(1, nlink - gone), max(ctime, when)
         if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
             changed = self.dir_times.get(path, 0)
             mtime, ctime = max(mtime, changed), max(ctime, changed)
@@ -1237,6 +1317,8 @@ class Overlay(ContentMixin):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
             if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
                 self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
+            if st is not None and node.link_group is not None:
+                self._lower_shown(st, path)  # the kernel holds this name's attributes from the node
             renamed[path] = (old, new)
         for seen in self.observed.values():
             for path, (old, new) in renamed.items():
@@ -1279,6 +1361,10 @@ class Overlay(ContentMixin):
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
             self._nlink_cache.clear()
+            if self.lower_gone or self.lower_shown or self._shown_lost:
+                # The link counts shown for names the kernel may hold change
+                # (covered names show again, or the workspace's own changed).
+                self._renew_names()
             self.lower_gone.clear()
             targets = set()
             for path in paths:

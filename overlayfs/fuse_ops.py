@@ -62,6 +62,8 @@ from .watch import Watcher  # noqa: E402
 log = logging.getLogger("stepfs.fuse")
 #: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).
 PAGE_TOKENS_LIMIT = 100_000
+#: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
+FUSE_CAP_POSIX_ACL = 1 << 19
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -225,8 +227,20 @@ class StepFS(mfusepy.Operations):
 
     def init_with_config(self, conn, config):
         """libfuse's ``init``: ``config`` is the live ``struct fuse_config``
-        (its timeouts are read at every reply), kept for :meth:`short_timeouts`."""
+        (its timeouts are read at every reply), kept for :meth:`short_timeouts`.
+
+        ``FUSE_CAP_POSIX_ACL`` is asked for because without it the kernel
+        caches no POSIX ACL of a FUSE file and sends every
+        ``getxattr(system.posix_acl_*)`` here: ``ls -l`` asks that of every
+        file it lists, half of a warm ``ls -lR``'s requests.  With it the
+        kernel asks once per inode and keeps the answer, which is always
+        "none" (the view holds ``user.*`` attributes only, and refuses to
+        set others), so nothing cached can go stale; access checks stay
+        the kernel's mode checks (``default_permissions``, which the flag
+        implies anyway)."""
         self._config = config
+        if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
+            conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
         self.view.invalidate = self.invalidate

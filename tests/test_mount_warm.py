@@ -1,0 +1,70 @@
+"""What keeps a second ``ls -lR`` / ``git status`` cheap stays correct
+through a real mount: the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import sh
+from overlayfs import fuse_ops
+
+# A minimal access ACL equal to mode 0644 (posix_acl_xattr format, version 2).
+_ANY = 0xFFFFFFFF
+ACL_0644 = struct.pack("<I", 2) + b"".join(
+    struct.pack("<HHI", tag, perm, _ANY) for tag, perm in ((0x01, 6), (0x04, 4), (0x20, 4)))
+
+
+def _errno(fn, *args) -> int:
+    with pytest.raises(OSError) as info:
+        fn(*args)
+    return info.value.errno
+
+
+def test_posix_acls_are_asked_for_only_when_the_kernel_offers_them():
+    ops = fuse_ops.StepFS.__new__(fuse_ops.StepFS)
+    ops.kernel_cache = ops.watcher = ops.on_ready = None
+    ops.view = SimpleNamespace()
+    offered = SimpleNamespace(capable=fuse_ops.FUSE_CAP_POSIX_ACL | 1, want=1)
+    ops.init_with_config(offered, None)
+    assert offered.want == fuse_ops.FUSE_CAP_POSIX_ACL | 1
+    not_offered = SimpleNamespace(capable=1, want=1)
+    ops.init_with_config(not_offered, None)
+    assert not_offered.want == 1
+
+
+@pytest.mark.mount
+def test_xattrs_of_every_namespace_with_the_kernel_acl_cache(workspace, mount):
+    (workspace / "d").mkdir()
+    (workspace / "d" / "f").write_bytes(b"x")
+    os.chmod(workspace / "d" / "f", 0o644)
+    os.setxattr(workspace / "d" / "f", "user.kept", b"K")
+    m = mount(workspace)
+    sh("ls -lR > /dev/null", m.mountpoint)  # ls -l asks every file for its ACL
+    f, d = m.path("d", "f"), m.path("d")
+    for _ in range(2):  # asked of the daemon, then answered from the kernel's cache
+        for path in (f, d):
+            for name in ("system.posix_acl_access", "security.selinux", "trusted.x"):
+                assert _errno(os.getxattr, path, name) == errno.ENODATA, (path, name)
+        assert _errno(os.getxattr, d, "system.posix_acl_default") == errno.ENODATA
+    assert os.getxattr(f, "user.kept") == b"K"
+    assert os.listxattr(f) == ["user.kept"]
+
+    # ACLs cannot be set (the view keeps user.* only), before or after a
+    # chmod (which makes the kernel forget what it cached).
+    assert _errno(os.setxattr, f, "system.posix_acl_access", ACL_0644) == errno.EOPNOTSUPP
+    os.chmod(f, 0o600)
+    assert _errno(os.setxattr, f, "system.posix_acl_access", ACL_0644) == errno.EOPNOTSUPP
+    assert _errno(os.getxattr, f, "system.posix_acl_access") == errno.ENODATA
+    assert os.stat(f).st_mode & 0o7777 == 0o600
+    assert _errno(os.setxattr, f, "trusted.x", b"1") == errno.EOPNOTSUPP
+
+    os.setxattr(f, "user.new", b"N")
+    os.setxattr(d, "user.dir", b"D")
+    assert sorted(os.listxattr(f)) == ["user.kept", "user.new"]
+    assert os.getxattr(d, "user.dir") == b"D"
+    assert os.listxattr(workspace / "d" / "f") == ["user.kept"], "the workspace is untouched before a step"

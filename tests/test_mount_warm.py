@@ -1,17 +1,20 @@
 """What keeps a second ``ls -lR`` / ``git status`` cheap stays correct
-through a real mount: the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL)."""
+through a real mount: the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL)
+and the view's reused workspace listings (overlayfs/listings.py)."""
 
 from __future__ import annotations
 
 import errno
 import os
 import struct
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import sh
+from conftest import sh, stepfs
 from overlayfs import fuse_ops
+from overlayfs.listings import settled
 
 # A minimal access ACL equal to mode 0644 (posix_acl_xattr format, version 2).
 _ANY = 0xFFFFFFFF
@@ -68,3 +71,42 @@ def test_xattrs_of_every_namespace_with_the_kernel_acl_cache(workspace, mount):
     assert sorted(os.listxattr(f)) == ["user.kept", "user.new"]
     assert os.getxattr(d, "user.dir") == b"D"
     assert os.listxattr(workspace / "d" / "f") == ["user.kept"], "the workspace is untouched before a step"
+
+
+@pytest.mark.mount
+def test_outside_changes_show_in_the_next_listing_at_once(workspace, mount):
+    """A listing the view keeps is checked against the directory on every
+    readdir, so an outside change shows in the very next listing (no
+    polling: the kernel caches no listing, and no watcher is involved)."""
+    d = workspace / "src"
+    d.mkdir()
+    for name in ("a.py", "b.py"):
+        (d / name).write_text(name)
+    m = mount(workspace)
+    while not settled(os.lstat(d), time.time_ns()):  # old enough to be kept
+        time.sleep(0.01)
+    src = m.path("src")
+    assert sorted(os.listdir(src)) == ["a.py", "b.py"]
+    assert sorted(os.listdir(src)) == ["a.py", "b.py"]
+
+    (d / "c.py").write_text("c")
+    assert sorted(os.listdir(src)) == ["a.py", "b.py", "c.py"]
+    os.unlink(d / "a.py")
+    assert sorted(os.listdir(src)) == ["b.py", "c.py"]
+    os.rename(d / "b.py", d / "z.py")
+    assert sorted(os.listdir(src)) == ["c.py", "z.py"]
+    os.unlink(d / "c.py")
+    os.mkdir(d / "c.py")
+    assert {e.name: e.is_dir() for e in os.scandir(src)} == {"c.py": True, "z.py": False}
+
+    # Through the mount and back out again: a staged name merges with the
+    # kept workspace listing, and a step moves it into the workspace.
+    (src / "new.py").write_text("n")
+    assert sorted(os.listdir(src)) == ["c.py", "new.py", "z.py"]
+    r = stepfs("step", m.mountpoint, "-m", "new.py")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(d)) == ["c.py", "new.py", "z.py"]
+    assert sorted(os.listdir(src)) == ["c.py", "new.py", "z.py"]
+    (d / "outside.py").write_text("o")
+    os.unlink(d / "new.py")
+    assert sorted(os.listdir(src)) == ["c.py", "outside.py", "z.py"]

@@ -433,6 +433,8 @@ class StepFS(mfusepy.Operations):
 _STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
 _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
               "st_blocks", "st_blksize"}
+#: ... and with the device number (every workspace file's attributes carry it).
+_STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
 
 
 class _FUSE(mfusepy.FUSE):
@@ -463,12 +465,16 @@ class _FUSE(mfusepy.FUSE):
 
     def fgetattr(self, path, buf, fip):
         # mfusepy's set_st_attrs looks every key up by name (about twice
-        # the cost); the view's attribute dicts have these eleven keys.
+        # the cost); the view's attribute dicts have these eleven keys, and
+        # st_rdev (tests/test_mount_warm.py keeps it so).
         ctypes.memset(buf, 0, _STAT_SIZE)
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
                                     fip.contents if fip else None)
         st = buf.contents
-        if a.keys() != _STAT_KEYS:
+        keys = a.keys()
+        if keys == _STAT_KEYS_RDEV:
+            st.st_rdev = a["st_rdev"]
+        elif keys != _STAT_KEYS:
             mfusepy.set_st_attrs(st, a, use_ns=True)
             return 0
         st.st_mode = a["st_mode"]

@@ -1,20 +1,25 @@
-"""What keeps a second ``ls -lR`` / ``git status`` cheap stays correct
-through a real mount: the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL)
-and the view's reused workspace listings (overlayfs/listings.py)."""
+"""What keeps a second ``ls -lR`` / ``git status`` cheap stays correct:
+the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL) and the view's reused
+workspace listings (overlayfs/listings.py) through a real mount, and the
+adapter's direct stat fill (no kernel)."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import stat as stat_mod
 import struct
 import time
 from types import SimpleNamespace
 
+import mfusepy
 import pytest
 
 from conftest import sh, stepfs
 from overlayfs import fuse_ops
 from overlayfs.listings import settled
+from viewkit import open_view
 
 # A minimal access ACL equal to mode 0644 (posix_acl_xattr format, version 2).
 _ANY = 0xFFFFFFFF
@@ -110,3 +115,30 @@ def test_outside_changes_show_in_the_next_listing_at_once(workspace, mount):
     (d / "outside.py").write_text("o")
     os.unlink(d / "new.py")
     assert sorted(os.listdir(src)) == ["c.py", "outside.py", "z.py"]
+
+
+def test_the_direct_stat_fill_matches_mfusepy_for_every_attribute_shape(tmp_path):
+    """``_FUSE.fgetattr`` fills the stat struct itself for the view's usual
+    attribute dicts (mfusepy's set_st_attrs looks every key up by name);
+    both fills must give the same struct, and the usual dicts must take
+    the direct one."""
+    ws, view = open_view(tmp_path)
+    root = tmp_path / "ws"
+    (root / "f").write_bytes(b"12345")
+    (root / "d").mkdir()
+    os.symlink("f", root / "l")
+    os.mknod(root / "c", stat_mod.S_IFCHR | 0o600, os.makedev(1, 3))
+    view.mkdir("/nd", 0o750, owner=(0, 0), agent="a")
+    view.release(view.create("/nf", 0o640, os.O_WRONLY, owner=(0, 0), agent="a"))
+    view.chmod("/d", 0o700)
+    fast = fuse_ops._FUSE.__new__(fuse_ops._FUSE)
+    fast.encoding, fast.errors = "utf-8", "surrogateescape"
+    for path in ("/", "/f", "/d", "/l", "/c", "/nd", "/nf"):
+        attrs = view.getattr(path)
+        assert attrs.keys() in (fuse_ops._STAT_KEYS, fuse_ops._STAT_KEYS_RDEV), path
+        fast.operations = SimpleNamespace(getattr=lambda p, fh, attrs=attrs: attrs)
+        got, want = mfusepy.c_stat(), mfusepy.c_stat()
+        fast.fgetattr(path.encode(), ctypes.pointer(got), None)
+        mfusepy.set_st_attrs(want, attrs, use_ns=True)
+        assert bytes(got) == bytes(want), path
+    assert os.major(view.getattr("/c")["st_rdev"]) == 1

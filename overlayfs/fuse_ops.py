@@ -67,6 +67,8 @@ log = logging.getLogger("stepfs.fuse")
 PAGE_TOKENS_LIMIT = 100_000
 #: ``struct fuse_out_header`` of FUSE_NOTIFY_INC_EPOCH (len, code 8, unique 0).
 _INC_EPOCH = struct.pack("<IiQ", 16, 8, 0)
+#: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
+FUSE_CAP_POSIX_ACL = 1 << 19
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -270,8 +272,20 @@ class StepFS(mfusepy.Operations):
 
     def init_with_config(self, conn, config):
         """libfuse's ``init``: ``config`` is the live ``struct fuse_config``
-        (its timeouts are read at every reply), kept for :meth:`short_timeouts`."""
+        (its timeouts are read at every reply), kept for :meth:`short_timeouts`.
+
+        ``FUSE_CAP_POSIX_ACL`` is asked for because without it the kernel
+        caches no POSIX ACL of a FUSE file and sends every
+        ``getxattr(system.posix_acl_*)`` here: ``ls -l`` asks that of every
+        file it lists, half of a warm ``ls -lR``'s requests.  With it the
+        kernel asks once per inode and keeps the answer, which is always
+        "none" (the view holds ``user.*`` attributes only, and refuses to
+        set others), so nothing cached can go stale; access checks stay
+        the kernel's mode checks (``default_permissions``, which the flag
+        implies anyway)."""
         self._config = config
+        if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
+            conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -465,6 +479,8 @@ class StepFS(mfusepy.Operations):
 _STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
 _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
               "st_blocks", "st_blksize"}
+#: ... and with the device number (every workspace file's attributes carry it).
+_STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
 
 
 class _FUSE(mfusepy.FUSE):
@@ -495,12 +511,16 @@ class _FUSE(mfusepy.FUSE):
 
     def fgetattr(self, path, buf, fip):
         # mfusepy's set_st_attrs looks every key up by name (about twice
-        # the cost); the view's attribute dicts have these eleven keys.
+        # the cost); the view's attribute dicts have these eleven keys, and
+        # st_rdev (tests/test_mount_warm.py keeps it so).
         ctypes.memset(buf, 0, _STAT_SIZE)
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
                                     fip.contents if fip else None)
         st = buf.contents
-        if a.keys() != _STAT_KEYS:
+        keys = a.keys()
+        if keys == _STAT_KEYS_RDEV:
+            st.st_rdev = a["st_rdev"]
+        elif keys != _STAT_KEYS:
             mfusepy.set_st_attrs(st, a, use_ns=True)
             return 0
         st.st_mode = a["st_mode"]

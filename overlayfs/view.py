@@ -62,6 +62,7 @@ from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported,
 )
+from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .upper import Node, PendingRows, Upper, parent_name, rel, view_path
 
@@ -160,6 +161,7 @@ class Overlay(ContentMixin):
         # before it uses the attributes it holds (KernelCache.new_epoch).
         self.renew_names = lambda: None
         self.root_dev = os.fstat(self.root.fd).st_dev
+        self.listings = Listings(self.root)  # workspace directory listings (readdir)
         with ws.db.read() as conn:
             groups: dict[int, Node] = {}
             for row in staging.load(conn, self.step):
@@ -824,8 +826,11 @@ class Overlay(ContentMixin):
                 try:
                     dev = self.root_dev
                     alias = self.ino_alias
-                    for name, kind, ino in self.root.listdir(rel(path)):
-                        entries[os.fsdecode(name)] = (kind, alias.get((dev, ino), ino) if alias else ino)
+                    wpath = rel(path)
+                    # An upper directory over a workspace one: its own stamp.
+                    wst = st if st is not None else self.root.lstat(wpath)
+                    for name, kind, ino in self.listings.listdir(wpath, wst):
+                        entries[name] = (kind, alias.get((dev, ino), ino) if alias else ino)
                 except (FileNotFoundError, NotADirectoryError):
                     pass
             prefix = path if path != "/" else ""

@@ -49,7 +49,7 @@ import stat as stat_mod
 import threading
 import time
 
-from store import publish, staging, tokens
+from store import publish, refs, staging, tokens
 from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from store.workspace import Workspace
 
@@ -132,15 +132,24 @@ class Overlay(ContentMixin):
         self._row_timer: threading.Timer | None = None
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
-        self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
+        self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
         os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
-        for name in os.listdir(self.scratch_dir):  # leftovers of a dead daemon
-            os.unlink(os.path.join(self.scratch_dir, name))
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Leftovers of a dead daemon go, except the files staged rows
+        # reference (big files staged by reference: their only copy).
+        kept = {row.scratch for row in rows if row.scratch is not None}
+        for name in os.listdir(self.scratch_dir):
+            if name not in kept:
+                os.unlink(os.path.join(self.scratch_dir, name))
+        # Scratch files of nodes staged by reference that are no longer in
+        # the node, removed once the rows that named them are written.
+        self._retired: list[str] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self._scratch_seq = itertools.count(1)
+        self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
         self.readonly_reason: str | None = None
         # Failsafe: a store that cannot write makes this view read-only.
         ws.db.on_failure.append(self._store_failed)
@@ -148,22 +157,23 @@ class Overlay(ContentMixin):
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
         self.root_dev = os.fstat(self.root.fd).st_dev
-        with ws.db.read() as conn:
-            groups: dict[int, Node] = {}
-            for row in staging.load(conn, self.step):
-                path = view_path(row.path)
-                if row.link_group is not None and row.link_group in groups:
-                    node = groups[row.link_group]  # another name of the same file
-                else:
-                    node = Node.from_row(row, next(self._ino))
-                    self._bump(node)
-                    if row.link_group is not None:
-                        groups[row.link_group] = node
-                if node.link_group is not None:
-                    node.names.add(path)
-                    node.name_bases[path] = row.base
-                self.upper.set(path, node)
-            self._link_groups = itertools.count(max(groups, default=0) + 1)
+        groups: dict[int, Node] = {}
+        for row in rows:
+            path = view_path(row.path)
+            if row.link_group is not None and row.link_group in groups:
+                node = groups[row.link_group]  # another name of the same file
+            else:
+                node = Node.from_row(row, next(self._ino))
+                if node.ref is not None:
+                    node.scratch = os.path.join(self.scratch_dir, node.ref)
+                self._bump(node)
+                if row.link_group is not None:
+                    groups[row.link_group] = node
+            if node.link_group is not None:
+                node.names.add(path)
+                node.name_bases[path] = row.base
+            self.upper.set(path, node)
+        self._link_groups = itertools.count(max(groups, default=0) + 1)
 
     # -- resolution ---------------------------------------------------------
 
@@ -305,6 +315,37 @@ class Overlay(ContentMixin):
 
     def _pending_written(self) -> None:
         self._pending.clear()
+        self._unlink_retired()
+
+    def _unlink_retired(self) -> None:
+        """Remove the retired by-reference files: call only when no staged
+        row in the store names them any more (the rows written since they
+        were retired replaced or removed every row that did)."""
+        retired, self._retired = self._retired, []
+        for path in retired:
+            self._unlink_scratch(path)
+
+    def _unlink_scratch(self, path: str) -> None:
+        """Remove a scratch file of a node.  A draft still open on it (its
+        close published it by reference: ``Draft.frozen``) first moves to a
+        copy, so it can keep reading, and writing, by name too."""
+        for d in {id(h.draft): h.draft for h in self.handles.values()
+                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
+            self._thaw(d)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _imported(self, oids: dict[str, str]) -> None:
+        """The store took the by-reference files ``oids`` (scratch name ->
+        object id) as objects: their nodes name the objects now, and their
+        files are ordinary caches (no row references them any more)."""
+        if not oids:
+            return
+        for node in self.upper.nodes.values():
+            if node.ref is not None and node.ref in oids:
+                node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
 
     def _empty_oid(self, conn) -> str:
         return self.ws.objects.put_bytes(conn, b"")
@@ -331,12 +372,16 @@ class Overlay(ContentMixin):
         node.scratch = path
 
     def _drop_scratch(self, node: Node) -> None:
+        """The node's content is going away or being replaced.  A file it
+        holds by reference is removed only after the next write of staged
+        rows (the store still names it until then: a crash must find it)."""
         if node.scratch is not None:
-            try:
-                os.unlink(node.scratch)
-            except FileNotFoundError:
-                pass
+            if node.ref is not None:
+                self._retired.append(node.scratch)
+            else:
+                self._unlink_scratch(node.scratch)
             node.scratch = None
+        node.ref = node.ref_sum = None
 
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
@@ -1178,6 +1223,7 @@ class Overlay(ContentMixin):
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
+            self._imported(publish.import_refs(self.ws, self.step))
             covered = self._unstaged_over_rows()
             # The names this commit is about to replace in the workspace keep
             # their inode numbers in the view (``ino_alias``): the watcher must
@@ -1221,6 +1267,7 @@ class Overlay(ContentMixin):
             node = self.upper.get(path)
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
+        self._unlink_retired()  # the commit consumed every staged row
         self._nlink_cache.clear()
         self.dir_times.clear()
         self.lower_gone.clear()
@@ -1259,9 +1306,11 @@ class Overlay(ContentMixin):
             dropped: list[str] = []
             with self.ws.db.write() as conn:
                 self._write_pending(conn)  # staging.discard reads the rows it drops
+                oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
                 for path in paths:
                     dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
                                                                       mount=self.mountpoint)]
+            self._imported(oids)
             self._pending_written()
             for path in dropped:
                 node = self.upper.pop(path)
@@ -1306,6 +1355,8 @@ class Overlay(ContentMixin):
                 self.sync_rows()
             except Exception:
                 log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
+            if not self._pending:
+                self._unlink_retired()
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

@@ -390,7 +390,7 @@ class ContentMixin:
                     return
                 # A created file closed still empty: it is staged now, but every
                 # agent already saw this empty file, so its token stays.
-                same = node is not None and node.kind == "file" and node.oid is None and size == 0
+                same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
                 if node is None or node.kind != "file":
                     if node is None:
                         lower = self._lower_stat(d.path)

@@ -142,9 +142,10 @@ class Overlay(ContentMixin):
         for name in os.listdir(self.scratch_dir):
             if name not in kept:
                 os.unlink(os.path.join(self.scratch_dir, name))
-        # Scratch files of nodes staged by reference that are no longer in
-        # the node, removed once the rows that named them are written.
-        self._retired: list[str] = []
+        # Nodes staged by reference that left the tree: their files go once
+        # the rows written since show them gone (``_pending_written``).
+        self._retired: list[Node] = []
+        self._retired_ready: list[Node] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
@@ -315,15 +316,30 @@ class Overlay(ContentMixin):
 
     def _pending_written(self) -> None:
         self._pending.clear()
-        self._unlink_retired()
+        # Files retired before the previous write: that write and this one
+        # show the tree after their node left it.  (A write may run in the
+        # middle of an operation, between taking a node out and placing it
+        # again, so the files of this write's window wait for the next.)
+        ready, self._retired_ready, self._retired = self._retired_ready, self._retired, []
+        self._unlink_retired(ready)
 
-    def _unlink_retired(self) -> None:
-        """Remove the retired by-reference files: call only when no staged
-        row in the store names them any more (the rows written since they
-        were retired replaced or removed every row that did)."""
-        retired, self._retired = self._retired, []
-        for path in retired:
-            self._unlink_scratch(path)
+    def _unlink_retired(self, retired: list[Node] | None = None) -> None:
+        """Remove retired by-reference files that no node in the tree holds:
+        call only when the store's rows show the tree as it is (or were
+        consumed), between operations, or with ``retired`` files retired
+        before the previous write of rows.  Default: every retired file."""
+        if retired is None:
+            retired = self._retired_ready + self._retired
+            self._retired, self._retired_ready = [], []
+        if not retired:
+            return
+        # A node that left the tree may be back (a directory rename takes
+        # its nodes out and places them again): its file stays.
+        live = {id(n) for n in self.upper.nodes.values()}
+        for node in retired:
+            if id(node) not in live and node.scratch is not None and node.ref is not None:
+                self._unlink_scratch(node.scratch)
+                node.scratch = None  # its open readers stat it by size (``_stat_node``)
 
     def _unlink_scratch(self, path: str) -> None:
         """Remove a scratch file of a node.  A draft still open on it (its
@@ -372,16 +388,18 @@ class Overlay(ContentMixin):
         node.scratch = path
 
     def _drop_scratch(self, node: Node) -> None:
-        """The node's content is going away or being replaced.  A file it
-        holds by reference is removed only after the next write of staged
-        rows (the store still names it until then: a crash must find it)."""
-        if node.scratch is not None:
-            if node.ref is not None:
-                self._retired.append(node.scratch)
-            else:
-                self._unlink_scratch(node.scratch)
-            node.scratch = None
-        node.ref = node.ref_sum = None
+        """The node leaves the tree, or its cache is no longer wanted.  A
+        file it holds by reference is its content: the node keeps it (it
+        may be placed again), and the file is removed after the next write
+        of staged rows if no node in the tree holds it then (until then the
+        store still names it: a crash must find it)."""
+        if node.scratch is None:
+            return
+        if node.ref is not None:
+            self._retired.append(node)
+            return
+        self._unlink_scratch(node.scratch)
+        node.scratch = None
 
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without

@@ -23,7 +23,9 @@ Model
   since the agent last observed it (read it again to refresh).
 * The close after writing (``flush``) is the **compare-and-swap**: the draft's
   base token must still be the path's token; then the draft is published
-  (stored as an object, staged row written, new token).  Otherwise the close
+  (stored as an object, staged row written, new token; a big draft's
+  scratch file becomes the node's content instead, staged by reference,
+  and the draft is frozen: a later write first moves it to a copy).  Otherwise the close
   fails with ``Stale``, the path keeps the other writer's content, and the
   draft's bytes are kept as a conflict object.  The decision is made once per
   batch of writes and repeated by every later flush of the same handle
@@ -685,9 +687,14 @@ class ContentMixin:
 
     def fsync(self, fh: int, datasync: bool) -> None:
         """Durability means staged in the store: the same decision as a
-        close, and every recorded staged row written (view.py)."""
+        close, and every recorded staged row written (view.py).  Content
+        staged by reference lives in its scratch file: that is synced too."""
         self.flush(fh)
         self.sync_rows()
+        with self.lock:
+            h = self.handles.get(fh)
+            if h is not None and h.draft is not None and h.draft.frozen:
+                os.fsync(h.fd)
 
     def release(self, fh: int) -> None:
         """Never fails (the kernel ignores its result): a handle that still

@@ -12,8 +12,14 @@ and errors.  Lookup precedence for a path ``p``:
 Copy-up: the first open for writing (or truncate) of a workspace file copies
 it into a scratch file (sparse-aware, O(size of that file)); writes go to
 the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row.  Mounting reads only the open step's staged
-rows: O(1) in the size of the workspace.
+object and writes the staged row -- or, for a file of at least
+``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
+staged content (staged by reference; the commit imports the bytes, see
+``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
+``ContentMixin._thaw``) and is removed only once no staged row in the store
+names it (``_drop_scratch``, ``_pending_written``); a daemon start keeps the
+referenced files and removes the other scratch leftovers.  Mounting reads
+only the open step's staged rows: O(1) in the size of the workspace.
 
 Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
 rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer

@@ -626,8 +626,7 @@ class ContentMixin:
             h = self._handle(fh)
             if not h.writable:
                 raise BadHandle(str(fh))
-            if h.draft.frozen:
-                self._thaw(h.draft)
+            self._writable(h.draft)
             n = os.pwrite(h.fd, data, offset)
             h.wrote = True
             h.draft.dirty = True

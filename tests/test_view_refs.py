@@ -168,3 +168,25 @@ def test_a_damaged_or_missing_reference_is_refused_and_named_by_verify(tmp_path)
     with pytest.raises(MissingStagedContent, match="is missing"):
         view.commit("missing")
     view.close()
+
+
+def test_a_draft_still_open_on_a_replaced_reference_keeps_its_bytes(tmp_path):
+    """Agent a's close published by reference while a's descriptor stays
+    open; agent b replaces the file: a's draft moves to a copy before the
+    referenced file goes, so a still reads (and stats) what it wrote."""
+    _ws, view = open_view(tmp_path)
+    mine, theirs = big(37), big(41)
+    fh = view.create("/f", 0o644, os.O_RDWR | os.O_CREAT, agent="a")
+    view.write(fh, mine, 0)
+    view.flush(fh)
+    ref = rows(view)[b"f"].scratch
+    other = view.open("/f", os.O_WRONLY | os.O_TRUNC, agent="b")
+    view.write(other, theirs, 0)
+    view.flush(other)
+    view.release(other)
+    assert ref not in scratch_files(view)
+    assert read_fh(view, fh) == mine
+    assert view.getattr("/f", fh, agent="a")["st_size"] == len(mine)
+    view.release(fh)
+    assert read_all(view, "/f") == theirs
+    view.close()

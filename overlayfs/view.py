@@ -148,10 +148,9 @@ class Overlay(ContentMixin):
         for name in os.listdir(self.scratch_dir):
             if name not in kept:
                 os.unlink(os.path.join(self.scratch_dir, name))
-        # Nodes staged by reference that left the tree: their files go once
-        # the rows written since show them gone (``_pending_written``).
+        # Nodes staged by reference that left the tree: their files go at
+        # the next write of rows between operations (``_unlink_retired``).
         self._retired: list[Node] = []
-        self._retired_ready: list[Node] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
@@ -288,7 +287,7 @@ class Overlay(ContentMixin):
         if self.row_delay is None:
             return
         if self.row_delay <= 0:
-            self.sync_rows()
+            self.sync_rows(between=False)
         elif self._row_timer is None:
             self._row_timer = threading.Timer(self.row_delay, self._timed_sync)
             self._row_timer.daemon = True
@@ -302,13 +301,18 @@ class Overlay(ContentMixin):
             except Exception:  # a store error also made the view read-only
                 log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
 
-    def sync_rows(self) -> None:
-        """Write every recorded staged row now, in one transaction."""
+    def sync_rows(self, between: bool = True) -> None:
+        """Write every recorded staged row now, in one transaction.
+        ``between``: called between operations (not from inside one, where
+        a node may be out of the tree on its way to another place), so
+        retired by-reference files can go too."""
         with self.lock:
             if self._pending:
                 with self.ws.db.write() as conn:
                     self._write_pending(conn)
                 self._pending_written()
+            if between:
+                self._unlink_retired()
 
     def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
         """Write the recorded rows through ``conn``, a write transaction of
@@ -322,21 +326,14 @@ class Overlay(ContentMixin):
 
     def _pending_written(self) -> None:
         self._pending.clear()
-        # Files retired before the previous write: that write and this one
-        # show the tree after their node left it.  (A write may run in the
-        # middle of an operation, between taking a node out and placing it
-        # again, so the files of this write's window wait for the next.)
-        ready, self._retired_ready, self._retired = self._retired_ready, self._retired, []
-        self._unlink_retired(ready)
 
-    def _unlink_retired(self, retired: list[Node] | None = None) -> None:
-        """Remove retired by-reference files that no node in the tree holds:
-        call only when the store's rows show the tree as it is (or were
-        consumed), between operations, or with ``retired`` files retired
-        before the previous write of rows.  Default: every retired file."""
-        if retired is None:
-            retired = self._retired_ready + self._retired
-            self._retired, self._retired_ready = [], []
+    def _unlink_retired(self) -> None:
+        """Remove the retired by-reference files whose node is not in the
+        tree.  Call only between operations (inside one, a node may be out
+        of the tree on its way to another place: a directory rename or an
+        exchange takes nodes out, writes rows, and places them again) and
+        when the store's rows show the tree as it is, or were consumed."""
+        retired, self._retired = self._retired, []
         if not retired:
             return
         # A node that left the tree may be back (a directory rename takes

@@ -16,6 +16,8 @@ from store.errors import MissingStagedContent
 from store.verify import verify
 from viewkit import open_view, read_all, read_fh, reopen, write_file
 
+RENAME_EXCHANGE = 2
+
 BIG = refs.MIN_SIZE + 12345
 
 
@@ -189,4 +191,26 @@ def test_a_draft_still_open_on_a_replaced_reference_keeps_its_bytes(tmp_path):
     assert view.getattr("/f", fh, agent="a")["st_size"] == len(mine)
     view.release(fh)
     assert read_all(view, "/f") == theirs
+    view.close()
+
+
+@pytest.mark.parametrize("row_delay", [0.0, None])
+def test_moves_that_take_nodes_out_and_back_keep_their_files(tmp_path, row_delay):
+    """A directory rename and RENAME_EXCHANGE take the staged nodes out of
+    the tree (rows written meanwhile when row_delay is 0) and place them
+    again: their referenced files must survive."""
+    _ws, view = open_view(tmp_path, row_delay=row_delay)
+    view.mkdir("/d", 0o755)
+    write_file(view, "/d/f", big(43))
+    write_file(view, "/a", big(47))
+    write_file(view, "/b", big(53))
+    view.rename("/d", "/e")
+    view.rename("/a", "/b", flags=RENAME_EXCHANGE)
+    view.sync_rows()
+    assert read_all(view, "/e/f") == big(43)
+    assert (read_all(view, "/a"), read_all(view, "/b")) == (big(53), big(47))
+    view = reopen(view)
+    assert (read_all(view, "/e/f"), read_all(view, "/a"), read_all(view, "/b")) == (big(43), big(53), big(47))
+    view.commit("moved")
+    assert (tmp_path / "ws" / "a").read_bytes() == big(53)
     view.close()

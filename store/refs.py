@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 
 from . import schema
 from .errors import MissingStagedContent
+from .objects import xxh3_hex
 
 S = schema.staged
 
@@ -87,15 +88,25 @@ def import_refs(ws, conn: Connection, step: int) -> dict[str, str]:
                 f"the staged content of {os.fsdecode(bytes(path))} (scratch file {name} of step {step}) is "
                 f"missing; discard that path with 'stepfs discard' and write it again.") from None
         try:
-            if os.fstat(fd).st_size != size or content_sum(fd) != want:
-                raise MissingStagedContent(
-                    f"the staged content of {os.fsdecode(bytes(path))} (scratch file {name} of step {step}) "
-                    f"no longer matches what was closed; discard that path with 'stepfs discard' and write "
-                    f"it again.")
+            # An object id is the content's XXH3-128 (plus a collision
+            # suffix): with that hasher the put itself checks the sum, in
+            # the same read.  A mismatch raises inside the caller's
+            # transaction, so the chunks just put go with it.
+            same_hash = ws.objects.hasher is xxh3_hex
+            if os.fstat(fd).st_size != size or (not same_hash and content_sum(fd) != want):
+                raise _damaged(path, name, step)
             oid, _size = ws.objects.put_fd(conn, fd)
+            if same_hash and oid.split(".", 1)[0] != want:
+                raise _damaged(path, name, step)
         finally:
             os.close(fd)
         conn.execute(update(S).where(S.c.step == step, S.c.scratch == name)
                      .values(oid=oid, scratch=None, scratch_sum=None))
         done[name] = oid
     return done
+
+
+def _damaged(path, name: str, step: int) -> MissingStagedContent:
+    return MissingStagedContent(
+        f"the staged content of {os.fsdecode(bytes(path))} (scratch file {name} of step {step}) no longer "
+        f"matches what was closed; discard that path with 'stepfs discard' and write it again.")

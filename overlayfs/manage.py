@@ -349,7 +349,7 @@ def discard(target: Target, paths: list[str]) -> list[str]:
     target, every open step with a workspace target), keeping their bytes
     as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
-    from store import staging
+    from store import refs, staging
     from store.workspace import Workspace
 
     from store import history
@@ -369,6 +369,7 @@ def discard(target: Target, paths: list[str]) -> list[str]:
                 dropped.update(p.lstrip("/") for p in answer["discarded"])
             else:
                 with ws.commit_lock(), ws.db.write() as conn:
+                    refs.import_refs(ws, conn, st["id"])  # discarded bytes are kept as objects
                     for r in rels:
                         dropped.update(os.fsdecode(p) for p in staging.discard(conn, st["id"], r, mount=mp))
     return sorted(dropped)

@@ -12,8 +12,14 @@ and errors.  Lookup precedence for a path ``p``:
 Copy-up: the first open for writing (or truncate) of a workspace file copies
 it into a scratch file (sparse-aware, O(size of that file)); writes go to
 the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row.  Mounting reads only the open step's staged
-rows: O(1) in the size of the workspace.
+object and writes the staged row -- or, for a file of at least
+``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
+staged content (staged by reference; the commit imports the bytes, see
+``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
+``ContentMixin._thaw``) and is removed only once no staged row in the store
+names it (``_drop_scratch``, ``_pending_written``); a daemon start keeps the
+referenced files and removes the other scratch leftovers.  Mounting reads
+only the open step's staged rows: O(1) in the size of the workspace.
 
 Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
 rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer
@@ -49,7 +55,7 @@ import stat as stat_mod
 import threading
 import time
 
-from store import publish, staging, tokens
+from store import publish, refs, staging, tokens
 from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from store.workspace import Workspace
 
@@ -142,15 +148,24 @@ class Overlay(ContentMixin):
         self._row_timer: threading.Timer | None = None
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
-        self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
+        self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
         os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
-        for name in os.listdir(self.scratch_dir):  # leftovers of a dead daemon
-            os.unlink(os.path.join(self.scratch_dir, name))
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Leftovers of a dead daemon go, except the files staged rows
+        # reference (big files staged by reference: their only copy).
+        kept = {row.scratch for row in rows if row.scratch is not None}
+        for name in os.listdir(self.scratch_dir):
+            if name not in kept:
+                os.unlink(os.path.join(self.scratch_dir, name))
+        # Nodes staged by reference that left the tree: their files go at
+        # the next write of rows between operations (``_unlink_retired``).
+        self._retired: list[Node] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self._scratch_seq = itertools.count(1)
+        self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
         self.readonly_reason: str | None = None
         # Failsafe: a store that cannot write makes this view read-only.
         ws.db.on_failure.append(self._store_failed)
@@ -162,22 +177,23 @@ class Overlay(ContentMixin):
         self.renew_names = lambda: None
         self.root_dev = os.fstat(self.root.fd).st_dev
         self.listings = Listings(self.root)  # workspace directory listings (readdir)
-        with ws.db.read() as conn:
-            groups: dict[int, Node] = {}
-            for row in staging.load(conn, self.step):
-                path = view_path(row.path)
-                if row.link_group is not None and row.link_group in groups:
-                    node = groups[row.link_group]  # another name of the same file
-                else:
-                    node = Node.from_row(row, next(self._ino))
-                    self._bump(node)
-                    if row.link_group is not None:
-                        groups[row.link_group] = node
-                if node.link_group is not None:
-                    node.names.add(path)
-                    node.name_bases[path] = row.base
-                self.upper.set(path, node)
-            self._link_groups = itertools.count(max(groups, default=0) + 1)
+        groups: dict[int, Node] = {}
+        for row in rows:
+            path = view_path(row.path)
+            if row.link_group is not None and row.link_group in groups:
+                node = groups[row.link_group]  # another name of the same file
+            else:
+                node = Node.from_row(row, next(self._ino))
+                if node.ref is not None:
+                    node.scratch = os.path.join(self.scratch_dir, node.ref)
+                self._bump(node)
+                if row.link_group is not None:
+                    groups[row.link_group] = node
+            if node.link_group is not None:
+                node.names.add(path)
+                node.name_bases[path] = row.base
+            self.upper.set(path, node)
+        self._link_groups = itertools.count(max(groups, default=0) + 1)
 
     # -- resolution ---------------------------------------------------------
 
@@ -285,7 +301,7 @@ class Overlay(ContentMixin):
         if self.row_delay is None:
             return
         if self.row_delay <= 0:
-            self.sync_rows()
+            self.sync_rows(between=False)
         elif self._row_timer is None:
             self._row_timer = threading.Timer(self.row_delay, self._timed_sync)
             self._row_timer.daemon = True
@@ -299,13 +315,18 @@ class Overlay(ContentMixin):
             except Exception:  # a store error also made the view read-only
                 log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
 
-    def sync_rows(self) -> None:
-        """Write every recorded staged row now, in one transaction."""
+    def sync_rows(self, between: bool = True) -> None:
+        """Write every recorded staged row now, in one transaction.
+        ``between``: called between operations (not from inside one, where
+        a node may be out of the tree on its way to another place), so
+        retired by-reference files can go too."""
         with self.lock:
             if self._pending:
                 with self.ws.db.write() as conn:
                     self._write_pending(conn)
                 self._pending_written()
+            if between:
+                self._unlink_retired()
 
     def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
         """Write the recorded rows through ``conn``, a write transaction of
@@ -319,6 +340,45 @@ class Overlay(ContentMixin):
 
     def _pending_written(self) -> None:
         self._pending.clear()
+
+    def _unlink_retired(self) -> None:
+        """Remove the retired by-reference files whose node is not in the
+        tree.  Call only between operations (inside one, a node may be out
+        of the tree on its way to another place: a directory rename or an
+        exchange takes nodes out, writes rows, and places them again) and
+        when the store's rows show the tree as it is, or were consumed."""
+        retired, self._retired = self._retired, []
+        if not retired:
+            return
+        # A node that left the tree may be back (a directory rename takes
+        # its nodes out and places them again): its file stays.
+        live = {id(n) for n in self.upper.nodes.values()}
+        for node in retired:
+            if id(node) not in live and node.scratch is not None and node.ref is not None:
+                self._unlink_scratch(node.scratch)
+                node.scratch = None  # its open readers stat it by size (``_stat_node``)
+
+    def _unlink_scratch(self, path: str) -> None:
+        """Remove a scratch file of a node.  A draft still open on it (its
+        close published it by reference: ``Draft.frozen``) first moves to a
+        copy, so it can keep reading, and writing, by name too."""
+        for d in {id(h.draft): h.draft for h in self.handles.values()
+                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
+            self._thaw(d)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _imported(self, oids: dict[str, str]) -> None:
+        """The store took the by-reference files ``oids`` (scratch name ->
+        object id) as objects: their nodes name the objects now, and their
+        files are ordinary caches (no row references them any more)."""
+        if not oids:
+            return
+        for node in self.upper.nodes.values():
+            if node.ref is not None and node.ref in oids:
+                node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
 
     def _empty_oid(self, conn) -> str:
         return self.ws.objects.put_bytes(conn, b"")
@@ -345,12 +405,18 @@ class Overlay(ContentMixin):
         node.scratch = path
 
     def _drop_scratch(self, node: Node) -> None:
-        if node.scratch is not None:
-            try:
-                os.unlink(node.scratch)
-            except FileNotFoundError:
-                pass
-            node.scratch = None
+        """The node leaves the tree, or its cache is no longer wanted.  A
+        file it holds by reference is its content: the node keeps it (it
+        may be placed again), and the file is removed after the next write
+        of staged rows if no node in the tree holds it then (until then the
+        store still names it: a crash must find it)."""
+        if node.scratch is None:
+            return
+        if node.ref is not None:
+            self._retired.append(node)
+            return
+        self._unlink_scratch(node.scratch)
+        node.scratch = None
 
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
@@ -1263,6 +1329,7 @@ class Overlay(ContentMixin):
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
+            self._imported(publish.import_refs(self.ws, self.step))
             covered = self._unstaged_over_rows()
             # The names this commit is about to replace in the workspace keep
             # their inode numbers in the view (``ino_alias``): the watcher must
@@ -1306,6 +1373,7 @@ class Overlay(ContentMixin):
             node = self.upper.get(path)
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
+        self._unlink_retired()  # the commit consumed every staged row
         self._nlink_cache.clear()
         self.dir_times.clear()
         self.lower_gone.clear()
@@ -1346,9 +1414,11 @@ class Overlay(ContentMixin):
             dropped: list[str] = []
             with self.ws.db.write() as conn:
                 self._write_pending(conn)  # staging.discard reads the rows it drops
+                oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
                 for path in paths:
                     dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
                                                                       mount=self.mountpoint)]
+            self._imported(oids)
             self._pending_written()
             for path in dropped:
                 node = self.upper.pop(path)
@@ -1397,6 +1467,8 @@ class Overlay(ContentMixin):
                 self.sync_rows()
             except Exception:
                 log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
+            if not self._pending:
+                self._unlink_retired()
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

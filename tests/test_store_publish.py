@@ -447,7 +447,7 @@ def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypa
 def test_workspace_open_runs_recovery(ws, monkeypatch):
     from store.workspace import Workspace
 
-    st = crash_mid_publish(ws, monkeypatch, 2)
+    crash_mid_publish(ws, monkeypatch, 2)
     with Workspace.open(ws.path) as again:
         assert layer_rows(again)[-1] == (1, "committed")
     assert manifest(ws.path) == expected_manifest(AFTER)

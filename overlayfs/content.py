@@ -23,7 +23,9 @@ Model
   since the agent last observed it (read it again to refresh).
 * The close after writing (``flush``) is the **compare-and-swap**: the draft's
   base token must still be the path's token; then the draft is published
-  (stored as an object, staged row written, new token).  Otherwise the close
+  (stored as an object, staged row written, new token; a big draft's
+  scratch file becomes the node's content instead, staged by reference,
+  and the draft is frozen: a later write first moves it to a copy).  Otherwise the close
   fails with ``Stale``, the path keeps the other writer's content, and the
   draft's bytes are kept as a conflict object.  The decision is made once per
   batch of writes and repeated by every later flush of the same handle
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import logging
 import os
 import stat as stat_mod
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from store import schema, staging, tokens
+from store import refs, schema, staging, tokens
 from store import xattrs as xattr_codec
 
 from .agents import DEFAULT
@@ -74,6 +77,11 @@ class Draft:
     dirty: bool = False
     stale: bool = False  # a close already lost the compare-and-swap
     detached: bool = False  # unlinked by its own agent: closes succeed, bytes go nowhere
+    # Its close published ``scratch`` by reference: the file is the node's
+    # content now and is never written again; a write first moves the draft
+    # to a copy (``_thaw``).  A frozen draft is forgotten when its last
+    # handle closes.
+    frozen: bool = False
     xattrs: dict = field(default_factory=dict)  # of the workspace file it copies
 
 
@@ -231,10 +239,45 @@ class ContentMixin:
     def _discard_draft(self, d: Draft) -> None:
         if self.drafts.get((d.agent, d.path)) is d:
             del self.drafts[(d.agent, d.path)]
+        if d.frozen:
+            return  # the file is a node's content
         try:
             os.unlink(d.scratch)
         except FileNotFoundError:
             pass
+
+    def _thaw(self, d: Draft) -> None:
+        """Before a frozen draft changes: copy its file (a node's content
+        now) into a new scratch file and move every handle of it there."""
+        mine = [h for h in self.handles.values() if h.draft is d]
+        new = self._new_scratch()
+        dst = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            # Through an open handle if there is one: the name may be gone.
+            src = mine[0].fd if mine else os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                st = os.fstat(src)
+                sparse_copy(src, dst, st.st_size)
+                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            finally:
+                if not mine:
+                    os.close(src)
+        except BaseException:
+            os.close(dst)
+            os.unlink(new)
+            raise
+        os.close(dst)
+        for h in mine:
+            flags = fcntl.fcntl(h.fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_APPEND)
+            fd = os.open(new, flags | os.O_CLOEXEC)
+            os.close(h.fd)
+            h.fd = fd
+        d.scratch, d.frozen = new, False
+
+    def _writable(self, d: Draft) -> Draft:
+        if d.frozen:
+            self._thaw(d)
+        return d
 
     def _draft_for_write(self, path: str, agent: str) -> Draft:
         """The agent's draft of ``path``, after the read-then-write check."""
@@ -246,6 +289,12 @@ class ContentMixin:
             self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
             raise NotObserved(path)
         d = self.drafts.get((agent, path))
+        if d is not None and d.frozen and not d.stale and not d.detached and self.still(d.base, path):
+            if d.opens:
+                self._thaw(d)  # shared with its open descriptors, as before its close
+            else:
+                self._discard_draft(d)  # a new draft copies the node anyway
+                d = None
         if d is not None and (d.stale or d.detached or not self.still(d.base, path)):
             # A copy of an outdated version is never shared with a new open
             # (the agent has seen the current version, or it would have got
@@ -322,30 +371,51 @@ class ContentMixin:
             if node is None and self._lower_equals(d.path, fd):
                 d.dirty = False  # identical rewrite of a workspace file: nothing to stage
                 return
+            # A big file is staged by reference (store/refs.py): its draft's
+            # file becomes the node's content, the store takes the bytes at
+            # the commit.  Copying them into SQLite here cost more than the
+            # writes themselves (issue #7).
+            by_ref = st.st_size >= refs.MIN_SIZE
+            ref_sum = refs.content_sum(fd) if by_ref else None
+            if by_ref and node is not None and node.kind == "file" and node.staged \
+                    and self._same_content(node, fd, ref_sum):
+                d.dirty = False  # identical rewrite: same content, same token
+                return
+            old_scratch = node.scratch if node is not None else None
             with self.ws.db.write() as conn:
-                oid, size = self.ws.objects.put_fd(conn, fd)
-                if node is not None and node.kind == "file" and node.oid == oid and node.staged:
+                if by_ref:
+                    oid, size = None, st.st_size
+                else:
+                    oid, size = self.ws.objects.put_fd(conn, fd)
+                if not by_ref and node is not None and node.kind == "file" and node.oid == oid and node.staged:
                     d.dirty = False  # identical rewrite: same content, same token
                     return
                 # A created file closed still empty: it is staged now, but every
                 # agent already saw this empty file, so its token stays.
-                same = node is not None and node.kind == "file" and node.oid is None and size == 0
+                same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
                 if node is None or node.kind != "file":
                     if node is None:
                         lower = self._lower_stat(d.path)
                         if lower is not None:
-                            self._lower_name_gone(lower)  # this name is a file of its own now
+                            self._lower_name_gone(lower, d.path)  # this name is a file of its own now
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)
                     self.upper.set(d.path, node)
+                old_ref = (node.oid, node.ref, node.ref_sum)
                 node.oid, node.size = oid, size
+                node.ref = os.path.basename(d.scratch) if by_ref else None
+                node.ref_sum = ref_sum
                 node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
                 node.ctime_ns = time.time_ns()
                 names = node.names if node.link_group is not None else (d.path,)
-                self._write_pending(conn, superseded=names)  # recorded rows ride along (view.py)
-                for name in names:
-                    staging.put(conn, self.step, node.row(name))
+                try:
+                    self._write_pending(conn, superseded=names)  # recorded rows ride along (view.py)
+                    for name in names:
+                        staging.put(conn, self.step, node.row(name))
+                except BaseException:
+                    node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
+                    raise
             self._pending_written()
         finally:
             os.close(fd)
@@ -353,11 +423,30 @@ class ContentMixin:
         d.dirty = False
         if same:
             return
-        self._drop_scratch(node)  # readers of the old version keep their fds
+        # The old content: every row naming it was just replaced, so even a
+        # file held by reference can go now (readers keep their fds).
+        if old_scratch is not None:
+            self._unlink_scratch(old_scratch)
+        node.scratch = None
+        if by_ref:
+            node.scratch = d.scratch
+            d.frozen = True
         self._invalidate_names(node, except_path=d.path)
         self._bump(node)
         d.base = self.node_token(node)
         self.observe(d.agent, d.path, d.base)
+
+    def _same_content(self, node: Node, fd: int, digest: str) -> bool:
+        """Whether staged file ``node`` holds the bytes of ``fd``, whose
+        XXH3-128 is ``digest`` (compared byte for byte when the hash agrees)."""
+        if node.size != os.fstat(fd).st_size or digest not in (node.ref_sum, node.oid):
+            return False
+        self._materialize(node)
+        mine = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _same_bytes(mine, fd)
+        finally:
+            os.close(mine)
 
     def _lower_equals(self, path: str, fd: int) -> bool:
         try:
@@ -407,25 +496,31 @@ class ContentMixin:
 
     def _needs_direct_io(self, path: str, agent: str) -> bool:
         """The kernel's page cache and size of an inode are shared by every
-        process: a named agent's handles bypass them, and so does the default
-        agent's while another agent has a draft of the path open, so nobody
-        reads another agent's unpublished bytes (or truncation) from the
-        cache.  The default agent alone keeps the cache (and shared mmap)."""
-        if agent != self.default_agent:
-            return True
+        process, whatever its agent.  A handle may use them only while no
+        other agent has the path open: then the cache holds one agent's view
+        (its draft, or the published version), and the next agent to open
+        it gets a handle that bypasses the cache.  That handle's direct
+        writes drop the cached pages they overlap, so the first agent
+        re-reads them through its own handle; and an open that keeps no
+        cache drops the previous agent's pages (see fuse_ops ``_keep_pages``).
+        So one agent at a time -- the default one or a named one -- has the
+        cache and shared ``mmap`` (SQLite in WAL mode needs it); handles
+        opened while another agent has the path open do not.
+
+        Known gap: handles keep the path they were opened on, so a file
+        that another agent holds open under the name it had before a rename
+        is not seen as open here; the new handle may then share the cache
+        with that agent's handle.
+
+        Cost: nothing while only one agent has ever opened a file (every
+        open records an observation); otherwise a pass over the open
+        handles, which are few."""
         node = self.upper.get(path)
         if node is not None and node.link_group is not None:
             return True  # the kernel caches each name of a hard link as its own inode
-        if path in self.open_drafts:
-            # Look up this path's drafts agent by agent (few agents), not by
-            # scanning every draft: idle drafts stay cached, so a scan made
-            # creating n files O(n^2) (the benchmark profile showed 38%).
-            for other in self.observed:
-                if other != agent:
-                    d = self.drafts.get((other, path))
-                    if d is not None and d.opens:
-                        return True
-        return False
+        if len(self.observed) < 2 and agent in self.observed:
+            return False
+        return any(h.path == path and h.agent != agent and h.data is None for h in self.handles.values())
 
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)
@@ -537,6 +632,7 @@ class ContentMixin:
             h = self._handle(fh)
             if not h.writable:
                 raise BadHandle(str(fh))
+            self._writable(h.draft)
             n = os.pwrite(h.fd, data, offset)
             h.wrote = True
             h.draft.dirty = True
@@ -550,10 +646,11 @@ class ContentMixin:
             if path in self.hidden:
                 d = self.hidden[path][0]
                 if d is not None:
-                    os.truncate(d.scratch, length)
+                    os.truncate(self._writable(d).scratch, length)
                 return
             if fh is not None and fh in self.handles and self.handles[fh].writable:
                 h = self.handles[fh]
+                self._writable(h.draft)
                 os.ftruncate(h.fd, length)
                 h.wrote = True
                 h.draft.dirty = True
@@ -574,6 +671,7 @@ class ContentMixin:
             h = self._handle(fh)
             if not h.writable:
                 raise BadHandle(str(fh))
+            self._writable(h.draft)
             if _libc.fallocate(h.fd, mode, ctypes.c_long(offset), ctypes.c_long(length)) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, os.strerror(err))
@@ -594,9 +692,14 @@ class ContentMixin:
 
     def fsync(self, fh: int, datasync: bool) -> None:
         """Durability means staged in the store: the same decision as a
-        close, and every recorded staged row written (view.py)."""
+        close, and every recorded staged row written (view.py).  Content
+        staged by reference lives in its scratch file: that is synced too."""
         self.flush(fh)
         self.sync_rows()
+        with self.lock:
+            h = self.handles.get(fh)
+            if h is not None and h.draft is not None and h.draft.frozen:
+                os.fsync(h.fd)
 
     def release(self, fh: int) -> None:
         """Never fails (the kernel ignores its result): a handle that still
@@ -616,8 +719,8 @@ class ContentMixin:
                 except Exception:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)
-            if d.opens == 0 and (d.stale or d.detached or self.drafts.get((d.agent, d.path)) is not d):
-                self._discard_draft(d)  # lost, unlinked, or replaced by a newer draft
+            if d.opens == 0 and (d.stale or d.detached or d.frozen or self.drafts.get((d.agent, d.path)) is not d):
+                self._discard_draft(d)  # lost, unlinked, published by reference, or replaced by a newer draft
 
     def close(self) -> None:
         """Decide every open handle (unmount)."""

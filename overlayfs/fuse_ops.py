@@ -22,7 +22,9 @@ Choices (measured or forced, see README "Architecture"):
 * 60 s attribute and entry timeouts (``mounts.ENTRY_TIMEOUT``), no negative
   caching.  The kernel's caches are what make repeated metadata work (a
   second ``git status``) cheap; what makes them safe is that nothing changes
-  the view unannounced: changes through the mount go through the kernel,
+  the view unannounced: changes through the mount go through the kernel
+  (a change through one name of a workspace hard link that shows in its
+  other names renews every name: :meth:`KernelCache.new_epoch`),
   rollback and discard call :meth:`KernelCache.invalidate`, and outside
   edits of the workspace are seen by the inotify :class:`Watcher`
   (``overlayfs/watch.py``), which invalidates the changed names at once.
@@ -46,6 +48,7 @@ import ctypes
 import errno
 import logging
 import os
+import struct
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
@@ -62,6 +65,10 @@ from .watch import Watcher  # noqa: E402
 log = logging.getLogger("stepfs.fuse")
 #: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).
 PAGE_TOKENS_LIMIT = 100_000
+#: ``struct fuse_out_header`` of FUSE_NOTIFY_INC_EPOCH (len, code 8, unique 0).
+_INC_EPOCH = struct.pack("<IiQ", 16, 8, 0)
+#: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
+FUSE_CAP_POSIX_ACL = 1 << 19
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -148,22 +155,62 @@ class KernelCache:
     VFS retries the lookup with revalidation, which drops or rebinds the
     name (a kind change, file -> directory, included).  ``gone`` is a plain
     set: added to by the control and watcher threads, consumed by the loop.
+
+    :meth:`new_epoch` is the one call that is safe on the loop thread and
+    under the view's lock: it only bumps a counter in the kernel.
     """
 
     def __init__(self) -> None:
         self._fuse: int | None = None
-        self._call = mfusepy._libfuse.fuse_invalidate_path
+        lib = mfusepy._libfuse
+        self._call = lib.fuse_invalidate_path
         self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         self._call.restype = ctypes.c_int
+        lib.fuse_get_session.argtypes = [ctypes.c_void_p]
+        lib.fuse_get_session.restype = ctypes.c_void_p
+        lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
+        lib.fuse_session_fd.restype = ctypes.c_int
+        self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
         self.gone: set[str] = set()
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
-        self._fuse = mfusepy._libfuse.fuse_get_context().contents.fuse
+        lib = mfusepy._libfuse
+        self._fuse = lib.fuse_get_context().contents.fuse
+        self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
 
     def detach(self) -> None:
         """The session is ending: no more invalidations (from ``destroy``)."""
         self._fuse = None
+        self._dev_fd = -1
+
+    def new_epoch(self) -> bool:
+        """Make the kernel look up again every name it holds before it uses
+        the name or its cached attributes (FUSE_NOTIFY_INC_EPOCH, Linux
+        6.16+; libfuse 3.14 has no call for it, so the notification is
+        written to the session's descriptor as libfuse writes its own: a
+        bare ``fuse_out_header`` with ``unique`` 0).  Each name then costs
+        one lookup, once; pages are kept (the bytes did not change).
+
+        Unlike :meth:`forget` this is safe on the FUSE loop thread and under
+        the view's lock: the kernel only increments the connection's epoch
+        (no inode, page or dentry lock; dentries are checked at their next
+        walk), so it cannot wait for a request the loop has yet to answer.
+        A name reached only through an open descriptor (``fstat``) is not
+        walked and keeps its attributes until the timeout.  Returns False
+        when the kernel refused (older than 6.16: logged once; cached
+        attributes then last until the timeout, as before)."""
+        fd = self._dev_fd
+        if fd < 0:
+            return False
+        try:
+            os.write(fd, _INC_EPOCH)
+        except OSError as exc:
+            log.warning("the kernel refused FUSE_NOTIFY_INC_EPOCH (%s): other names of a workspace hard link "
+                        "show their old link count until the attribute timeout", os.strerror(exc.errno))
+            self._dev_fd = -1
+            return False
+        return True
 
     def forget(self, path: str) -> bool:
         """Invalidate one view path; True when the kernel had it cached."""
@@ -225,10 +272,23 @@ class StepFS(mfusepy.Operations):
 
     def init_with_config(self, conn, config):
         """libfuse's ``init``: ``config`` is the live ``struct fuse_config``
-        (its timeouts are read at every reply), kept for :meth:`short_timeouts`."""
+        (its timeouts are read at every reply), kept for :meth:`short_timeouts`.
+
+        ``FUSE_CAP_POSIX_ACL`` is asked for because without it the kernel
+        caches no POSIX ACL of a FUSE file and sends every
+        ``getxattr(system.posix_acl_*)`` here: ``ls -l`` asks that of every
+        file it lists, half of a warm ``ls -lR``'s requests.  With it the
+        kernel asks once per inode and keeps the answer, which is always
+        "none" (the view holds ``user.*`` attributes only, and refuses to
+        set others), so nothing cached can go stale; access checks stay
+        the kernel's mode checks (``default_permissions``, which the flag
+        implies anyway)."""
         self._config = config
+        if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
+            conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
+            self.view.renew_names = self.kernel_cache.new_epoch
         self.view.invalidate = self.invalidate
         if self.watcher is not None:
             self.watcher.start()
@@ -419,6 +479,8 @@ class StepFS(mfusepy.Operations):
 _STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
 _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
               "st_blocks", "st_blksize"}
+#: ... and with the device number (every workspace file's attributes carry it).
+_STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
 
 
 class _FUSE(mfusepy.FUSE):
@@ -449,12 +511,16 @@ class _FUSE(mfusepy.FUSE):
 
     def fgetattr(self, path, buf, fip):
         # mfusepy's set_st_attrs looks every key up by name (about twice
-        # the cost); the view's attribute dicts have these eleven keys.
+        # the cost); the view's attribute dicts have these eleven keys, and
+        # st_rdev (tests/test_mount_warm.py keeps it so).
         ctypes.memset(buf, 0, _STAT_SIZE)
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
                                     fip.contents if fip else None)
         st = buf.contents
-        if a.keys() != _STAT_KEYS:
+        keys = a.keys()
+        if keys == _STAT_KEYS_RDEV:
+            st.st_rdev = a["st_rdev"]
+        elif keys != _STAT_KEYS:
             mfusepy.set_st_attrs(st, a, use_ns=True)
             return 0
         st.st_mode = a["st_mode"]

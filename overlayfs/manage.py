@@ -349,7 +349,7 @@ def discard(target: Target, paths: list[str]) -> list[str]:
     target, every open step with a workspace target), keeping their bytes
     as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
-    from store import staging
+    from store import refs, staging
     from store.workspace import Workspace
 
     from store import history
@@ -369,6 +369,7 @@ def discard(target: Target, paths: list[str]) -> list[str]:
                 dropped.update(p.lstrip("/") for p in answer["discarded"])
             else:
                 with ws.commit_lock(), ws.db.write() as conn:
+                    refs.import_refs(ws, conn, st["id"])  # discarded bytes are kept as objects
                     for r in rels:
                         dropped.update(os.fsdecode(p) for p in staging.discard(conn, st["id"], r, mount=mp))
     return sorted(dropped)
@@ -411,9 +412,7 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
             except NothingToCommit as exc:
                 nothing = exc
         if not numbers and allow_empty:
-            with ws.commit_lock():
-                numbers.append(publish.write_layer(ws, [], kind="step", message=message, agent="", mount="",
-                                                   meta=meta, consume_step=None))
+            numbers.append(publish.record_empty(ws, message=message, meta=meta))
     if not numbers:
         raise nothing or NothingToCommit(
             "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."

@@ -56,7 +56,8 @@ class Node:
 
     __slots__ = (
         "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
-        "base", "scratch", "ino", "uid", "gid", "staged", "gen", "xattrs", "link_group", "names", "name_bases",
+        "base", "scratch", "ref", "ref_sum", "ino", "uid", "gid", "staged", "gen", "xattrs", "link_group", "names",
+        "name_bases",
     )
 
     def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
@@ -76,6 +77,12 @@ class Node:
         # An immutable cache of the published content (files only): replaced,
         # never rewritten, on each publish, so open readers keep a snapshot.
         self.scratch: str | None = None
+        # Staged by reference (store/refs.py): ``scratch`` is then the content
+        # itself, ``ref`` its name in the staged row and ``ref_sum`` its sum;
+        # ``oid`` is None.  Such a file is never written again, and removed
+        # only once no staged row in the store names it (view.py).
+        self.ref: str | None = None
+        self.ref_sum: str | None = None
         self.ino = ino
         self.uid = uid
         self.gid = gid
@@ -93,6 +100,7 @@ class Node:
             path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
             size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.name_bases.get(path, self.base),
             uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs), link_group=self.link_group,
+            scratch=self.ref, scratch_sum=self.ref_sum,
         )
 
     @classmethod
@@ -102,6 +110,7 @@ class Node:
                    uid=os.getuid() if row.uid is None else row.uid, gid=os.getgid() if row.gid is None else row.gid)
         node.xattrs = xattr_codec.decode(row.xattrs)
         node.link_group = row.link_group
+        node.ref, node.ref_sum = row.scratch, row.scratch_sum
         node.staged = True
         return node
 
@@ -246,7 +255,7 @@ class PendingRows:
             if row is None:
                 staging.remove(conn, step, path)
                 continue
-            if row.kind == "file" and row.oid is None:
+            if row.kind == "file" and row.oid is None and row.scratch is None:
                 row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
             puts.append(row)
         staging.put_many(conn, step, puts)

@@ -12,8 +12,14 @@ and errors.  Lookup precedence for a path ``p``:
 Copy-up: the first open for writing (or truncate) of a workspace file copies
 it into a scratch file (sparse-aware, O(size of that file)); writes go to
 the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row.  Mounting reads only the open step's staged
-rows: O(1) in the size of the workspace.
+object and writes the staged row -- or, for a file of at least
+``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
+staged content (staged by reference; the commit imports the bytes, see
+``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
+``ContentMixin._thaw``) and is removed only once no staged row in the store
+names it (``_drop_scratch``, ``_pending_written``); a daemon start keeps the
+referenced files and removes the other scratch leftovers.  Mounting reads
+only the open step's staged rows: O(1) in the size of the workspace.
 
 Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
 rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer
@@ -49,7 +55,7 @@ import stat as stat_mod
 import threading
 import time
 
-from store import publish, staging, tokens
+from store import publish, refs, staging, tokens
 from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from store.workspace import Workspace
 
@@ -62,6 +68,7 @@ from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported,
 )
+from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .upper import Node, PendingRows, Upper, parent_name, rel, view_path
 
@@ -80,6 +87,9 @@ SYNTHETIC_INO_BASE = 1 << 62
 #: carries it anyway (see the module doc): the window of changes a daemon
 #: killed with SIGKILL can lose.
 ROW_DELAY = 0.05
+#: Bound of ``Overlay.lower_shown`` (names); past it every later removal of
+#: a name of a multi-link workspace file renews the kernel's names.
+LOWER_SHOWN_LIMIT = 50_000
 
 
 class Overlay(ContentMixin):
@@ -122,6 +132,12 @@ class Overlay(ContentMixin):
         # (removed, or copied up as a file of their own): (dev, ino) ->
         # (names covered, when).  Its other names show that many links fewer.
         self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
+        # The names the kernel may hold attributes of, of workspace files
+        # with several links: (dev, ino) -> view paths the view answered
+        # (see _lower_shown); ``_shown_lost``: the bound was hit.
+        self.lower_shown: dict[tuple[int, int], set[str]] = {}
+        self._shown_count = 0
+        self._shown_lost = False
         #: View paths the last commit published (read by the watcher thread;
         #: set operations are atomic under the GIL).
         self.own_publishes: set[str] = set()
@@ -137,38 +153,52 @@ class Overlay(ContentMixin):
         self._row_timer: threading.Timer | None = None
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
-        self.scratch_dir = os.path.join(ws.store_dir, "scratch", str(self.step))
+        self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
         os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
-        for name in os.listdir(self.scratch_dir):  # leftovers of a dead daemon
-            os.unlink(os.path.join(self.scratch_dir, name))
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Leftovers of a dead daemon go, except the files staged rows
+        # reference (big files staged by reference: their only copy).
+        kept = {row.scratch for row in rows if row.scratch is not None}
+        for name in os.listdir(self.scratch_dir):
+            if name not in kept:
+                os.unlink(os.path.join(self.scratch_dir, name))
+        # Nodes staged by reference that left the tree: their files go at
+        # the next write of rows between operations (``_unlink_retired``).
+        self._retired: list[Node] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self._scratch_seq = itertools.count(1)
+        self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
         self.readonly_reason: str | None = None
         # Failsafe: a store that cannot write makes this view read-only.
         ws.db.on_failure.append(self._store_failed)
         self.meta = MetaTree(self)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
+        # Set by the FUSE adapter: make the kernel look every name up again
+        # before it uses the attributes it holds (KernelCache.new_epoch).
+        self.renew_names = lambda: None
         self.root_dev = os.fstat(self.root.fd).st_dev
-        with ws.db.read() as conn:
-            groups: dict[int, Node] = {}
-            for row in staging.load(conn, self.step):
-                path = view_path(row.path)
-                if row.link_group is not None and row.link_group in groups:
-                    node = groups[row.link_group]  # another name of the same file
-                else:
-                    node = Node.from_row(row, next(self._ino))
-                    self._bump(node)
-                    if row.link_group is not None:
-                        groups[row.link_group] = node
-                if node.link_group is not None:
-                    node.names.add(path)
-                    node.name_bases[path] = row.base
-                self.upper.set(path, node)
-            self._link_groups = itertools.count(max(groups, default=0) + 1)
+        self.listings = Listings(self.root)  # workspace directory listings (readdir)
+        groups: dict[int, Node] = {}
+        for row in rows:
+            path = view_path(row.path)
+            if row.link_group is not None and row.link_group in groups:
+                node = groups[row.link_group]  # another name of the same file
+            else:
+                node = Node.from_row(row, next(self._ino))
+                if node.ref is not None:
+                    node.scratch = os.path.join(self.scratch_dir, node.ref)
+                self._bump(node)
+                if row.link_group is not None:
+                    groups[row.link_group] = node
+            if node.link_group is not None:
+                node.names.add(path)
+                node.name_bases[path] = row.base
+            self.upper.set(path, node)
+        self._link_groups = itertools.count(max(groups, default=0) + 1)
 
     # -- resolution ---------------------------------------------------------
 
@@ -276,7 +306,7 @@ class Overlay(ContentMixin):
         if self.row_delay is None:
             return
         if self.row_delay <= 0:
-            self.sync_rows()
+            self.sync_rows(between=False)
         elif self._row_timer is None:
             self._row_timer = threading.Timer(self.row_delay, self._timed_sync)
             self._row_timer.daemon = True
@@ -290,13 +320,18 @@ class Overlay(ContentMixin):
             except Exception:  # a store error also made the view read-only
                 log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
 
-    def sync_rows(self) -> None:
-        """Write every recorded staged row now, in one transaction."""
+    def sync_rows(self, between: bool = True) -> None:
+        """Write every recorded staged row now, in one transaction.
+        ``between``: called between operations (not from inside one, where
+        a node may be out of the tree on its way to another place), so
+        retired by-reference files can go too."""
         with self.lock:
             if self._pending:
                 with self.ws.db.write() as conn:
                     self._write_pending(conn)
                 self._pending_written()
+            if between:
+                self._unlink_retired()
 
     def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
         """Write the recorded rows through ``conn``, a write transaction of
@@ -310,6 +345,45 @@ class Overlay(ContentMixin):
 
     def _pending_written(self) -> None:
         self._pending.clear()
+
+    def _unlink_retired(self) -> None:
+        """Remove the retired by-reference files whose node is not in the
+        tree.  Call only between operations (inside one, a node may be out
+        of the tree on its way to another place: a directory rename or an
+        exchange takes nodes out, writes rows, and places them again) and
+        when the store's rows show the tree as it is, or were consumed."""
+        retired, self._retired = self._retired, []
+        if not retired:
+            return
+        # A node that left the tree may be back (a directory rename takes
+        # its nodes out and places them again): its file stays.
+        live = {id(n) for n in self.upper.nodes.values()}
+        for node in retired:
+            if id(node) not in live and node.scratch is not None and node.ref is not None:
+                self._unlink_scratch(node.scratch)
+                node.scratch = None  # its open readers stat it by size (``_stat_node``)
+
+    def _unlink_scratch(self, path: str) -> None:
+        """Remove a scratch file of a node.  A draft still open on it (its
+        close published it by reference: ``Draft.frozen``) first moves to a
+        copy, so it can keep reading, and writing, by name too."""
+        for d in {id(h.draft): h.draft for h in self.handles.values()
+                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
+            self._thaw(d)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    def _imported(self, oids: dict[str, str]) -> None:
+        """The store took the by-reference files ``oids`` (scratch name ->
+        object id) as objects: their nodes name the objects now, and their
+        files are ordinary caches (no row references them any more)."""
+        if not oids:
+            return
+        for node in self.upper.nodes.values():
+            if node.ref is not None and node.ref in oids:
+                node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
 
     def _empty_oid(self, conn) -> str:
         return self.ws.objects.put_bytes(conn, b"")
@@ -336,12 +410,18 @@ class Overlay(ContentMixin):
         node.scratch = path
 
     def _drop_scratch(self, node: Node) -> None:
-        if node.scratch is not None:
-            try:
-                os.unlink(node.scratch)
-            except FileNotFoundError:
-                pass
-            node.scratch = None
+        """The node leaves the tree, or its cache is no longer wanted.  A
+        file it holds by reference is its content: the node keeps it (it
+        may be placed again), and the file is removed after the next write
+        of staged rows if no node in the tree holds it then (until then the
+        store still names it: a crash must find it)."""
+        if node.scratch is None:
+            return
+        if node.ref is not None:
+            self._retired.append(node)
+            return
+        self._unlink_scratch(node.scratch)
+        node.scratch = None
 
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
@@ -352,7 +432,7 @@ class Overlay(ContentMixin):
         kind = self._kind(None, st)
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
-        self._lower_name_gone(st)  # from now on this name is a file of its own
+        self._lower_name_gone(st, path)  # from now on this name is a file of its own
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
                         mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
@@ -389,12 +469,78 @@ class Overlay(ContentMixin):
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
 
-    def _lower_name_gone(self, st: os.stat_result) -> None:
-        """A name of the workspace file ``st`` is now covered by the upper
-        layer (see ``lower_gone``)."""
+    def _lower_name_gone(self, st: os.stat_result, path: str) -> None:
+        """The name ``path`` of the workspace file ``st`` is now covered by
+        the upper layer (see ``lower_gone``): the file's other names show one
+        link fewer and a new ctime from now on.  The kernel may hold their
+        old attributes (each name is an inode of its own to libfuse's
+        high-level API) for the attribute timeout; when one of them may be
+        held (``lower_shown``), the kernel is told to look every name up
+        again (:meth:`_renew_names`).  No directory scan: only the names the
+        view answered can be held."""
         if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
             self.lower_gone[key] = (self.lower_gone.get(key, (0, 0))[0] + 1, time.time_ns())
+            names = self.lower_shown.get(key)
+            if names is not None and path in names:
+                names.discard(path)  # unlinked, or a file of its own now: not a name of this file
+                self._shown_count -= 1
+                if not names:
+                    del self.lower_shown[key]
+            if names or self._shown_lost:
+                self._renew_names()
+
+    def _lower_shown(self, st: os.stat_result, path: str) -> None:
+        """The view answered the attributes of ``path``, a name of the
+        workspace file ``st``: remember it if the file has several names.
+
+        Invariant: every name of a multi-link workspace file whose
+        attributes the kernel may use without asking again (until the
+        attribute timeout) is in ``lower_shown`` -- or ``_shown_lost`` is
+        set.  Every attribute the kernel holds came from ``getattr`` (libfuse
+        asks it for lookups too; listings carry no attributes), from a
+        commit that turned staged names into workspace names (recorded in
+        :meth:`_after_commit`), or from before the last :meth:`_renew_names`,
+        after which the kernel asks again for every name it walks.
+        Extra paths (renamed since, or asked for by someone else) cost at
+        most a needless renewal.  O(1) per answer; bounded by
+        :data:`LOWER_SHOWN_LIMIT`."""
+        if st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode) or self._shown_lost:
+            return
+        key = (st.st_dev, st.st_ino)
+        names = self.lower_shown.get(key)
+        if names is not None and path in names:
+            return
+        if self._shown_count >= LOWER_SHOWN_LIMIT:
+            self._shown_lost = True  # any name may be held: renew at the next removal
+            return
+        if names is None:
+            names = self.lower_shown[key] = set()
+        names.add(path)
+        self._shown_count += 1
+
+    def _renew_names(self) -> None:
+        """Make the kernel look every name up again before it uses the
+        attributes it holds (a new FUSE epoch, ``KernelCache.new_epoch``);
+        its lookups reach :meth:`getattr`, which records the names afresh.
+        Costs one lookup per name the kernel holds, once: done only when a
+        link count the view shows changed under a name the kernel may hold.
+
+        Why not invalidate just the recorded names: libfuse3's
+        ``fuse_invalidate_path`` drops a name's pages as well as its
+        attributes, and on the FUSE loop thread (where unlink runs) that can
+        wait for a page locked by a read of that name queued behind this very
+        request: a deadlock.  In-mount links avoid it by opening every name
+        ``direct_io``; doing that for every multi-link workspace file would
+        take the page cache and shared mmap from whole package stores.  Off
+        the loop thread the invalidation could not be ordered before the
+        reply (the loop cannot wait for it), so the names would stay stale
+        for a moment.  A new epoch takes no lock and is in effect before the
+        reply."""
+        self.lower_shown.clear()
+        self._shown_count = 0
+        self._shown_lost = False
+        self.renew_names()
 
     def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
         if node.link_group is not None:
@@ -447,7 +593,7 @@ class Overlay(ContentMixin):
         if node is None:
             lower = self._lower_stat(path)
             if lower is not None:
-                self._lower_name_gone(lower)
+                self._lower_name_gone(lower, path)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
@@ -561,9 +707,11 @@ class Overlay(ContentMixin):
             nlink = self._dir_nlink(path)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-        if self.lower_gone and nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
-            nlink, ctime = max(1, nlink - gone), max(ctime, when)
+        if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
+            self._lower_shown(st, path)
+            if self.lower_gone:
+                gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
+                nlink, ctime = max(1, nlink - gone), max(ctime, when)
         if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
             changed = self.dir_times.get(path, 0)
             mtime, ctime = max(mtime, changed), max(ctime, changed)
@@ -749,8 +897,11 @@ class Overlay(ContentMixin):
                 try:
                     dev = self.root_dev
                     alias = self.ino_alias
-                    for name, kind, ino in self.root.listdir(rel(path)):
-                        entries[os.fsdecode(name)] = (kind, alias.get((dev, ino), ino) if alias else ino)
+                    wpath = rel(path)
+                    # An upper directory over a workspace one: its own stamp.
+                    wst = st if st is not None else self.root.lstat(wpath)
+                    for name, kind, ino in self.listings.listdir(wpath, wst):
+                        entries[name] = (kind, alias.get((dev, ino), ino) if alias else ino)
                 except (FileNotFoundError, NotADirectoryError):
                     pass
             prefix = path if path != "/" else ""
@@ -1183,6 +1334,7 @@ class Overlay(ContentMixin):
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
+            self._imported(publish.import_refs(self.ws, self.step))
             covered = self._unstaged_over_rows()
             # The names this commit is about to replace in the workspace keep
             # their inode numbers in the view (``ino_alias``): the watcher must
@@ -1229,6 +1381,7 @@ class Overlay(ContentMixin):
             node = self.upper.get(path)
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
+        self._unlink_retired()  # the commit consumed every staged row
         self._nlink_cache.clear()
         self.dir_times.clear()
         self.lower_gone.clear()
@@ -1245,6 +1398,8 @@ class Overlay(ContentMixin):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
             if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
                 self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
+            if st is not None and node.link_group is not None:
+                self._lower_shown(st, path)  # the kernel holds this name's attributes from the node
             renamed[path] = (old, new)
         for seen in self.observed.values():
             for path, (old, new) in renamed.items():
@@ -1267,9 +1422,11 @@ class Overlay(ContentMixin):
             dropped: list[str] = []
             with self.ws.db.write() as conn:
                 self._write_pending(conn)  # staging.discard reads the rows it drops
+                oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
                 for path in paths:
                     dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
                                                                       mount=self.mountpoint)]
+            self._imported(oids)
             self._pending_written()
             for path in dropped:
                 node = self.upper.pop(path)
@@ -1287,6 +1444,10 @@ class Overlay(ContentMixin):
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
             self._nlink_cache.clear()
+            if self.lower_gone or self.lower_shown or self._shown_lost:
+                # The link counts shown for names the kernel may hold change
+                # (covered names show again, or the workspace's own changed).
+                self._renew_names()
             self.lower_gone.clear()
             targets = set()
             for path in paths:
@@ -1314,6 +1475,8 @@ class Overlay(ContentMixin):
                 self.sync_rows()
             except Exception:
                 log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
+            if not self._pending:
+                self._unlink_retired()
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

@@ -228,6 +228,8 @@ UPGRADES: dict[int, list[str]] = {
     # New kinds (chardev, blockdev, socket) and hard links of non-files: no
     # table changes; the version alone keeps older stepfs off such a store.
     3: [],
+    # Big files staged by reference to a scratch file (store/refs.py).
+    4: ["ALTER TABLE staged ADD COLUMN scratch TEXT", "ALTER TABLE staged ADD COLUMN scratch_sum VARCHAR(48)"],
 }
 
 

@@ -69,6 +69,11 @@ class CorruptObject(StepfsError):
     """Stored bytes no longer hash to their key."""
 
 
+class MissingStagedContent(CorruptObject):
+    """The scratch file a staged row references (a big file staged by
+    reference, ``store/refs.py``) is gone or no longer holds what was closed."""
+
+
 class InputError(StepfsError):
     """Data a command reads (a hook payload on stdin) is not in the form it
     expects."""

@@ -82,7 +82,7 @@ from dataclasses import dataclass, field, replace
 import xxhash
 from sqlalchemy import bindparam, select, update
 
-from . import durable, schema, staging, tokens, xattrs
+from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
 from .db import Prepared
 from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
@@ -390,6 +390,19 @@ def _complete(ws: Workspace, number: int, step: int | None) -> None:
             conn.execute(_CONSUME_STEP, {"s": step})
 
 
+def import_refs(ws: Workspace, step: int) -> dict[str, str]:
+    """Take the files ``step`` staged by reference into the object store
+    (``store/refs.py``), in one transaction: before the plan, so the
+    protocol below only ever sees rows that name objects.  A crash here is
+    before the commit point: the rows keep their references or name the
+    new objects, and the workspace is OLD.  Returns ``{scratch name: oid}``."""
+    with ws.db.read() as conn:
+        if not refs.referenced(conn, step):
+            return {}
+    with ws.db.write() as conn:
+        return refs.import_refs(ws, conn, step)
+
+
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset()) -> int:
     """Commit open step ``step`` as the next layer and publish it.
@@ -402,6 +415,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     """
     with ws.commit_lock(), ws.spares.pausing():
         _recover_locked(ws)
+        import_refs(ws, step)  # files staged by reference become objects first
         with ws.db.read() as conn:
             rows = staging.load(conn, step)
             # Numbers are only allocated under the commit lock, which we hold.
@@ -680,6 +694,16 @@ def recover(ws: Workspace) -> list[int]:
     """Finish or void every pending layer; returns the numbers rolled forward."""
     with ws.commit_lock():
         return _recover_locked(ws)
+
+
+def record_empty(ws: Workspace, *, message: str = "", meta: dict | None = None) -> int:
+    """Record an empty step layer (``step --allow-empty`` with nothing
+    staged anywhere).  Like every commit, it first finishes or voids any
+    pending layer under the same hold of the commit lock, so its number can
+    never overtake an intent that recovery would still roll forward."""
+    with ws.commit_lock():
+        _recover_locked(ws)
+        return write_layer(ws, [], kind="step", message=message, agent="", mount="", meta=meta, consume_step=None)
 
 
 def _recover_locked(ws: Workspace) -> list[int]:

@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 #: The one integer format version of a store.  A store whose version is newer
 #: is refused; an older one is upgraded (``db.UPGRADES``).
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: Chunk size used when splitting an object (fixed-size chunking; the format
@@ -176,6 +176,11 @@ staged = Table(
     # Files with the same link_group are one file with several names (hard
     # links made in the mount); NULL for a file with one name.
     Column("link_group", Integer),
+    # A file staged by reference (format 4, store/refs.py): the name of its
+    # immutable content file in the step's scratch directory and the
+    # XXH3-128 of that content; ``oid`` is NULL until the bytes are imported.
+    Column("scratch", Text),
+    Column("scratch_sum", String(48)),
     PrimaryKeyConstraint("step", "path"),
 )
 

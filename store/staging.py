@@ -30,7 +30,7 @@ S = schema.staged
 # primary key (step, path); SQLite and PostgreSQL spell it the same way, any
 # other dialect gets a delete and an insert.
 _FIELDS = ("kind", "mode", "oid", "target", "size", "mtime_ns", "opaque", "base", "uid", "gid", "xattrs",
-           "link_group")
+           "link_group", "scratch", "scratch_sum")
 
 
 def _upsert(insert):
@@ -66,6 +66,8 @@ class StagedRow:
     gid: int | None = None
     xattrs: bytes | None = None
     link_group: int | None = None
+    scratch: str | None = None  # staged by reference (store/refs.py); oid is None then
+    scratch_sum: str | None = None
 
 
 def open_step(conn: Connection, mountpoint: str, agent: str = "") -> int:
@@ -99,7 +101,7 @@ def load(conn: Connection, step: int) -> list[StagedRow]:
             target=bytes(r.target) if r.target is not None else None,
             size=r.size, mtime_ns=r.mtime_ns, opaque=bool(r.opaque), base=r.base,
             uid=r.uid, gid=r.gid, xattrs=bytes(r.xattrs) if r.xattrs is not None else None,
-            link_group=r.link_group,
+            link_group=r.link_group, scratch=r.scratch, scratch_sum=r.scratch_sum,
         )
         for r in rows
     ]
@@ -110,6 +112,7 @@ def _params(step: int, row: StagedRow) -> dict:
         "step": step, "path": row.path, "kind": row.kind, "mode": row.mode, "oid": row.oid, "target": row.target,
         "size": row.size, "mtime_ns": row.mtime_ns, "opaque": row.opaque, "base": row.base,
         "uid": row.uid, "gid": row.gid, "xattrs": row.xattrs, "link_group": row.link_group,
+        "scratch": row.scratch, "scratch_sum": row.scratch_sum,
     }
 
 
@@ -144,10 +147,14 @@ def remove_tree(conn: Connection, step: int, path: bytes) -> None:
 def discard(conn: Connection, step: int, path: bytes, mount: str = "", agent: str = "") -> list[bytes]:
     """Drop the staged rows of ``path`` and below from ``step``; every staged
     file's bytes are kept as a ``discarded`` conflict row first, so nothing a
-    user wrote is lost.  Returns the dropped paths."""
+    user wrote is lost (files staged by reference must have been imported
+    first: ``refs.import_refs`` in the same transaction).  Returns the
+    dropped paths."""
     prefix = path.rstrip(b"/") + b"/"
     rows = [r for r in load(conn, step) if r.path == path or r.path.startswith(prefix)]
     for r in rows:
+        if r.scratch is not None:
+            raise ValueError("discard of a row staged by reference: import it first (store/refs.py)")
         if r.kind == "file" and r.oid is not None:
             conn.execute(schema.conflicts.insert().values(
                 created_ns=time.time_ns(), path=r.path, mount=mount, agent=agent, reason="discarded",

@@ -16,6 +16,7 @@ Read-only: everything is read in one snapshot; nothing is repaired.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,7 +24,7 @@ import xxhash
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from . import schema
+from . import refs, schema
 from .layers import entries as load_entries
 from .objects import xxh3_hex
 from .workspace import Workspace
@@ -60,7 +61,7 @@ def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = N
     ``progress(done, total)`` is called as chunks and objects are checked."""
     report = Report()
     with ws.db.read() as conn:
-        state: dict = {"bad_chunks": set(), "chunk_sizes": {}, "objects": set(), "done": 0,
+        state: dict = {"bad_chunks": set(), "chunk_sizes": {}, "objects": set(), "done": 0, "store_dir": ws.store_dir,
                        "progress": progress or (lambda done, total: None)}
         try:
             state["total"] = (conn.execute(select(func.count()).select_from(C)).scalar_one()
@@ -143,6 +144,23 @@ def _references(conn, report: Report, _hasher, state: dict) -> None:
     for step, path, oid in conn.execute(select(schema.staged.c.step, schema.staged.c.path, schema.staged.c.oid)):
         if oid is not None and oid not in objects:
             report.add("reference", f"open step {step} path {bytes(path)!r}: object {oid} is missing")
+    S = schema.staged
+    for step, path, name, want, size in conn.execute(
+            select(S.c.step, S.c.path, S.c.scratch, S.c.scratch_sum, S.c.size).where(S.c.scratch.is_not(None))):
+        # A file staged by reference (store/refs.py): its scratch file must
+        # still hold what was closed.
+        where = f"open step {step} path {bytes(path)!r}: scratch file {name}"
+        try:
+            fd = os.open(os.path.join(refs.scratch_dir(state["store_dir"], step), name),
+                         os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as exc:
+            report.add("reference", f"{where} cannot be read ({exc.strerror})")
+            continue
+        try:
+            if os.fstat(fd).st_size != size or refs.content_sum(fd) != want:
+                report.add("reference", f"{where} no longer holds the content that was closed")
+        finally:
+            os.close(fd)
     for cid_, path, oid in conn.execute(select(schema.conflicts.c.id, schema.conflicts.c.path, schema.conflicts.c.oid)):
         if oid is not None and oid not in objects:
             report.add("reference", f"conflict #{cid_} ({bytes(path)!r}): object {oid} is missing")

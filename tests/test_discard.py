@@ -59,3 +59,28 @@ def test_discard_of_a_dead_daemons_step(tmp_path):
     with Workspace.open(str(ws_path)) as ws2:
         st = manage.status(manage.Target(str(ws2.path)))
     assert sorted(c["path"] for c in st["conflicts"]) == ["d/x", "d/y"]
+
+
+def test_discard_and_step_of_a_dead_daemons_big_files(tmp_path):
+    """Files the dead daemon staged by reference (store/refs.py): the
+    discard keeps their bytes as conflict objects, the step imports the rest."""
+    from store import refs
+
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    ws = Workspace.open(str(ws_path), create=True)
+    view = Overlay(ws, str(tmp_path / "mnt"))  # stands for a daemon that died
+    data = {name: name.encode() * (refs.MIN_SIZE // 2) for name in ("/gone", "/kept")}
+    for name, content in data.items():
+        fh = view.create(name, 0o644)
+        view.write(fh, content, 0)
+        view.flush(fh)
+        view.release(fh)
+    ws.close()
+    assert manage.discard(manage.Target(str(ws_path)), ["gone"]) == ["gone"]
+    assert manage.step(manage.Target(str(ws_path))) == [1]
+    assert (ws_path / "kept").read_bytes() == data["/kept"] and not (ws_path / "gone").exists()
+    st = manage.status(manage.Target(str(ws_path)))
+    (conflict,) = st["conflicts"]
+    with Workspace.open(str(ws_path)) as ws2, ws2.db.read() as conn:
+        assert ws2.objects.read_all(conn, conflict["oid"]) == data["/gone"]

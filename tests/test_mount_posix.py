@@ -206,6 +206,70 @@ def test_hard_links_survive_a_daemon_restart(workspace, mount):
     assert os.stat(workspace / "a").st_ino == os.stat(workspace / "b").st_ino
 
 
+def test_other_names_of_a_workspace_hard_link_update_at_once(workspace, mount):
+    """A workspace file with four names: removing, renaming or chmod-ing one
+    through the mount changes the link count and ctime the other names show
+    at once, though the kernel holds their attributes for the 60 s attribute
+    timeout (the view renews the kernel's names: a new FUSE epoch).  Pages
+    the kernel holds stay right and an open reader keeps reading."""
+    from overlayfs import mounts
+
+    assert mounts.ATTR_TIMEOUT >= 60  # the cache this test is about is in force
+    (workspace / "sub").mkdir()
+    (workspace / "a").write_bytes(b"shared bytes")
+    for name in ("b", "sub/c", "d"):
+        os.link(workspace / "a", workspace / name)
+    m = mount(workspace)
+    assert [os.lstat(m.path(n)).st_nlink for n in ("a", "b", "sub/c")] == [4, 4, 4]  # d is never asked
+    before = os.lstat(m.path("b")).st_ctime_ns
+    with open(m.path("sub", "c"), "rb") as reader:
+        assert reader.read(6) == b"shared"
+        os.unlink(m.path("a"))
+        assert [os.lstat(m.path(n)).st_nlink for n in ("b", "sub/c", "d")] == [3, 3, 3]
+        assert os.lstat(m.path("b")).st_ctime_ns > before
+        assert reader.read() == b" bytes"
+    os.rename(m.path("b"), m.path("e"))  # a file of its own from now on
+    assert [os.lstat(m.path(n)).st_nlink for n in ("e", "sub/c", "d")] == [1, 2, 2]
+    os.chmod(m.path("d"), 0o600)
+    assert [os.lstat(m.path(n)).st_nlink for n in ("sub/c", "d")] == [1, 1]
+    assert m.path("sub", "c").read_bytes() == b"shared bytes"
+    assert stepfs("step", m.mountpoint).returncode == 0
+    assert os.lstat(workspace / "sub" / "c").st_nlink == os.lstat(m.path("sub", "c")).st_nlink == 1
+
+
+def test_renewing_names_while_another_name_is_read(workspace, mount):
+    """Removing names of a workspace file while a reader streams it through
+    another name (pages locked by reads queued for the FUSE loop): the
+    renewal must not wait for those pages, or the loop would hang."""
+    import threading
+
+    data = os.urandom(1 << 22)
+    (workspace / "big").write_bytes(data)
+    names = [f"n{i}" for i in range(16)]
+    for name in names:
+        os.link(workspace / "big", workspace / name)
+    m = mount(workspace)
+    stop, bad = threading.Event(), []
+
+    def reader() -> None:
+        while not stop.is_set():
+            if m.path("big").read_bytes() != data:
+                bad.append("a read through another name returned other bytes")
+                return
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for i, name in enumerate(names):
+            assert os.lstat(m.path(name)).st_nlink == len(names) + 1 - i
+            os.unlink(m.path(name))
+            assert os.lstat(m.path("big")).st_nlink == len(names) - i
+    finally:
+        stop.set()
+        t.join()
+    assert bad == []
+
+
 def test_fallocate_and_punch_hole(workspace, mount):
     (workspace / "f").write_bytes(b"x" * 100_000)
     m = mount(workspace)

@@ -15,11 +15,12 @@ What real tools see when they lose the compare-and-swap (S8; asserted below):
 Every loss leaves the loser's bytes at ``MOUNT/.stepfs/conflicts/<path>`` and
 a line in ``stepfs status --json``.
 
-SQLite (S5): two processes of the mount's default agent share a WAL-mode
-database fine.  Processes of a named agent (``STEPFS_AGENT``) have
-``direct_io`` handles, on which the kernel refuses ``mmap(MAP_SHARED)``
-(ENODEV), so SQLite cannot map the ``-shm`` file and WAL mode fails with
-"disk I/O error"; rollback-journal mode works (strict xfail below).
+SQLite (S5): two processes of one agent -- the mount's default agent or a
+named one (``STEPFS_AGENT``) -- share a WAL-mode database: the agent that has
+a file open alone keeps the page cache and shared ``mmap`` of its ``-shm``
+file.  A handle opened while another agent has the file open is
+``direct_io``, on which the kernel refuses ``mmap(MAP_SHARED)`` (ENODEV):
+two agents cannot both map one WAL database (rollback-journal mode works).
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ for line in sys.stdin:
                     code = exc.errno
                 os._exit(code)
             out["child"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        elif op == "pread":
+            out["data"] = os.pread(fds[cmd["name"]], cmd["size"], cmd["offset"]).decode("latin-1")
+        elif op == "mmap":  # a shared mapping needs the page cache
+            import mmap
+            mmap.mmap(fds[cmd["name"]], 0, mmap.MAP_SHARED, mmap.PROT_READ).close()
         elif op == "read":
             with open(cmd["path"], "rb") as f:
                 out["data"] = f.read().decode("latin-1")
@@ -314,16 +320,8 @@ for i in range(n):
 db.close()
 """
 
-#: Named agents' handles are direct_io (content.py: the page cache is shared
-#: by all agents), and the kernel refuses MAP_SHARED on direct_io files
-#: (ENODEV) unless the filesystem negotiates FUSE_DIRECT_IO_ALLOW_MMAP, so
-#: SQLite cannot map a WAL database's -shm file: "disk I/O error".
-NAMED_WAL = pytest.mark.xfail(strict=True, raises=AssertionError,
-                              reason="named agents are direct_io: no shared mmap, so no SQLite WAL")
 
-
-@pytest.mark.parametrize("agent, mode", [(None, "wal"), ("sql", "delete"),
-                                         pytest.param("sql", "wal", marks=NAMED_WAL)])
+@pytest.mark.parametrize("agent, mode", [(None, "wal"), ("sql", "delete"), ("sql", "wal")])
 def test_s5_sqlite_with_two_processes_of_one_agent(workspace, mount, agent, mode):
     """S5: two processes of one agent insert and read concurrently."""
     m = mount(workspace)
@@ -372,6 +370,32 @@ def test_s6_no_torn_reads_across_agents(workspace, mount, agents, reader_name):
     assert reader.read("x") == old
     assert writer("close", name="w") == {"ok": True}
     assert reader.read("x") == new  # after the close: the complete new content
+
+
+@pytest.mark.parametrize("first_name, second_name", [("first", None), (None, "second"), ("first", "second")])
+def test_s6_one_agent_at_a_time_has_the_page_cache(workspace, mount, agents, first_name, second_name):
+    """The agent that opens a file first keeps the page cache and shared
+    mmap; another agent opening it meanwhile bypasses the cache (no shared
+    mmap: ENODEV) and never reads the first one's unpublished bytes."""
+    old, new = "old line\n" * 1000, "NEW LINE\n" * 1000
+    (workspace / "x").write_text(old)
+    m = mount(workspace)
+    first, second = agents(m.mountpoint, first_name), agents(m.mountpoint, second_name)
+    first.ok("open", name="f", path="x", flags=os.O_RDWR)
+    first.ok("mmap", name="f")
+    first.ok("write", name="f", data=new)
+    second.ok("open", name="r", path="x", flags=os.O_RDONLY)
+    assert second("mmap", name="r")["errno"] == errno.ENODEV
+    assert second.ok("pread", name="r", size=len(old), offset=0)["data"] == old
+    assert first.ok("pread", name="f", size=len(new), offset=0)["data"] == new
+    first.ok("close", name="f")
+    assert second.ok("pread", name="r", size=len(old), offset=0)["data"] == old  # keeps what it opened
+    second.ok("close", name="r")
+    assert second.read("x") == new
+    # The first agent is done: the second now opens with the cache.
+    second.ok("open", name="r", path="x", flags=os.O_RDONLY)
+    second.ok("mmap", name="r")
+    second.ok("close", name="r")
 
 
 # -- S7 ---------------------------------------------------------------------------------------

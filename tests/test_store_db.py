@@ -10,8 +10,9 @@ import pytest
 from sqlalchemy import event, select, text
 
 from store import db as db_mod
-from store import schema
+from store import schema, staging
 from store.db import Database
+from store.objects import ObjectStore
 from store.errors import StoreFormatError
 
 
@@ -44,7 +45,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "3"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "4"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE)
     db.close()
@@ -73,17 +74,54 @@ def test_newer_format_is_refused(tmp_path):
         Database.open(path)
 
 
-def test_version_2_store_is_upgraded_to_3_keeping_its_data(tmp_path):
-    """Format 3 only adds kinds: the upgrade records the version, nothing else."""
+def as_version_3(path: str) -> None:
+    """Turn a new store into what format 3 looked like (no staged.scratch*)."""
+    raw = sqlite3.connect(path)
+    try:
+        raw.execute("ALTER TABLE staged DROP COLUMN scratch")
+        raw.execute("ALTER TABLE staged DROP COLUMN scratch_sum")
+        raw.execute("UPDATE meta SET value = '3' WHERE key = 'format_version'")
+        raw.commit()
+    finally:
+        raw.close()
+
+
+def test_version_2_store_is_upgraded_keeping_its_data(tmp_path):
+    """Format 3 only adds kinds (the version alone); format 4 adds the
+    by-reference columns of staged rows."""
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="kept"))
     db.close()
+    as_version_3(path)
     set_meta(path, "format_version", "2")
     db = Database.open(path, create=False)
     facts = meta_rows(db)
-    assert facts["format_version"] == "3" and facts["probe"] == "kept"
+    assert facts["format_version"] == "4" and facts["probe"] == "kept"
+    db.close()
+
+
+def test_version_3_store_is_upgraded_to_4_keeping_staged_rows(tmp_path):
+    """Format 4: staged rows may reference a scratch file; old rows keep
+    their object and reference none."""
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    with db.write() as conn:
+        oid = ObjectStore().put_bytes(conn, b"old content")
+        step = staging.open_step(conn, "/mnt")
+        staging.put(conn, step, staging.StagedRow(path=b"f", kind="file", mode=0o100644, oid=oid, size=11))
+    db.close()
+    as_version_3(path)
+    raw = sqlite3.connect(path)
+    columns = {r[1] for r in raw.execute("PRAGMA table_info(staged)")}
+    raw.close()
+    assert "scratch" not in columns
+    db = Database.open(path, create=False)
+    assert meta_rows(db)["format_version"] == "4"
+    with db.read() as conn:
+        [row] = staging.load(conn, step)
+    assert (row.oid, row.scratch, row.scratch_sum) == (oid, None, None)
     db.close()
 
 
@@ -197,13 +235,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "3"
+    assert meta_rows(db)["format_version"] == "4"
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "3"
+    assert meta_rows(db)["format_version"] == "4"
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"

@@ -341,14 +341,21 @@ def test_a_crash_while_writing_the_new_files_leaves_everything_as_it_was(ws, mon
     assert manifest(ws.path) == expected_manifest(AFTER)
 
 
-@pytest.mark.parametrize("n", [1, 3, 6])
-def test_recover_rolls_forward_a_layer_interrupted_mid_publish(ws, monkeypatch, n):
+def crash_mid_publish(ws, monkeypatch, n: int) -> Stager:
+    """Stage AFTER and kill the commit at its ``n``-th rename (after the
+    intent: the layer is left pending); returns the stager."""
     st = Stager(ws)
     stage_after(st)
     with monkeypatch.context() as m:
         crash_on_nth_rename(m, n)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
+    return st
+
+
+@pytest.mark.parametrize("n", [1, 3, 6])
+def test_recover_rolls_forward_a_layer_interrupted_mid_publish(ws, monkeypatch, n):
+    st = crash_mid_publish(ws, monkeypatch, n)
     # The intent was recorded: the layer is pending, the workspace a mix of
     # old and new, temporary files left over; the step's rows are consumed
     # only when the layer is marked committed.
@@ -362,6 +369,17 @@ def test_recover_rolls_forward_a_layer_interrupted_mid_publish(ws, monkeypatch, 
     assert st.rows() == []
     assert tmp_files(ws) == []
     assert publish.recover(ws) == []  # nothing left to do
+
+
+def test_empty_layer_finishes_a_pending_layer_first(ws, monkeypatch):
+    """An empty step recorded while another commit's intent is pending
+    rolls that commit forward first, so the empty layer comes after it."""
+    crash_mid_publish(ws, monkeypatch, 1)
+    assert layer_rows(ws)[-1] == (1, "pending")
+    assert publish.record_empty(ws, message="marker") == 2
+    assert layer_rows(ws) == [(0, "committed"), (1, "committed"), (2, "committed")]
+    assert manifest(ws.path) == expected_manifest(AFTER)
+    assert tmp_files(ws) == []
 
 
 def die_before_completion(*args):
@@ -429,12 +447,7 @@ def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypa
 def test_workspace_open_runs_recovery(ws, monkeypatch):
     from store.workspace import Workspace
 
-    st = Stager(ws)
-    stage_after(st)
-    with monkeypatch.context() as m:
-        crash_on_nth_rename(m, 2)
-        with pytest.raises(Crash):
-            publish.commit_step(ws, st.step)
+    crash_mid_publish(ws, monkeypatch, 2)
     with Workspace.open(ws.path) as again:
         assert layer_rows(again)[-1] == (1, "committed")
     assert manifest(ws.path) == expected_manifest(AFTER)

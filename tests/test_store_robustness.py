@@ -257,13 +257,15 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
     raw.execute("UPDATE layers SET intent_sum = ? WHERE number = 1", (v1_sum,))
     raw.execute("DELETE FROM staged WHERE step = ?", (t.step,))
     raw.execute("ALTER TABLE layers DROP COLUMN step")
+    raw.execute("ALTER TABLE staged DROP COLUMN scratch")  # format 4
+    raw.execute("ALTER TABLE staged DROP COLUMN scratch_sum")
     raw.execute("UPDATE meta SET value = '1' WHERE key = 'format_version'")
     raw.commit()
     raw.close()
 
     assert check_recovered(run / "ws", t) == "NEW"  # opens: upgrade, then recovery
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("3",)
+    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("4",)
     assert raw.execute("SELECT number, state, step FROM layers ORDER BY number").fetchall() == [
         (0, "committed", None), (1, "committed", None)]
     raw.close()

@@ -155,3 +155,115 @@ def test_fstat_of_an_unlinked_workspace_file(ws_view):
     assert view.getattr("/f", r)["st_size"] == 11
     assert view.getattr("/f")["st_size"] == 3
     view.release(r)
+
+
+def _linked_workspace(tmp_path, *names: str):
+    """A workspace whose file ``names[0]`` also has the other ``names``."""
+    ws_dir = tmp_path / "ws"
+    (ws_dir / "sub").mkdir(parents=True, exist_ok=True)
+    (ws_dir / names[0]).write_bytes(b"linked")
+    for name in names[1:]:
+        os.link(ws_dir / names[0], ws_dir / name)
+    return ws_dir
+
+
+def test_removing_a_workspace_link_renews_the_names_the_kernel_may_hold(tmp_path):
+    """The kernel can hold attributes only of names the view answered:
+    removing one name of a multi-link workspace file renews the kernel's
+    names (a new FUSE epoch) exactly when another name was answered, and
+    the bookkeeping starts afresh after each renewal."""
+    _linked_workspace(tmp_path, "a", "b", "sub/c", "d")
+    _ws, view = open_view(tmp_path)
+    renewals = []
+    view.renew_names = lambda: renewals.append(len(view.lower_shown))
+    assert view.getattr("/a")["st_nlink"] == 4
+    view.unlink("/a")  # no other name was answered: nothing the kernel holds changed
+    assert renewals == [] and view.lower_shown == {}
+    assert [view.getattr(p)["st_nlink"] for p in ("/b", "/sub/c")] == [3, 3]
+    view.rename("/b", "/e")  # copied up: a file of its own; sub/c was answered
+    assert renewals == [0] and view.lower_shown == {}  # cleared before the kernel asks again
+    assert view.getattr("/e")["st_nlink"] == 1
+    assert view.getattr("/sub/c")["st_nlink"] == 2
+    view.chmod("/d", 0o600)  # never answered, but sub/c was (again)
+    assert len(renewals) == 2
+    assert view.getattr("/sub/c")["st_nlink"] == 1
+    assert view.getattr("/d")["st_nlink"] == 1
+
+
+def test_link_bookkeeping_skips_single_names_and_outside_links(tmp_path):
+    """Files with one name are never recorded; a workspace file whose other
+    name lies outside the workspace (a package store's hard links) is
+    recorded under its one visible name and renews nothing when removed."""
+    _linked_workspace(tmp_path, "a")
+    os.link(tmp_path / "ws" / "a", tmp_path / "outside")
+    (tmp_path / "ws" / "single").write_bytes(b"1")
+    _ws, view = open_view(tmp_path)
+    renewals = []
+    view.renew_names = lambda: renewals.append(1)
+    view.getattr("/single")
+    view.getattr("/sub")
+    assert view.lower_shown == {}
+    assert view.getattr("/a")["st_nlink"] == 2
+    assert list(view.lower_shown.values()) == [{"/a"}]
+    write_file(view, "/a", b"rewritten")  # copied up: the outside name is not the kernel's
+    assert renewals == [] and view.lower_shown == {}
+
+
+def test_link_bookkeeping_is_bounded(tmp_path, monkeypatch):
+    """Past the bound nothing more is recorded and the next removal of a
+    name of any multi-link file renews (the kernel may hold any name)."""
+    from overlayfs import view as view_mod
+
+    monkeypatch.setattr(view_mod, "LOWER_SHOWN_LIMIT", 2)
+    _linked_workspace(tmp_path, "a", "b", "c")
+    _linked_workspace(tmp_path, "x", "y")
+    _ws, view = open_view(tmp_path)
+    renewals = []
+    view.renew_names = lambda: renewals.append(1)
+    for path in ("/a", "/b", "/c", "/x"):
+        view.getattr(path)
+    assert sum(map(len, view.lower_shown.values())) == 2
+    view.unlink("/y")  # never answered itself, nor recorded: the bound was hit
+    assert renewals == [1] and view.lower_shown == {}
+    view.getattr("/x")
+    view.unlink("/x")
+    assert renewals == [1]  # the bookkeeping started afresh
+
+
+def test_committed_links_are_recorded_and_a_discard_renews(tmp_path):
+    """Names linked in the mount become workspace names at the commit with
+    the attributes the kernel got from the staged node: they are recorded
+    then.  A discard shows covered names again (link counts change back)."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "f").write_bytes(b"f")
+    _ws, view = open_view(tmp_path)
+    renewals = []
+    view.renew_names = lambda: renewals.append(1)
+    view.link("/g", "/f")
+    assert view.getattr("/g")["st_nlink"] == 2 and view.lower_shown == {}  # staged: not workspace names
+    view.commit(message="link")
+    assert sorted(n for names in view.lower_shown.values() for n in names) == ["/f", "/g"]
+    view.unlink("/f")
+    assert renewals == [1] and view.getattr("/g")["st_nlink"] == 1
+    view.discard(["/f"])
+    assert renewals == [1, 1]
+    assert view.getattr("/g")["st_nlink"] == 2
+
+
+def test_a_kernel_without_fuse_epochs_is_told_once(caplog):
+    """The adapter's half: a kernel that refuses FUSE_NOTIFY_INC_EPOCH
+    (older than 6.16) is logged once and not asked again."""
+    from overlayfs.fuse_ops import KernelCache
+
+    kc = KernelCache()
+    assert kc.new_epoch() is False  # not attached: nothing to tell
+    r, w = os.pipe()
+    try:
+        kc._dev_fd = r  # a write fails as the kernel's refusal would
+        assert kc.new_epoch() is False and kc.new_epoch() is False
+        assert sum("FUSE_NOTIFY_INC_EPOCH" in rec.getMessage() for rec in caplog.records) == 1
+        kc._dev_fd = w
+        assert kc.new_epoch() is True and os.read(r, 64) == bytes.fromhex("1000000008000000") + bytes(8)
+    finally:
+        os.close(r)
+        os.close(w)

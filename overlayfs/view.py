@@ -30,8 +30,10 @@ transaction as its content), ``fsync``/``fsyncdir``, commit, discard, status
 request (``sync`` on the control channel), unmount, or at the latest
 ``row_delay`` seconds after the first of them (the daemon's is
 :data:`ROW_DELAY`; a view made with ``row_delay=0`` writes every change at
-once, as library callers and most tests expect).  The store
-therefore always holds the upper layer as it was at one moment: a daemon
+once, as library callers and most tests expect; an operation that changes
+several rows -- a rename of a directory, over an existing name, or an
+exchange -- writes them together at its end: :meth:`Overlay._one_change`).
+The store therefore always holds the upper layer as it was at one moment: a daemon
 killed with SIGKILL loses at most the changes of its last ``row_delay``
 seconds that no close-write, fsync or commit followed, and never keeps a
 later change without an earlier one.  (One transaction per change cost more
@@ -54,6 +56,7 @@ import os
 import stat as stat_mod
 import threading
 import time
+from contextlib import contextmanager
 
 from store import publish, refs, staging, tokens
 from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
@@ -151,6 +154,9 @@ class Overlay(ContentMixin):
         self.row_delay = row_delay
         self._pending = PendingRows()
         self._row_timer: threading.Timer | None = None
+        # > 0 inside an operation that records several row changes which
+        # must reach the store together (``_one_change``).
+        self._change_depth = 0
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
         self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
@@ -303,7 +309,7 @@ class Overlay(ContentMixin):
         self._rows_recorded()
 
     def _rows_recorded(self) -> None:
-        if self.row_delay is None:
+        if self.row_delay is None or self._change_depth:
             return
         if self.row_delay <= 0:
             self.sync_rows(between=False)
@@ -311,6 +317,23 @@ class Overlay(ContentMixin):
             self._row_timer = threading.Timer(self.row_delay, self._timed_sync)
             self._row_timer.daemon = True
             self._row_timer.start()
+
+    @contextmanager
+    def _one_change(self):
+        """The rows recorded inside the block are one change: they reach
+        the store in one transaction, at its end (with ``row_delay=0``) or
+        with the next flush.  A rename records several (the old place, the
+        new place, every path below them); written one by one, a crash
+        between two of them would lose or half-move a subtree.  If the
+        block raises, what it recorded stays recorded and goes with the
+        next flush.  Call under the lock."""
+        self._change_depth += 1
+        try:
+            yield
+        finally:
+            self._change_depth -= 1
+        if not self._change_depth and self._pending:
+            self._rows_recorded()
 
     def _timed_sync(self) -> None:
         with self.lock:
@@ -1049,7 +1072,7 @@ class Overlay(ContentMixin):
             return os.fsdecode(self.root.readlink(rel(path)))
 
     def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
-        with self.lock:
+        with self.lock, self._one_change():
             if parent_name(new)[1].startswith(HIDDEN_PREFIX):
                 return self._hide(old, new, agent)
             self._check_writable(old)

@@ -133,8 +133,9 @@ class Overlay(ContentMixin):
         self.dir_times: dict[str, int] = {}
         # A workspace file with several names, some of which the view covers
         # (removed, or copied up as a file of their own): (dev, ino) ->
-        # (names covered, when).  Its other names show that many links fewer.
-        self.lower_gone: dict[tuple[int, int], tuple[int, int]] = {}
+        # (the names covered, when).  Its other names show that many links
+        # fewer.  Kept exact across ``forget`` (``_recount_lower_gone``).
+        self.lower_gone: dict[tuple[int, int], tuple[set[str], int]] = {}
         # The names the kernel may hold attributes of, of workspace files
         # with several links: (dev, ino) -> view paths the view answered
         # (see _lower_shown); ``_shown_lost``: the bound was hit.
@@ -503,7 +504,10 @@ class Overlay(ContentMixin):
         view answered can be held."""
         if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
             key = (st.st_dev, st.st_ino)
-            self.lower_gone[key] = (self.lower_gone.get(key, (0, 0))[0] + 1, time.time_ns())
+            gone = self.lower_gone.get(key)
+            names_gone = gone[0] if gone is not None else set()
+            names_gone.add(path)
+            self.lower_gone[key] = (names_gone, time.time_ns())
             names = self.lower_shown.get(key)
             if names is not None and path in names:
                 names.discard(path)  # unlinked, or a file of its own now: not a name of this file
@@ -512,6 +516,46 @@ class Overlay(ContentMixin):
                     del self.lower_shown[key]
             if names or self._shown_lost:
                 self._renew_names()
+
+    def _recount_lower_gone(self) -> None:
+        """After the workspace or the upper layer changed other than by the
+        view's own operations (a discard, a rollback): keep in ``lower_gone``
+        exactly the recorded names the upper layer still covers, under the
+        workspace file each one names now (a name given back, or whose file
+        was replaced, no longer takes a link from the old file).  One
+        ``lstat`` per recorded name; clearing it instead showed the names a
+        step removed as links again."""
+        if not self.lower_gone:
+            return
+        names = set().union(*(gone[0] for gone in self.lower_gone.values()))
+        when = {key: gone[1] for key, gone in self.lower_gone.items()}
+        now = time.time_ns()
+        self.lower_gone = {}
+        for path in names:
+            if not self._covered(path):
+                continue
+            st = self._lower_stat(path)
+            if st is None or st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode):
+                continue
+            key = (st.st_dev, st.st_ino)
+            gone = self.lower_gone.get(key)
+            if gone is None:
+                gone = self.lower_gone[key] = (set(), when.get(key, now))
+            gone[0].add(path)
+
+    def _covered(self, path: str) -> bool:
+        """The upper layer decides what ``path`` is (a node there, or an
+        ancestor that hides the workspace below it: see ``_resolve``)."""
+        nodes = self.upper.nodes
+        if path in nodes:
+            return True
+        p = path
+        while p != "/":
+            p = p.rpartition("/")[0] or "/"
+            anc = nodes.get(p)
+            if anc is not None and (anc.kind != "dir" or anc.opaque):
+                return True
+        return False
 
     def _lower_shown(self, st: os.stat_result, path: str) -> None:
         """The view answered the attributes of ``path``, a name of the
@@ -733,8 +777,9 @@ class Overlay(ContentMixin):
         if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
             self._lower_shown(st, path)
             if self.lower_gone:
-                gone, when = self.lower_gone.get((st.st_dev, st.st_ino), (0, 0))
-                nlink, ctime = max(1, nlink - gone), max(ctime, when)
+                gone = self.lower_gone.get((st.st_dev, st.st_ino))
+                if gone is not None:
+                    nlink, ctime = max(1, nlink - len(gone[0])), max(ctime, gone[1])
         if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
             changed = self.dir_times.get(path, 0)
             mtime, ctime = max(mtime, changed), max(ctime, changed)
@@ -1471,7 +1516,6 @@ class Overlay(ContentMixin):
                 # The link counts shown for names the kernel may hold change
                 # (covered names show again, or the workspace's own changed).
                 self._renew_names()
-            self.lower_gone.clear()
             targets = set()
             for path in paths:
                 targets.add(path)
@@ -1482,6 +1526,7 @@ class Overlay(ContentMixin):
                     continue
                 self.upper.pop(p)
                 self._drop_scratch(node)
+            self._recount_lower_gone()
             prefixes = tuple(p.rstrip("/") + "/" for p in paths)
             for d in list(self.drafts.values()):
                 if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):

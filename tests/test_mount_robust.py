@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import sh
+from conftest import sh, stepfs
 
 pytestmark = pytest.mark.mount
 
@@ -74,3 +74,21 @@ def test_a_process_that_execs_with_a_new_agent_is_that_agent(workspace, mount):
                             env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     assert m.path("f.txt").read_bytes() == b"by-default\n"
+
+
+@pytest.mark.timeout(90)
+def test_a_discard_elsewhere_keeps_the_link_count_of_a_removed_hard_link(workspace, mount):
+    """``rm b`` of a workspace file linked as ``a`` and ``b``: ``a`` shows one
+    link, also after ``stepfs discard`` of an unrelated path (and two once
+    ``b`` itself is discarded)."""
+    (workspace / "a").write_bytes(b"linked\n")
+    os.link(workspace / "a", workspace / "b")
+    (workspace / "other.txt").write_bytes(b"other\n")
+    m = mount(workspace)
+    sh("rm b && echo staged > other.txt", cwd=m.mountpoint)
+    assert sh("stat -c %h a", cwd=m.mountpoint).stdout == b"1\n"
+    assert stepfs("discard", m.mountpoint, "other.txt").returncode == 0
+    assert sh("stat -c %h a", cwd=m.mountpoint).stdout == b"1\n"
+    assert not m.path("b").exists()
+    assert stepfs("discard", m.mountpoint, "b").returncode == 0
+    assert sh("stat -c %h a b", cwd=m.mountpoint).stdout == b"2\n2\n"

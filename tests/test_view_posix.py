@@ -209,6 +209,28 @@ def test_link_bookkeeping_skips_single_names_and_outside_links(tmp_path):
     assert renewals == [] and view.lower_shown == {}
 
 
+def test_names_removed_in_the_view_stay_counted_after_a_discard_or_rollback_elsewhere(tmp_path):
+    """``forget`` (a discard, a rollback's invalidation) of other paths
+    leaves the link counts of names the step still removes; the names it
+    gives back to the workspace count again."""
+    ws_dir = _linked_workspace(tmp_path, "a", "b", "sub/c")
+    (ws_dir / "other.txt").write_bytes(b"other")
+    _ws, view = open_view(tmp_path)
+    view.unlink("/b")
+    view.rename("/sub/c", "/sub/own")  # copied up: a file of its own
+    write_file(view, "/other.txt", b"staged")
+    assert view.getattr("/a")["st_nlink"] == 1
+    assert view.discard(["/other.txt"]) == ["/other.txt"]
+    assert view.getattr("/a")["st_nlink"] == 1  # b and sub/c are still not names of it here
+    view.forget(["/other.txt"])  # a rollback of another path
+    assert view.getattr("/a")["st_nlink"] == 1
+    assert not view._exists("/b") and view.getattr("/sub/own")["st_nlink"] == 1
+    assert view.discard(["/b"]) == ["/b"]  # b is the workspace's name again
+    assert view.getattr("/a")["st_nlink"] == view.getattr("/b")["st_nlink"] == 2
+    view.discard(["/sub"])
+    assert [view.getattr(p)["st_nlink"] for p in ("/a", "/b", "/sub/c")] == [3, 3, 3]
+
+
 def test_link_bookkeeping_is_bounded(tmp_path, monkeypatch):
     """Past the bound nothing more is recorded and the next removal of a
     name of any multi-link file renews (the kernel may hold any name)."""

@@ -507,20 +507,50 @@ class ContentMixin:
         cache and shared ``mmap`` (SQLite in WAL mode needs it); handles
         opened while another agent has the path open do not.
 
-        Known gap: handles keep the path they were opened on, so a file
-        that another agent holds open under the name it had before a rename
-        is not seen as open here; the new handle may then share the cache
-        with that agent's handle.
+        Handles keep the path they were opened on (another agent's rename
+        does not move them), while the kernel's inode moves with the name:
+        so another agent's handle counts if it was opened on ``path`` or
+        holds the very file ``path`` names now (the same inode number as
+        the view shows it: ``_file_ino``, ``_handle_ino``).
 
         Cost: nothing while only one agent has ever opened a file (every
         open records an observation); otherwise a pass over the open
-        handles, which are few."""
+        handles, which are few, and, if none was opened on ``path``, one
+        ``lstat`` and an ``fstat`` per other agent's workspace handle."""
         node = self.upper.get(path)
         if node is not None and node.link_group is not None:
             return True  # the kernel caches each name of a hard link as its own inode
         if len(self.observed) < 2 and agent in self.observed:
             return False
-        return any(h.path == path and h.agent != agent and h.data is None for h in self.handles.values())
+        others = [h for h in self.handles.values() if h.agent != agent and h.data is None]
+        if not others:
+            return False
+        if any(h.path == path for h in others):
+            return True
+        ino = self._file_ino(path)
+        return ino is not None and any(self._handle_ino(h) == ino for h in others)
+
+    def _shown_ino(self, dev: int, ino: int) -> int:
+        return self.ino_alias.get((dev, ino), ino) if self.ino_alias else ino
+
+    def _file_ino(self, path: str) -> int | None:
+        """The inode number of the file ``path`` names now, or None."""
+        try:
+            node, st = self._resolve(path)
+        except NotFound:
+            return None
+        return self._shown_ino(self.root_dev, node.ino) if node is not None else self._shown_ino(st.st_dev, st.st_ino)
+
+    def _handle_ino(self, h: Handle) -> int | None:
+        """The inode number of the file handle ``h`` holds, or None."""
+        if h.draft is not None:
+            return self._shown_ino(self.root_dev, h.draft.ino)
+        if h.node is not None:
+            return self._shown_ino(self.root_dev, h.node.ino)
+        if h.fd < 0:
+            return None
+        st = os.fstat(h.fd)
+        return self._shown_ino(st.st_dev, st.st_ino)
 
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)

@@ -326,15 +326,15 @@ class Overlay(ContentMixin):
         with the next flush.  A rename records several (the old place, the
         new place, every path below them); written one by one, a crash
         between two of them would lose or half-move a subtree.  If the
-        block raises, what it recorded stays recorded and goes with the
-        next flush.  Call under the lock."""
+        block raises, what it recorded goes the same way (the upper layer
+        in memory has those changes).  Call under the lock."""
         self._change_depth += 1
         try:
             yield
         finally:
             self._change_depth -= 1
-        if not self._change_depth and self._pending:
-            self._rows_recorded()
+            if not self._change_depth and self._pending:
+                self._rows_recorded()
 
     def _timed_sync(self) -> None:
         with self.lock:

@@ -59,8 +59,11 @@ def test_a_process_that_execs_with_a_new_agent_is_that_agent(workspace, mount):
     """--require-read tells the agents apart: the default agent has read
     ``f.txt``, agent ``b`` has not, so ``b`` may not write it.  The forked
     shell opens ``log.txt`` (as the default agent) before it exec()s ``sh``
-    with ``STEPFS_AGENT=b``: the same pid, a new agent."""
+    with ``STEPFS_AGENT=b``: the same pid, a new agent.  Likewise a script
+    in the mount run as agent ``c``."""
     (workspace / "f.txt").write_bytes(b"original\n")
+    (workspace / "tool.sh").write_bytes(b"#!/bin/sh\necho by-c > f.txt\n")
+    (workspace / "tool.sh").chmod(0o755)
     m = mount(workspace, require_read=True)
     env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
     cmd = "cat f.txt > /dev/null && STEPFS_AGENT=b sh -c 'echo by-b > f.txt' > log.txt"
@@ -69,6 +72,13 @@ def test_a_process_that_execs_with_a_new_agent_is_that_agent(workspace, mount):
     assert b"Permission denied" in result.stderr, result.stderr
     assert m.path("f.txt").read_bytes() == b"original\n"
     assert "last error (b): /f.txt: EACCES" in m.path(".stepfs", "status").read_text()
+    # Python's subprocess starts a child by vfork; the kernel opens the
+    # script in the mount for its exec while the child still shares its
+    # parent's memory (and environment).
+    result = subprocess.run(["./tool.sh"], cwd=m.mountpoint, capture_output=True, timeout=60,
+                            env={**env, "STEPFS_AGENT": "c"})
+    assert result.returncode != 0 and b"Permission denied" in result.stderr, result
+    assert "last error (c): /f.txt: EACCES" in m.path(".stepfs", "status").read_text()
     # The default agent, which read it, may write it.
     result = subprocess.run(["bash", "-c", "echo by-default > f.txt"], cwd=m.mountpoint, capture_output=True,
                             env=env, timeout=60)

@@ -593,6 +593,7 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
             if cur == "dir":
                 durable.rmdir(name, dir_fd=pfd)
             else:
+                ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
                 durable.unlink(name, dir_fd=pfd)
         finally:
             os.close(pfd)
@@ -616,11 +617,15 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 continue
             pfd, name = root.parent(e.path)
             try:
+                # The replaced inode is freed after the commit, not inside the
+                # rename (``store.spares``: freeing is the dearest part of it).
+                ws.spares.retire(name, pfd)
                 durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
             finally:
                 os.close(pfd)
     finally:
         os.close(tmp_fd)
+        ws.spares.release()
 
     # 4. directory metadata (last, so a read-only directory is filled first)
     for e in entries:

@@ -1329,7 +1329,10 @@ class Overlay(ContentMixin):
         Drafts still open for writing stay open and publish at their next
         close, against the new workspace state.
         """
-        with self.lock:
+        # The spare filler (which also frees the inodes the commit retired)
+        # waits until the view is done too, not only the store's commit: its
+        # kernel work would compete with the view's own refresh below.
+        with self.lock, self.ws.spares.pausing():
             if self.readonly_reason is not None:
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")

@@ -1337,7 +1337,10 @@ class Overlay(ContentMixin):
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
-            self._imported(publish.import_refs(self.ws, self.step))
+            if any(n.ref is not None for n in self.upper.nodes.values()):
+                # Files staged by reference become objects first (the commit
+                # would import them too, but the nodes must learn the oids).
+                self._imported(publish.import_refs(self.ws, self.step))
             covered = self._unstaged_over_rows()
             # The names this commit is about to replace in the workspace keep
             # their inode numbers in the view (``ino_alias``): the watcher must

@@ -414,12 +414,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     docstring for what each leaves behind).
     """
     with ws.commit_lock(), ws.spares.pausing():
-        _recover_locked(ws)
-        import_refs(ws, step)  # files staged by reference become objects first
-        with ws.db.read() as conn:
-            rows = staging.load(conn, step)
-            # Numbers are only allocated under the commit lock, which we hold.
-            number = next_number(conn)
+        rows, number = _recover_and_load(ws, step)
         plan = plan_step(ws, rows, overwrite)
         if plan.conflicts:
             names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
@@ -440,6 +435,30 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
             )
         return write_layer(ws, plan.entries, kind="step", message=message, agent=agent, mount=mount,
                            meta=meta, consume_step=step, number=number)
+
+
+def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow], int]:
+    """The start of a commit, under the commit lock: finish or void any
+    pending layer, take the files ``step`` staged by reference into the
+    store, and return the step's rows and the next layer number.  In the
+    common case (nothing pending, nothing by reference) that is one read
+    transaction: the pending check, the rows (which show any reference)
+    and the number come from the same snapshot, and nobody else can add a
+    layer or a pending intent while we hold the lock."""
+    with ws.db.read() as conn:
+        pending = conn.execute(_PENDING).first() is not None
+        rows = [] if pending else staging.load(conn, step)
+        number = next_number(conn)  # numbers are only allocated under the commit lock
+    if pending:
+        _recover_locked(ws)  # may consume this step's rows: read them again below
+    else:
+        _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
+    if pending or any(r.scratch is not None for r in rows):
+        import_refs(ws, step)  # files staged by reference become objects first
+        with ws.db.read() as conn:
+            rows = staging.load(conn, step)
+            number = next_number(conn)
+    return rows, number
 
 
 # -- publishing -----------------------------------------------------------------

@@ -312,10 +312,12 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     except OSError as exc:
         _remove_temps(ws)
         raise _prepare_failure(exc) from None
-    # The new files are fsynced while the intent is recorded: neither needs
+    # The new files are fsynced while the intent is committed: neither needs
     # the other (recovery rewrites every new file from the store), and both
-    # are done before the first rename.
-    syncing = durable.start_fsync_all(unsynced)
+    # are done before the first rename.  The fsyncs start once the intent's
+    # rows are in, just before its COMMIT syncs the WAL: started earlier,
+    # the pool's threads would take the GIL from the building of the rows.
+    syncing: durable.Syncing | None = None
     try:
         try:
             with ws.db.write(durable=True) as conn:
@@ -325,8 +327,10 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
                     intent_sum=intent_checksum(entries, consume_step), step=consume_step,
                 )])
                 _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
+                syncing = durable.start_fsync_all(unsynced)
         except BaseException as exc:
-            syncing.abandon()
+            if syncing is not None:
+                syncing.abandon()
             if isinstance(exc, StoreUnavailable):
                 _remove_temps(ws)
             raise

@@ -80,7 +80,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import xxhash
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, literal_column, select, update
 
 from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -98,9 +98,11 @@ _LAYER_COLUMNS = ["number", "state", "kind", "created_ns", "message", "agent", "
 _INSERT_LAYER = Prepared(L.insert(), _LAYER_COLUMNS)
 _ENTRY_COLUMNS = [c.name for c in E.columns]
 _INSERT_ENTRIES = Prepared(E.insert(), _ENTRY_COLUMNS)
-_MARK_COMMITTED = update(L).where(L.c.number == bindparam("n")).values(state="committed")
-_CONSUME_STEP = schema.staged.delete().where(schema.staged.c.step == bindparam("s"))
+_MARK_COMMITTED = Prepared(update(L).where(L.c.number == bindparam("n")).values(state=bindparam("state")))
+_CONSUME_STEP = Prepared(schema.staged.delete().where(schema.staged.c.step == bindparam("s")))
 _PENDING = select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
+_FIRST_IN_STATE = Prepared(select(func.min(L.c.number)).where(L.c.state == bindparam("state")))
+_NEXT_NUMBER = Prepared(select(func.coalesce(func.max(L.c.number) + literal_column("1"), literal_column("0"))))
 
 #: Kinds published as a temporary file renamed over the path (everything
 #: but directories); any of them may be a hard link of another path.
@@ -389,9 +391,9 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
 def _complete(ws: Workspace, number: int, step: int | None) -> None:
     """Step 5: the layer is committed and its step's staged rows consumed."""
     with ws.db.write(durable=True) as conn:
-        conn.execute(_MARK_COMMITTED, {"n": number})
+        _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
-            conn.execute(_CONSUME_STEP, {"s": step})
+            _CONSUME_STEP.execute(conn, {"s": step})
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -450,9 +452,10 @@ def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow]
     and the number come from the same snapshot, and nobody else can add a
     layer or a pending intent while we hold the lock."""
     with ws.db.read() as conn:
-        pending = conn.execute(_PENDING).first() is not None
+        pending = _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None
         rows = [] if pending else staging.load(conn, step)
-        number = next_number(conn)  # numbers are only allocated under the commit lock
+        # Numbers are only allocated under the commit lock (layers.next_number).
+        number = _NEXT_NUMBER.execute(conn)[0][0]
     if pending:
         _recover_locked(ws)  # may consume this step's rows: read them again below
     else:

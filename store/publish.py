@@ -41,7 +41,10 @@ power loss) at each point leaves behind is given with the step:
    parent of every entry and every directory entry (each directory once,
    all together on the pool), on every run (a run that
    finishes a killed one finds removals, new directories and modes already
-   done, maybe not yet durable).  *Crash:* a mix of old and new paths (each
+   done, maybe not yet durable).  A replaced or removed file with one link
+   is first linked into ``.stepfs/retired/`` (``store.spares``), so the
+   rename or unlink does not free its inode on the commit's path; it is
+   freed after the switch (by the daemon's background thread, if any).  *Crash:* a mix of old and new paths (each
    path replaced atomically) that recovery completes to NEW.
 5. **Done.**  One durable transaction sets ``state='committed'`` and deletes
    the consumed step's staged rows.  *Crash before it:* recovery publishes

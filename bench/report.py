@@ -181,6 +181,9 @@ def _notes(wl: dict) -> str:
     notes = [f"{k} {fmt_ratio(v)}" for k, v in wl.get("ratios", {}).items()]
     if wl.get("throughput_mib_s"):
         notes.append("MiB/s " + " ".join(f"{k}={v:.0f}" for k, v in wl["throughput_mib_s"].items()))
+    if wl.get("cpu_per_step_s"):
+        cpu = wl["cpu_per_step_s"]
+        notes.append("CPU per step: " + ", ".join(f"{k} {fmt_seconds(v)}" for k, v in cpu.items()))
     if wl.get("note"):
         notes.append(wl["note"])
     if wl.get("status"):

@@ -16,11 +16,13 @@ for the checkpoint, ``shadow-git``).
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from overlayfs import manage
@@ -70,37 +72,47 @@ def stepfs_cli() -> list[str]:
 
 
 def commit(ctx: Context) -> dict:
+    """Commit latency per (workspace size, changed files).  Every size is
+    mounted at once and the repetitions alternate between them, so the
+    sizes are compared under the same machine load (the 10% target
+    compares them; run one size after the other, a load that drifts
+    between the two halves of a run looked like a size effect)."""
     cfg = ctx.cfg
     out: dict[str, dict] = {}
-    for n in cfg.commit_ws:
-        ws = ctx.workspace(n)
-        mnt = ctx.new_dir("commit", f"mnt{n}")
-        with stepfs_mount(ws, mnt):
+    with ExitStack() as stack:
+        live: dict[int, tuple[Path, manage.Target]] = {}
+        for n in cfg.commit_ws:
+            ws = ctx.workspace(n)
+            mnt = ctx.new_dir("commit", f"mnt{n}")
+            stack.enter_context(stepfs_mount(ws, mnt))
             target = manage.resolve(str(mnt))
             _edit(mnt, [0], "warm-up")
             _step(target, "warm-up")  # first commit pays lazy imports in the daemon
-            for k in cfg.commit_changed:
-                samples = []
-                for rep in range(cfg.commit_reps):
+            live[n] = (mnt, target)
+        for k in cfg.commit_changed:
+            samples: dict[int, list[float]] = {n: [] for n in live}
+            for rep in range(cfg.commit_reps):
+                for n, (mnt, target) in live.items():
                     _edit(mnt, _spread(n, k, rep), f"{k}-{rep}")
-                    samples.append(_step(target, f"bench {k} files"))
+                    samples[n].append(_step(target, f"bench {k} files"))
+            for n in live:
                 name = f"commit_{k}_{n}files"
                 out[name] = _record(f"step commit of {k} changed file(s) in a {n}-file workspace "
-                                    f"(manage.step via the daemon)", "latency", {"stepfs": report.summary(samples)})
+                                    f"(manage.step via the daemon)", "latency", {"stepfs": report.summary(samples[n])})
                 log(f"{name}: p50 {report.fmt_seconds(out[name]['results']['stepfs']['median'])}, "
                     f"p95 {report.fmt_seconds(out[name]['results']['stepfs']['p95'])}")
-            if n == cfg.commit_ws[0]:
-                k = 10 if 10 in cfg.commit_changed else cfg.commit_changed[0]
-                cli = stepfs_cli()
-                samples = []
-                for rep in range(cfg.cli_reps):
-                    _edit(mnt, _spread(n, k, rep + 1000), f"cli-{rep}")
-                    t0 = time.perf_counter()
-                    subprocess.run(cli + ["step", str(mnt), "-m", "cli"], check=True, capture_output=True)
-                    samples.append(time.perf_counter() - t0)
-                out["commit_cli"] = _record(f"'stepfs step' end to end (CLI start-up included), {k} changed "
-                                            f"file(s), {n}-file workspace", "time",
-                                            {"stepfs": report.summary(samples)})
+        n = cfg.commit_ws[0]
+        mnt = live[n][0]
+        k = 10 if 10 in cfg.commit_changed else cfg.commit_changed[0]
+        cli = stepfs_cli()
+        samples_cli = []
+        for rep in range(cfg.cli_reps):
+            _edit(mnt, _spread(n, k, rep + 1000), f"cli-{rep}")
+            t0 = time.perf_counter()
+            subprocess.run(cli + ["step", str(mnt), "-m", "cli"], check=True, capture_output=True)
+            samples_cli.append(time.perf_counter() - t0)
+        out["commit_cli"] = _record(f"'stepfs step' end to end (CLI start-up included), {k} changed "
+                                    f"file(s), {n}-file workspace", "time", {"stepfs": report.summary(samples_cli)})
     return out
 
 
@@ -118,26 +130,34 @@ def cli_startup(ctx: Context) -> dict:
 
 
 def mount_time(ctx: Context) -> dict:
+    """Mount time per workspace size.  The first mount of each size (which
+    may create the store) is reported on its own; the repetitions then
+    alternate between the sizes, so they are compared under the same
+    machine load."""
     out: dict[str, dict] = {}
-    for n in ctx.cfg.mount_ws:
-        ws = ctx.workspace(n)
-        mnt = ctx.new_dir("mount", f"mnt{n}")
-        firsts, mounts_, unmounts = [], [], []
-        for rep in range(ctx.cfg.mount_reps + 1):
+    sizes = list(ctx.cfg.mount_ws)
+    places = {n: (ctx.workspace(n), ctx.new_dir("mount", f"mnt{n}")) for n in sizes}
+    firsts: dict[int, list[float]] = {n: [] for n in sizes}
+    mounts_: dict[int, list[float]] = {n: [] for n in sizes}
+    unmounts: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(ctx.cfg.mount_reps + 1):
+        for n in sizes:
+            ws, mnt = places[n]
             t0 = time.perf_counter()
             with stepfs_mount(ws, mnt):
                 t1 = time.perf_counter()
                 os.listdir(mnt)  # the mount answers
             t2 = time.perf_counter()
-            (firsts if rep == 0 else mounts_).append(t1 - t0)
-            unmounts.append(t2 - t1)
+            (firsts if rep == 0 else mounts_)[n].append(t1 - t0)
+            unmounts[n].append(t2 - t1)
+    for n in sizes:
         out[f"mount_{n}files"] = _record(f"mount a {n}-file workspace (store exists; until ready)", "time",
-                                         {"stepfs": report.summary(mounts_)})
+                                         {"stepfs": report.summary(mounts_[n])})
         out[f"mount_first_{n}"] = _record(f"first mount of a {n}-file workspace (creates the store unless "
                                           f"an earlier group did)", "time",
-                                          {"stepfs": report.summary(firsts)})
+                                          {"stepfs": report.summary(firsts[n])})
         out[f"unmount_{n}"] = _record(f"unmount a {n}-file workspace (until the daemon exited)", "time",
-                                      {"stepfs": report.summary(unmounts)})
+                                      {"stepfs": report.summary(unmounts[n])})
         log(f"mount_{n}files: {report.fmt_seconds(out[f'mount_{n}files']['results']['stepfs']['median'])}")
     return out
 
@@ -145,10 +165,44 @@ def mount_time(ctx: Context) -> dict:
 # -- checkpoint cost against shadow-git ---------------------------------------------
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) a live process has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(pid: int, quiet: float = 0.3, limit: float = 10.0) -> None:
+    """Wait until process ``pid`` used no CPU for ``quiet`` seconds (its
+    background work after the last step is done), at most ``limit``."""
+    end = time.monotonic() + limit
+    last = _process_cpu(pid)
+    while time.monotonic() < end:
+        time.sleep(quiet)
+        now = _process_cpu(pid)
+        if now == last:
+            return
+        last = now
+
+
 def checkpoint(ctx: Context) -> dict:
     """Per-step checkpoint cost: shadow-git (``git --git-dir=X --work-tree=WS
     add -A && commit`` as Cline and Roo Code do) against a stepfs step, each
-    with ``checkpoint_changed`` files edited per step."""
+    with ``checkpoint_changed`` files edited per step.
+
+    The target compares wall time per step: ``manage.step`` (the library
+    call, daemon round trip included) against the two git commands.  CPU
+    time is reported beside it, because a daemon can move work off the
+    step (spare inodes made ahead, replaced inodes freed after it):
+    ``cpu_per_step_s`` gives git's own CPU per step, the daemon's CPU
+    while the step ran (all threads), and the daemon's CPU per step over
+    the whole loop (the edits through the mount, the steps and the
+    background work after them, waited for at the end)."""
     cfg = ctx.cfg
     n, k = cfg.checkpoint_files, cfg.checkpoint_changed
     base = ctx.new_dir("checkpoint")
@@ -157,14 +211,16 @@ def checkpoint(ctx: Context) -> dict:
     env = fixtures.git_env()
     sh(f"{git} init -q && {git} config core.autocrlf false", base, env)
     first = timed(f"{git} add -A && {git} commit -q -m baseline", base, env)
-    shadow = []
+    shadow, shadow_cpu = [], 0.0
     for rep in range(cfg.checkpoint_reps):
         _edit(ws, _spread(n, k, rep), f"git-{rep}")
+        c0 = _children_cpu()
         shadow.append(timed(f"{git} add -A && {git} commit -q -m step", base, env))
+        shadow_cpu += _children_cpu() - c0
     mnt = base / "mnt"
-    steps = []
+    steps, step_cpu = [], 0.0
     os.sync()  # git's object writes must not be flushed inside stepfs's fsyncs
-    with stepfs_mount(ws, mnt):
+    with stepfs_mount(ws, mnt) as pid:
         target = manage.resolve(str(mnt))
         # Warm up with a step of the measured shape (k files): the first
         # k-file step pays one-time costs (the fsync pool's threads, the
@@ -172,14 +228,27 @@ def checkpoint(ctx: Context) -> dict:
         # reach; shadow-git's first snapshot is left out likewise.
         _edit(mnt, _spread(n, k, n // (2 * k)), "warm-up")
         _step(target, "warm-up")
+        _settle(pid)
+        loop0 = _process_cpu(pid)
         for rep in range(cfg.checkpoint_reps):
             _edit(mnt, _spread(n, k, rep + 1), f"stepfs-{rep}")
+            c0 = _process_cpu(pid)
             steps.append(_step(target, "checkpoint"))
+            step_cpu += _process_cpu(pid) - c0
+        _settle(pid)
+        loop_cpu = _process_cpu(pid) - loop0
+    reps = max(1, cfg.checkpoint_reps)
+    cpu = {"shadow-git": shadow_cpu / reps, "stepfs_daemon_during_step": step_cpu / reps,
+           "stepfs_daemon_per_step_all": loop_cpu / reps}
     results = {"stepfs": report.summary(steps), "shadow-git": report.summary(shadow)}
     rec = _record(f"per-step checkpoint, {k} changed files, {n}-file workspace: stepfs step vs "
-                  f"shadow-git add -A && commit", "time", results, shadow_git_first_snapshot_s=first)
+                  f"shadow-git add -A && commit", "time", results, shadow_git_first_snapshot_s=first,
+                  cpu_per_step_s=cpu)
     log(f"checkpoint: stepfs {report.fmt_seconds(results['stepfs']['median'])}, "
-        f"shadow-git {report.fmt_seconds(results['shadow-git']['median'])}")
+        f"shadow-git {report.fmt_seconds(results['shadow-git']['median'])}; CPU per step: shadow-git "
+        f"{report.fmt_seconds(cpu['shadow-git'])}, stepfs daemon during the step "
+        f"{report.fmt_seconds(cpu['stepfs_daemon_during_step'])}, all of it (edits, step, background) "
+        f"{report.fmt_seconds(cpu['stepfs_daemon_per_step_all'])}")
     return {"checkpoint": rec}
 
 

@@ -1397,12 +1397,18 @@ class Overlay(ContentMixin):
         Drafts still open for writing stay open and publish at their next
         close, against the new workspace state.
         """
-        with self.lock:
+        # The spare filler (which also frees the inodes the commit retired)
+        # waits until the view is done too, not only the store's commit: its
+        # kernel work would compete with the view's own refresh below.
+        with self.lock, self.ws.spares.pausing():
             if self.readonly_reason is not None:
                 raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
                                        f"unmount and mount again once the cause is fixed.")
             self.sync_rows()  # the commit reads the step's rows from the store
-            self._imported(publish.import_refs(self.ws, self.step))
+            if any(n.ref is not None for n in self.upper.nodes.values()):
+                # Files staged by reference become objects first (the commit
+                # would import them too, but the nodes must learn the oids).
+                self._imported(publish.import_refs(self.ws, self.step))
             covered = self._unstaged_over_rows()
             # The names this commit is about to replace in the workspace keep
             # their inode numbers in the view (``ino_alias``): the watcher must

@@ -96,7 +96,7 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> lis
     changed text file, so this costs what the layers changed."""
     out = []
     for layer in layers.list_layers(conn, limit=limit):
-        c = card(objects, conn, layer.number)
+        c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)))
         c["files"] = len(c["files"])
         out.append(c)
     return out

@@ -230,6 +230,8 @@ UPGRADES: dict[int, list[str]] = {
     3: [],
     # Big files staged by reference to a scratch file (store/refs.py).
     4: ["ALTER TABLE staged ADD COLUMN scratch TEXT", "ALTER TABLE staged ADD COLUMN scratch_sum VARCHAR(48)"],
+    # Layers looked up by state (the pending check of every commit, history).
+    5: ["CREATE INDEX IF NOT EXISTS layers_state_number ON layers (state, number)"],
 }
 
 

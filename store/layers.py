@@ -91,26 +91,24 @@ def _counts():
 
 def list_layers(conn: Connection, limit: int | None = None, number: int | None = None) -> list[Layer]:
     """Committed layers (or just ``number``), newest first, with counts of
-    added / modified / deleted paths."""
-    added, deleted, total = _counts()
-    counts = (
-        select(E.c.layer, added.label("n_added"), deleted.label("n_deleted"), total.label("n_total"))
-        .group_by(E.c.layer)
-        .subquery()
-    )
-    q = (
-        select(L, counts.c.n_added, counts.c.n_deleted, counts.c.n_total)
-        .outerjoin(counts, counts.c.layer == L.c.number)
-        .where(L.c.state == "committed")
-        .order_by(L.c.number.desc())
-    )
+    added / modified / deleted paths.  The layers are chosen first and only
+    their entries are counted (through the entries' primary key): listing
+    a few layers, or one, costs what those layers hold, not what the whole
+    history holds."""
+    q = select(L).where(L.c.state == "committed").order_by(L.c.number.desc())
     if number is not None:
         q = q.where(L.c.number == number)
     if limit is not None:
         q = q.limit(limit)
+    rows = conn.execute(q).all()
+    added, deleted, total = _counts()
+    counts = select(E.c.layer, added, deleted, total).group_by(E.c.layer)
+    if limit is not None or number is not None:
+        counts = counts.where(E.c.layer.in_([r.number for r in rows]))
+    by_layer = {layer: (int(a or 0), int(d or 0), int(t or 0)) for layer, a, d, t in conn.execute(counts)}
     out = []
-    for r in conn.execute(q):
-        a, d, t = int(r.n_added or 0), int(r.n_deleted or 0), int(r.n_total or 0)
+    for r in rows:
+        a, d, t = by_layer.get(r.number, (0, 0, 0))
         out.append(
             Layer(
                 number=r.number, state=r.state, kind=r.kind, created_ns=r.created_ns,

@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 import xxhash
 from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import NoResultFound
 
 from . import chunking, durable, schema
 from .db import Prepared
@@ -78,6 +79,7 @@ _OBJECT_READ = Prepared(
     .order_by(_OC.c.seq)
 )
 _OBJECT_CHUNKS_INSERT = Prepared(_OC.insert(), ["oid", "seq", "offset", "cid"])
+_OBJECT_SIZE = Prepared(select(_O.c.size).where(_O.c.oid == bindparam("oid")))
 
 
 def _free_key(digest: str, taken: list[str]) -> str:
@@ -240,11 +242,15 @@ class ObjectStore:
 
     @staticmethod
     def exists(conn: Connection, oid: str) -> bool:
-        return conn.execute(select(schema.objects.c.oid).where(schema.objects.c.oid == oid)).first() is not None
+        return bool(_OBJECT_SIZE.execute(conn, {"oid": oid}))
 
     @staticmethod
     def size(conn: Connection, oid: str) -> int:
-        return conn.execute(select(schema.objects.c.size).where(schema.objects.c.oid == oid)).scalar_one()
+        """Raises ``NoResultFound`` for an unknown object (as ``scalar_one``)."""
+        rows = _OBJECT_SIZE.execute(conn, {"oid": oid})
+        if len(rows) != 1:
+            raise NoResultFound(f"no object {oid}")
+        return rows[0][0]
 
     @staticmethod
     def chunk_ids(conn: Connection, oid: str) -> list[str]:

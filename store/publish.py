@@ -41,7 +41,10 @@ power loss) at each point leaves behind is given with the step:
    parent of every entry and every directory entry (each directory once,
    all together on the pool), on every run (a run that
    finishes a killed one finds removals, new directories and modes already
-   done, maybe not yet durable).  *Crash:* a mix of old and new paths (each
+   done, maybe not yet durable).  A replaced or removed file with one link
+   is first linked into ``.stepfs/retired/`` (``store.spares``), so the
+   rename or unlink does not free its inode on the commit's path; it is
+   freed after the switch (by the daemon's background thread, if any).  *Crash:* a mix of old and new paths (each
    path replaced atomically) that recovery completes to NEW.
 5. **Done.**  One durable transaction sets ``state='committed'`` and deletes
    the consumed step's staged rows.  *Crash before it:* recovery publishes
@@ -80,7 +83,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import xxhash
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, func, literal_column, select, update
 
 from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -98,9 +101,11 @@ _LAYER_COLUMNS = ["number", "state", "kind", "created_ns", "message", "agent", "
 _INSERT_LAYER = Prepared(L.insert(), _LAYER_COLUMNS)
 _ENTRY_COLUMNS = [c.name for c in E.columns]
 _INSERT_ENTRIES = Prepared(E.insert(), _ENTRY_COLUMNS)
-_MARK_COMMITTED = update(L).where(L.c.number == bindparam("n")).values(state="committed")
-_CONSUME_STEP = schema.staged.delete().where(schema.staged.c.step == bindparam("s"))
+_MARK_COMMITTED = Prepared(update(L).where(L.c.number == bindparam("n")).values(state=bindparam("state")))
+_CONSUME_STEP = Prepared(schema.staged.delete().where(schema.staged.c.step == bindparam("s")))
 _PENDING = select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
+_FIRST_IN_STATE = Prepared(select(func.min(L.c.number)).where(L.c.state == bindparam("state")))
+_NEXT_NUMBER = Prepared(select(func.coalesce(func.max(L.c.number) + literal_column("1"), literal_column("0"))))
 
 #: Kinds published as a temporary file renamed over the path (everything
 #: but directories); any of them may be a hard link of another path.
@@ -312,10 +317,12 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     except OSError as exc:
         _remove_temps(ws)
         raise _prepare_failure(exc) from None
-    # The new files are fsynced while the intent is recorded: neither needs
+    # The new files are fsynced while the intent is committed: neither needs
     # the other (recovery rewrites every new file from the store), and both
-    # are done before the first rename.
-    syncing = durable.start_fsync_all(unsynced)
+    # are done before the first rename.  The fsyncs start once the intent's
+    # rows are in, just before its COMMIT syncs the WAL: started earlier,
+    # the pool's threads would take the GIL from the building of the rows.
+    syncing: durable.Syncing | None = None
     try:
         try:
             with ws.db.write(durable=True) as conn:
@@ -325,8 +332,10 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
                     intent_sum=intent_checksum(entries, consume_step), step=consume_step,
                 )])
                 _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
+                syncing = durable.start_fsync_all(unsynced)
         except BaseException as exc:
-            syncing.abandon()
+            if syncing is not None:
+                syncing.abandon()
             if isinstance(exc, StoreUnavailable):
                 _remove_temps(ws)
             raise
@@ -385,9 +394,9 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
 def _complete(ws: Workspace, number: int, step: int | None) -> None:
     """Step 5: the layer is committed and its step's staged rows consumed."""
     with ws.db.write(durable=True) as conn:
-        conn.execute(_MARK_COMMITTED, {"n": number})
+        _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
-            conn.execute(_CONSUME_STEP, {"s": step})
+            _CONSUME_STEP.execute(conn, {"s": step})
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -414,12 +423,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     docstring for what each leaves behind).
     """
     with ws.commit_lock(), ws.spares.pausing():
-        _recover_locked(ws)
-        import_refs(ws, step)  # files staged by reference become objects first
-        with ws.db.read() as conn:
-            rows = staging.load(conn, step)
-            # Numbers are only allocated under the commit lock, which we hold.
-            number = next_number(conn)
+        rows, number = _recover_and_load(ws, step)
         plan = plan_step(ws, rows, overwrite)
         if plan.conflicts:
             names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
@@ -440,6 +444,31 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
             )
         return write_layer(ws, plan.entries, kind="step", message=message, agent=agent, mount=mount,
                            meta=meta, consume_step=step, number=number)
+
+
+def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow], int]:
+    """The start of a commit, under the commit lock: finish or void any
+    pending layer, take the files ``step`` staged by reference into the
+    store, and return the step's rows and the next layer number.  In the
+    common case (nothing pending, nothing by reference) that is one read
+    transaction: the pending check, the rows (which show any reference)
+    and the number come from the same snapshot, and nobody else can add a
+    layer or a pending intent while we hold the lock."""
+    with ws.db.read() as conn:
+        pending = _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None
+        rows = [] if pending else staging.load(conn, step)
+        # Numbers are only allocated under the commit lock (layers.next_number).
+        number = _NEXT_NUMBER.execute(conn)[0][0]
+    if pending:
+        _recover_locked(ws)  # may consume this step's rows: read them again below
+    else:
+        _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
+    if pending or any(r.scratch is not None for r in rows):
+        import_refs(ws, step)  # files staged by reference become objects first
+        with ws.db.read() as conn:
+            rows = staging.load(conn, step)
+            number = next_number(conn)
+    return rows, number
 
 
 # -- publishing -----------------------------------------------------------------
@@ -593,6 +622,7 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
             if cur == "dir":
                 durable.rmdir(name, dir_fd=pfd)
             else:
+                ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
                 durable.unlink(name, dir_fd=pfd)
         finally:
             os.close(pfd)
@@ -616,11 +646,15 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 continue
             pfd, name = root.parent(e.path)
             try:
+                # The replaced inode is freed after the commit, not inside the
+                # rename (``store.spares``: freeing is the dearest part of it).
+                ws.spares.retire(name, pfd)
                 durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
             finally:
                 os.close(pfd)
     finally:
         os.close(tmp_fd)
+        ws.spares.release()
 
     # 4. directory metadata (last, so a read-only directory is filled first)
     for e in entries:

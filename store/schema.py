@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 #: The one integer format version of a store.  A store whose version is newer
 #: is refused; an older one is upgraded (``db.UPGRADES``).
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: Chunk size used when splitting an object (fixed-size chunking; the format
@@ -101,6 +101,10 @@ layers = Table(
     # transaction that marks it committed (format 2); NULL: none.
     Column("step", Integer),
 )
+# Every commit asks for a pending layer and history reads ask for the
+# committed ones, newest first: without this index each was a scan of all
+# layers (about 1 ms per commit at 50,000 layers), with it a lookup (format 5).
+Index("layers_state_number", layers.c.state, layers.c.number)
 
 # What a layer did to each path it touched: the state before and after.
 # A NULL kind means "absent".  kinds: file | dir | symlink | fifo | chardev |

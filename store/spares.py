@@ -30,9 +30,31 @@ Invariants:
   the temporary file is created as before.  A process that never calls
   :meth:`fill` (the CLI, tests) uses only spares it finds on disk.
 
-Threading: :meth:`take` and :meth:`fill` may run concurrently (one lock
-guards the in-memory list of names; no system call is made under it);
-the background filler is one daemon thread per :class:`Spares`.
+Retired inodes are the same cost at the other end.  Renaming a new file
+over a workspace file drops the old inode's last link, and the kernel frees
+it inside the ``rename`` (about as dear as allocating one: a few hundred
+microseconds to a millisecond each on the bench disk, most of a 10-file
+commit's switch).  So before a commit replaces (or removes) a file that has
+one link, :meth:`retire` gives its inode a second name in
+``.stepfs/retired/`` (``link``: a few microseconds); the rename then only
+drops a link, and :meth:`sweep` deletes the retired names, and so frees
+the inodes, after the commit: in the background thread of a filling
+process, else at once.
+
+* A file in ``retired/`` is a second name of an inode a commit was about
+  to replace; it is never opened, read or written, and deleting it at any
+  time is harmless: before the rename it only drops the link count back to
+  one (the rename then frees the inode itself, as without retiring), after
+  it frees an inode that no workspace path names any more.  A crash leaves
+  retired names behind; the next sweep deletes them.
+* Only inodes with exactly one link are retired: a file with other hard
+  links is not freed by the rename, and a retired name must not show in
+  the other names' link count after the commit.
+
+Threading: :meth:`take`, :meth:`fill`, :meth:`retire` and :meth:`sweep` may
+run concurrently (one lock guards the in-memory lists of names; no system
+call is made under it); the background filler is one daemon thread per
+:class:`Spares`, and it sweeps before it fills.
 """
 
 from __future__ import annotations
@@ -41,6 +63,7 @@ import errno
 import itertools
 import logging
 import os
+import stat
 import threading
 from collections import deque
 from contextlib import contextmanager
@@ -53,11 +76,14 @@ TARGET = 64
 
 
 class Spares:
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, retired_directory: str | None = None):
         self.directory = directory
+        self.retired_directory = retired_directory  # None: nothing is retired
         self._lock = threading.Lock()
         self._names: deque[str] = deque()  # guarded by _lock
         self._adopted = False  # guarded by _lock: the directory was listed once
+        self._retired: list[str] = []  # guarded by _lock: names in retired_directory to delete
+        self._retired_adopted = False  # guarded by _lock: retired_directory was listed once
         self._seq = itertools.count()
         self._prefix = f"S{os.getpid()}-{id(self):x}-"
         self._wake = threading.Event()
@@ -107,6 +133,85 @@ class Spares:
             self._adopt()
             return len(self._names)
 
+    # -- retiring -----------------------------------------------------------
+
+    def retire(self, name: bytes, dir_fd: int) -> None:
+        """``name`` in directory ``dir_fd`` is about to be renamed over or
+        unlinked: if it is a non-directory with one link, give its inode a
+        second name in the retired directory, so that call does not free it
+        (:meth:`sweep` does, later).  Best effort: if the link cannot be
+        made, the caller's call frees the inode itself, as it always did."""
+        if self.retired_directory is None:
+            return
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except OSError:
+            return  # nothing there (a new path), or the caller's own call will say why
+        if st.st_nlink != 1 or stat.S_ISDIR(st.st_mode):
+            return
+        retired = f"{self._prefix}{next(self._seq)}"
+        target = os.path.join(self.retired_directory, retired)
+        try:
+            os.link(name, target, src_dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            try:  # the directory is missing (a store made before it existed)
+                os.makedirs(self.retired_directory, mode=0o700, exist_ok=True)
+                os.link(name, target, src_dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                return
+        except OSError as exc:  # EPERM (protected_hardlinks), EMLINK, ENOSPC, ...: not retired
+            log.debug("could not retire %r: %s", name, exc)
+            return
+        with self._lock:
+            self._retired.append(retired)
+
+    def retired(self) -> int:
+        """Retired names this process knows of and has not deleted yet."""
+        with self._lock:
+            return len(self._retired)
+
+    def release(self) -> None:
+        """A commit has made its renames: free what it retired, in the
+        background thread when there is one (after the commit, see
+        :meth:`pausing`), else now."""
+        if self._thread is not None:
+            self.refill()
+        else:
+            self.sweep()
+
+    def sweep(self) -> int:
+        """Delete every retired name (this process's and, once, any left on
+        disk by a dead process), one at a time and never alongside a commit
+        of this process (an inode freed holds a journal handle, like one
+        allocated, see :meth:`fill`).  Returns how many were deleted."""
+        if self.retired_directory is None:
+            return 0
+        removed = 0
+        while True:
+            with self._lock:
+                if not self._retired_adopted:
+                    self._retired_adopted = True
+                    try:
+                        self._retired.extend(set(os.listdir(self.retired_directory)) - set(self._retired))
+                    except FileNotFoundError:
+                        pass
+                if not self._retired:
+                    break
+                name = self._retired.pop()
+            if self._thread is not None and threading.current_thread() is self._thread:
+                self._idle.wait()
+            try:
+                os.unlink(os.path.join(self.retired_directory, name))
+                removed += 1
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # EIO, a read-only store: the name stays until a later sweep
+                log.warning("could not delete the retired inode %s: %s", name, exc)
+                with self._lock:
+                    self._retired.append(name)
+                break
+        return removed
+
     # -- filling ------------------------------------------------------------
 
     def fill(self, target: int = TARGET) -> int:
@@ -146,6 +251,7 @@ class Spares:
             while not self._stop.is_set():
                 self._wake.clear()  # before filling: a refill asked meanwhile is not lost
                 try:
+                    self.sweep()
                     self.fill(target)
                 except OSError as exc:
                     # A full disk or a removed store: commits create their
@@ -194,6 +300,7 @@ class Spares:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        self.sweep()  # what the thread had no time for (the names would stay on disk till the next sweep)
 
     def clear(self) -> int:
         """Delete every spare on disk (none may be taken meanwhile)."""

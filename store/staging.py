@@ -21,6 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from . import schema
+from .db import Prepared
 
 S = schema.staged
 
@@ -93,17 +94,24 @@ def list_steps(conn: Connection) -> list[dict]:
     return [dict(r._mapping) for r in rows]
 
 
+# Every commit loads its step's rows: compiled once and run on the DBAPI
+# cursor (db.Prepared; the columns are ints, texts and blobs, and opaque is
+# turned into a bool here).
+_LOAD_COLUMNS = ("path", "kind", "mode", "oid", "target", "size", "mtime_ns", "opaque", "base", "uid", "gid",
+                 "xattrs", "link_group", "scratch", "scratch_sum")
+_LOAD = Prepared(select(*(S.c[c] for c in _LOAD_COLUMNS)).where(S.c.step == bindparam("step")).order_by(S.c.path))
+
+
 def load(conn: Connection, step: int) -> list[StagedRow]:
-    rows = conn.execute(select(S).where(S.c.step == step).order_by(S.c.path))
     return [
         StagedRow(
-            path=bytes(r.path), kind=r.kind, mode=r.mode, oid=r.oid,
-            target=bytes(r.target) if r.target is not None else None,
-            size=r.size, mtime_ns=r.mtime_ns, opaque=bool(r.opaque), base=r.base,
-            uid=r.uid, gid=r.gid, xattrs=bytes(r.xattrs) if r.xattrs is not None else None,
-            link_group=r.link_group, scratch=r.scratch, scratch_sum=r.scratch_sum,
+            path=bytes(path), kind=kind, mode=mode, oid=oid, target=bytes(target) if target is not None else None,
+            size=size, mtime_ns=mtime_ns, opaque=bool(opaque), base=base, uid=uid, gid=gid,
+            xattrs=bytes(xattrs) if xattrs is not None else None,
+            link_group=link_group, scratch=scratch, scratch_sum=scratch_sum,
         )
-        for r in rows
+        for (path, kind, mode, oid, target, size, mtime_ns, opaque, base, uid, gid, xattrs, link_group, scratch,
+             scratch_sum) in _LOAD.execute(conn, {"step": step})
     ]
 
 

@@ -8,6 +8,8 @@ Layout of ``WORKSPACE/.stepfs/`` (see FORMAT.md):
 * ``scratch/<step>/`` a daemon's working copies of files open for writing
 * ``run/``          locks, pid files and logs of mount daemons
 * ``spare/``        empty files made ahead of commits (``store.spares``)
+* ``retired/``      second names of inodes a commit replaced, deleted after it
+                    (``store.spares``)
 * ``commit.lock``   held (flock) for the whole of every commit and recovery
 
 Opening a workspace runs recovery first (``publish.recover``): nothing else
@@ -44,7 +46,7 @@ class Workspace:
         self.root = Root(path, hide=STORE_DIR)
         self.tmp_dir = os.path.join(self.store_dir, "tmp")
         self.run_dir = os.path.join(self.store_dir, "run")
-        self.spares = Spares(os.path.join(self.store_dir, "spare"))
+        self.spares = Spares(os.path.join(self.store_dir, "spare"), os.path.join(self.store_dir, "retired"))
 
     @classmethod
     def open(cls, path: str, create: bool = False, recover: bool = True) -> "Workspace":

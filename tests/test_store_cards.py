@@ -63,6 +63,27 @@ def test_list_layers_limit_and_single(ws):
         assert layers.head(conn) == 2
 
 
+def test_a_limited_or_single_listing_counts_what_the_full_one_does(ws):
+    """Only the listed layers' entries are counted: the counts must be the
+    same as in a listing of every layer."""
+    with ws.db.read() as conn:
+        full = {layer.number: layer for layer in layers.list_layers(conn)}
+        for limit in (1, 2, 3):
+            assert layers.list_layers(conn, limit=limit) == [full[n] for n in sorted(full, reverse=True)[:limit]]
+        for number in full:
+            assert layers.get(conn, number) == full[number]
+
+
+def test_log_is_the_cards_of_the_listed_layers(ws):
+    with ws.db.read() as conn:
+        logged = cards.log(ws.objects, conn)
+        assert [c["number"] for c in logged] == [2, 1, 0]
+        for c in logged:
+            full = cards.card(ws.objects, conn, c["number"])
+            assert c == {**full, "files": len(full["files"])}
+        assert cards.log(ws.objects, conn, limit=1) == logged[:1]
+
+
 def test_card_counts_lines_for_text_and_bytes_for_binary(ws):
     with ws.db.read() as conn:
         card = cards.card(ws.objects, conn, 1)

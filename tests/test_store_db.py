@@ -45,7 +45,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "4"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "5"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE)
     db.close()
@@ -98,11 +98,11 @@ def test_version_2_store_is_upgraded_keeping_its_data(tmp_path):
     set_meta(path, "format_version", "2")
     db = Database.open(path, create=False)
     facts = meta_rows(db)
-    assert facts["format_version"] == "4" and facts["probe"] == "kept"
+    assert facts["format_version"] == "5" and facts["probe"] == "kept"
     db.close()
 
 
-def test_version_3_store_is_upgraded_to_4_keeping_staged_rows(tmp_path):
+def test_version_3_store_is_upgraded_to_5_keeping_staged_rows(tmp_path):
     """Format 4: staged rows may reference a scratch file; old rows keep
     their object and reference none."""
     path = str(tmp_path / "store.db")
@@ -118,11 +118,44 @@ def test_version_3_store_is_upgraded_to_4_keeping_staged_rows(tmp_path):
     raw.close()
     assert "scratch" not in columns
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "4"
+    assert meta_rows(db)["format_version"] == "5"
     with db.read() as conn:
         [row] = staging.load(conn, step)
     assert (row.oid, row.scratch, row.scratch_sum) == (oid, None, None)
     db.close()
+
+
+def index_names(path: str) -> set[str]:
+    raw = sqlite3.connect(path)
+    try:
+        return {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    finally:
+        raw.close()
+
+
+def test_version_4_store_is_upgraded_to_5_with_the_layers_state_index(tmp_path):
+    """Format 5 adds the index on layers (state, number); the layers stay."""
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    with db.write() as conn:
+        conn.execute(schema.layers.insert().values(number=1, state="pending", kind="step", created_ns=1))
+    db.close()
+    assert "layers_state_number" in index_names(path)
+    raw = sqlite3.connect(path)
+    raw.execute("DROP INDEX layers_state_number")
+    raw.execute("UPDATE meta SET value = '4' WHERE key = 'format_version'")
+    raw.commit()
+    raw.close()
+    db = Database.open(path, create=False)
+    assert meta_rows(db)["format_version"] == "5"
+    with db.read() as conn:
+        assert conn.execute(select(schema.layers.c.number, schema.layers.c.state)).all() == [(1, "pending")]
+    db.close()
+    assert "layers_state_number" in index_names(path)
+    raw = sqlite3.connect(path)
+    plan = raw.execute("EXPLAIN QUERY PLAN SELECT min(number) FROM layers WHERE state = 'pending'").fetchall()
+    raw.close()
+    assert "layers_state_number" in str(plan)  # the commit's pending check is a lookup
 
 
 def test_unknown_hash_algorithm_is_refused(tmp_path):
@@ -235,13 +268,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "4"
+    assert meta_rows(db)["format_version"] == "5"
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "4"
+    assert meta_rows(db)["format_version"] == "5"
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"

@@ -382,6 +382,28 @@ def test_empty_layer_finishes_a_pending_layer_first(ws, monkeypatch):
     assert tmp_files(ws) == []
 
 
+def test_a_commit_finishes_a_pending_layer_before_it_reads_its_rows(ws, monkeypatch):
+    """The commit's first read sees the pending layer: recovery rolls it
+    forward (consuming this very step's rows) before the rows are read, so
+    the step has nothing left to commit."""
+    st = crash_mid_publish(ws, monkeypatch, 3)
+    with pytest.raises(NothingToCommit):
+        publish.commit_step(ws, st.step)
+    assert layer_rows(ws) == [(0, "committed"), (1, "committed")]
+    assert manifest(ws.path) == expected_manifest(AFTER)
+    assert st.rows() == [] and tmp_files(ws) == []
+
+
+def test_a_commit_removes_the_temp_files_a_killed_commit_left(ws):
+    junk = os.path.join(ws.tmp_dir, "L7-3")
+    with open(junk, "wb") as f:
+        f.write(b"half a file")
+    st = Stager(ws)
+    stage_after(st)
+    assert publish.commit_step(ws, st.step) == 1
+    assert tmp_files(ws) == [] and manifest(ws.path) == expected_manifest(AFTER)
+
+
 def die_before_completion(*args):
     raise Crash("killed before the layer was marked committed")
 

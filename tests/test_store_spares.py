@@ -216,3 +216,105 @@ def test_a_commit_wakes_the_filler_to_replace_what_it_took(tmp_path):
         view.close()
         ws.close()  # stops the filler
     assert ws.spares._thread is None
+
+
+# -- retired inodes ---------------------------------------------------------------
+
+
+def test_retire_keeps_a_replaced_inode_until_the_sweep(tmp_path):
+    spares = Spares(str(tmp_path / "spare"), str(tmp_path / "retired"))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "f").write_bytes(b"old bytes\n")
+    (tmp_path / "new").write_bytes(b"new bytes\n")
+    old = os.stat(tmp_path / "d" / "f")
+    dfd = os.open(tmp_path / "d", os.O_PATH | os.O_DIRECTORY)
+    try:
+        spares.retire(b"f", dfd)
+        spares.retire(b"absent", dfd)  # a new path: nothing to retire
+        os.rename(tmp_path / "new", tmp_path / "d" / "f")
+    finally:
+        os.close(dfd)
+    assert (tmp_path / "d" / "f").read_bytes() == b"new bytes\n"
+    [name] = os.listdir(tmp_path / "retired")
+    kept = os.stat(tmp_path / "retired" / name)
+    assert (kept.st_ino, kept.st_nlink) == (old.st_ino, 1)  # the rename did not free it
+    assert spares.retired() == 1
+    assert spares.sweep() == 1
+    assert os.listdir(tmp_path / "retired") == [] and spares.retired() == 0
+
+
+def test_retire_leaves_hard_linked_files_and_directories_alone(tmp_path):
+    spares = Spares(str(tmp_path / "spare"), str(tmp_path / "retired"))
+    (tmp_path / "a").write_bytes(b"x")
+    os.link(tmp_path / "a", tmp_path / "b")
+    (tmp_path / "sub").mkdir()
+    dfd = os.open(tmp_path, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for name in (b"a", b"sub"):
+            spares.retire(name, dfd)
+    finally:
+        os.close(dfd)
+    # A second name in retired/ would show in b's link count after a is replaced.
+    assert spares.retired() == 0 and os.stat(tmp_path / "b").st_nlink == 2
+
+
+def test_a_sweep_deletes_what_a_dead_process_retired(tmp_path):
+    (tmp_path / "retired").mkdir()
+    for i in range(3):
+        (tmp_path / "retired" / f"S1-dead-{i}").write_bytes(b"left by a crash")
+    spares = Spares(str(tmp_path / "spare"), str(tmp_path / "retired"))
+    assert spares.sweep() == 3 and os.listdir(tmp_path / "retired") == []
+
+
+def test_a_commit_renames_over_retired_inodes_and_frees_them_after(tmp_path):
+    """Each replaced or removed workspace file has a second name when the
+    commit's rename or unlink runs (so the call does not free it); none is
+    left once the commit returned (no filler thread: freed at once)."""
+    ws, view = open_view(tmp_path)
+    for name in ("a", "b", "gone"):
+        (tmp_path / "ws" / name).write_bytes(f"old {name}\n".encode())
+    write_file(view, "/a", b"new a\n")
+    write_file(view, "/b", b"new b\n")
+    write_file(view, "/c", b"new c\n")
+    view.unlink("/gone")
+    seen = {}
+
+    class LinkCounts:
+        def before(self, op, args):
+            if op == "rename":
+                name, dir_fd = args[1], args[3]
+            elif op == "unlink":
+                name, dir_fd = args
+            else:
+                return
+            try:
+                seen[name] = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_nlink
+            except FileNotFoundError:
+                seen[name] = 0
+
+        def after(self, op, args):
+            pass
+
+    with durable.installed(LinkCounts()):
+        view.commit(message="replace, add, remove")
+    assert seen == {b"a": 2, b"b": 2, b"c": 0, b"gone": 2}
+    assert os.listdir(os.path.join(ws.store_dir, "retired")) == [] and ws.spares.retired() == 0
+    assert [(tmp_path / "ws" / n).read_bytes() for n in ("a", "b", "c")] == [b"new a\n", b"new b\n", b"new c\n"]
+    assert not (tmp_path / "ws" / "gone").exists()
+    view.close()
+    ws.close()
+
+
+def test_the_filler_thread_frees_retired_inodes_after_a_commit(tmp_path):
+    ws, view = open_view(tmp_path)
+    (tmp_path / "ws" / "f").write_bytes(b"old\n")
+    ws.spares.start_filling(2)
+    try:
+        assert ws.spares.wait_filled(timeout=30)
+        write_file(view, "/f", b"new\n")
+        view.commit(message="replaces f")
+        assert ws.spares.wait_filled(timeout=30)  # a round after the commit: swept, then filled
+        assert os.listdir(os.path.join(ws.store_dir, "retired")) == [] and ws.spares.retired() == 0
+    finally:
+        view.close()
+        ws.close()

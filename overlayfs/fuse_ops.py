@@ -58,7 +58,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
-from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
@@ -580,6 +580,6 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         use_ino=True,
         attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
         entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        negative_timeout=0.0,
+        negative_timeout=NEGATIVE_TIMEOUT,
         **extra,
     )

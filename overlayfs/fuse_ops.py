@@ -59,6 +59,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
 from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from .metatree import is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
@@ -172,6 +173,9 @@ class KernelCache:
         lib.fuse_session_fd.restype = ctypes.c_int
         self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
         self.gone: set[str] = set()
+        #: Whether directory listings are being cached (ListingCache; for
+        #: the control channel's ``ping``, any thread).
+        self.listings_cached = False
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
@@ -230,6 +234,120 @@ class KernelCache:
         return sum(1 for path in paths if self.forget(path))
 
 
+
+#: ``struct fuse_lowlevel_ops`` of libfuse 3.x (fuse_lowlevel.h), in order;
+#: the high-level API's table (``fuse_path_ops``) leaves ``write`` and
+#: ``retrieve_reply`` NULL, which :class:`ListingCache` uses as a fingerprint.
+_LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
+           "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
+           "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
+           "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
+           "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
+#: Offset of ``op`` in libfuse 3.12-3.15's private ``struct fuse_session``
+#: (lib/fuse_i.h: ``char *mountpoint; volatile int exited; int fd; struct
+#: fuse_custom_io *io; struct mount_opts *mo; int debug; int deny_others;``).
+_SE_OP_OFFSET = 40
+_SE_FD_OFFSET = 12
+_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(mfusepy.fuse_file_info))
+
+
+def _libfuse_text() -> list[tuple[int, int]]:
+    """Address ranges of libfuse3's executable code in this process."""
+    out = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "x" in fields[1] and "libfuse3.so" in fields[5]:
+                lo, hi = fields[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+class ListingCache:
+    """Lets the kernel cache directory listings (``FOPEN_CACHE_DIR`` with
+    ``FOPEN_KEEP_CACHE`` on an opendir reply), which libfuse 3.14's
+    high-level API cannot ask for: its ``fuse_lib_opendir`` hands the
+    filesystem a private ``fuse_file_info`` and replies with its own, copying
+    only ``fh`` (3.16 copies ``cache_readdir`` and ``keep_cache`` too).
+
+    So the session's low-level ``opendir`` entry is wrapped: the wrapper
+    keeps the reply's ``fuse_file_info`` in :attr:`reply_fi` while libfuse's
+    own ``opendir`` runs (which calls the high-level ``opendir`` of
+    :class:`_FUSE`, which sets the two flags on it for a path that may be
+    cached), and clears it after.  The table is private to libfuse, so it
+    is patched only when its layout is proven: libfuse 3.12-3.15 (the
+    versions with this ``struct fuse_session`` prefix), the session's
+    ``fd`` field equal to ``fuse_session_fd()``, every handler of the
+    high-level table inside libfuse's code and exactly ``write`` and
+    ``retrieve_reply`` NULL.  Otherwise nothing is patched and listings are
+    simply not cached (:attr:`active` False).  The loop is single-threaded
+    (``nothreads``), so one ``reply_fi`` slot is enough.
+
+    What keeps a cached listing true (the kernel drops it when the
+    directory's mtime or change counter moved, or its pages are
+    invalidated): changes through the mount bump the directory's counter in
+    the kernel; outside edits reach :class:`KernelCache.invalidate` of the
+    parent directory through the watcher; rollback and discard invalidate
+    every ancestor of what they changed (``daemon.py``).  ``MOUNT/.stepfs``
+    is never cached (its listings change with the store), nor is anything
+    once the mount cannot watch (:meth:`StepFS.short_timeouts`): an opendir
+    without ``keep_cache`` drops the directory's cached listing."""
+
+    def __init__(self) -> None:
+        self.reply_fi = None  # POINTER(fuse_file_info) of the opendir in flight
+        self.active = False
+        self._slot: ctypes.c_void_p | None = None
+        self._orig = None
+        self._orig_addr = 0
+        self._hook = _LL_OPENDIR(self._opendir)  # kept alive as long as the session
+
+    def _opendir(self, req, ino, llfi):
+        # A C callback: nothing before the original may raise, or the
+        # request would never be answered.
+        self.reply_fi = llfi
+        try:
+            self._orig(req, ino, llfi)
+        finally:
+            self.reply_fi = None
+
+    def install(self, fuse: int) -> bool:
+        """Wrap the session's low-level ``opendir`` (from ``init``, on the
+        loop thread); returns whether listings can now be cached."""
+        if not (mfusepy.fuse_version_major == 3 and 12 <= mfusepy.fuse_version_minor <= 15):
+            return False
+        lib = mfusepy._libfuse
+        se = lib.fuse_get_session(fuse)
+        if not se:
+            return False
+        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
+            log.info("libfuse's session layout is not the known one: directory listings are not cached")
+            return False
+        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
+        text = _libfuse_text()
+        for i, name in enumerate(_LL_OPS):
+            addr = ops[i] or 0
+            if name in ("getlk", "setlk"):
+                continue  # NULL unless the filesystem has a lock handler
+            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
+                    addr and not any(lo <= addr < hi for lo, hi in text)):
+                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
+                return False
+        i = _LL_OPS.index("opendir")
+        self._orig_addr = ops[i]
+        self._orig = _LL_OPENDIR(self._orig_addr)
+        self._slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * ctypes.sizeof(ctypes.c_void_p))
+        self._slot.value = ctypes.cast(self._hook, ctypes.c_void_p).value
+        self.active = True
+        return True
+
+    def uninstall(self) -> None:
+        """Put libfuse's own ``opendir`` back (from ``destroy``)."""
+        if self._slot is not None:
+            self._slot.value = self._orig_addr
+            self._slot = None
+        self.active = False
+
+
 def _owner() -> tuple[int, int]:
     uid, gid, _pid = mfusepy.fuse_get_context()
     return uid, gid
@@ -255,6 +373,11 @@ class StepFS(mfusepy.Operations):
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
         self._page_tokens: dict[str, str] = {}
+        # Kernel-cached directory listings (ListingCache; off until init
+        # proves libfuse's layout, and off for good once the mount cannot
+        # watch: short_timeouts).
+        self.listings = ListingCache()
+        self.cache_listings = False
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -284,6 +407,12 @@ class StepFS(mfusepy.Operations):
         the kernel's mode checks (``default_permissions``, which the flag
         implies anyway)."""
         self._config = config
+        # Listings are cached only while outside edits are seen (watcher).
+        self.cache_listings = (self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+                               and self.watcher is not None and self.kernel_cache is not None and config is not None
+                               and config.entry_timeout > SHORT_TIMEOUT)
+        if self.kernel_cache is not None:
+            self.kernel_cache.listings_cached = self.cache_listings
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
@@ -298,11 +427,16 @@ class StepFS(mfusepy.Operations):
     def short_timeouts(self) -> None:
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
         edits can no longer be seen as they happen; any thread)."""
+        self.cache_listings = False  # the next opendir of each directory drops its cached listing
+        if self.kernel_cache is not None:
+            self.kernel_cache.listings_cached = False
         if self._config is not None:
             self._config.entry_timeout = SHORT_TIMEOUT
             self._config.attr_timeout = SHORT_TIMEOUT
 
     def destroy(self, path):
+        self.cache_listings = False
+        self.listings.uninstall()
         if self.watcher is not None:
             self.watcher.stop()
         if self.kernel_cache is not None:
@@ -320,6 +454,11 @@ class StepFS(mfusepy.Operations):
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
         return out
+
+    def opendir(self, path):
+        """Never called: defined so that mfusepy registers ``opendir``,
+        which :meth:`_FUSE.opendir` answers (:class:`ListingCache`)."""
+        return 0
 
     @_translating
     def readdir(self, path, fh):
@@ -387,6 +526,12 @@ class StepFS(mfusepy.Operations):
         # Generated .stepfs files and named agents' handles bypass the page
         # cache (see content.py: the cache is shared by all agents).
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
+        # A read-only handle has nothing to decide at close (content.flush
+        # returns at once for it; POSIX locks are the kernel's own here), so
+        # the kernel is told not to send FLUSH for it: one request less per
+        # close(2) of every file read.
+        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY:
+            fi.noflush = 1
         self._keep_pages(path, fi)
         return 0
 
@@ -492,6 +637,18 @@ class _FUSE(mfusepy.FUSE):
     (Kernel caching of directory listings, ``cache_readdir`` set in
     ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
     the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
+
+    def opendir(self, path, fip):
+        # No handle: readdir works by path.  The reply's flags are set on
+        # libfuse's own fuse_file_info (ListingCache), never on fip.
+        fip.contents.fh = 0
+        ops = self.operations
+        reply = ops.listings.reply_fi
+        if reply is not None and ops.cache_listings and not is_meta(path.decode(self.encoding, self.errors)):
+            fi = reply.contents
+            fi.cache_readdir = 1
+            fi.keep_cache = 1
+        return 0
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),

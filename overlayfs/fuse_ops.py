@@ -248,7 +248,9 @@ _LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlin
 #: fuse_custom_io *io; struct mount_opts *mo; int debug; int deny_others;``).
 _SE_OP_OFFSET = 40
 _SE_FD_OFFSET = 12
-_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(mfusepy.fuse_file_info))
+_FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
+_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
+_LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
 
 
 def _libfuse_text() -> list[tuple[int, int]]:
@@ -271,48 +273,75 @@ class ListingCache:
     only ``fh`` (3.16 copies ``cache_readdir`` and ``keep_cache`` too).
 
     So the session's low-level ``opendir`` entry is wrapped: the wrapper
-    keeps the reply's ``fuse_file_info`` in :attr:`reply_fi` while libfuse's
-    own ``opendir`` runs (which calls the high-level ``opendir`` of
-    :class:`_FUSE`, which sets the two flags on it for a path that may be
-    cached), and clears it after.  The table is private to libfuse, so it
-    is patched only when its layout is proven: libfuse 3.12-3.15 (the
-    versions with this ``struct fuse_session`` prefix), the session's
-    ``fd`` field equal to ``fuse_session_fd()``, every handler of the
-    high-level table inside libfuse's code and exactly ``write`` and
-    ``retrieve_reply`` NULL.  Otherwise nothing is patched and listings are
-    simply not cached (:attr:`active` False).  The loop is single-threaded
-    (``nothreads``), so one ``reply_fi`` slot is enough.
+    sets both flags on the reply's ``fuse_file_info``, then calls libfuse's
+    own ``opendir`` (which leaves them alone).  The wrapper sees a node id,
+    not a path; the directories that must not be cached (``MOUNT/.stepfs``
+    and below: generated from the store, they change with no event) are
+    learned by node id at their first uncached read, through wrapped
+    ``readdir``/``readdirplus`` entries (:attr:`dir_node` names the node
+    while ``_FUSE.readdir_fuse_3`` runs).  Caching on that first open is
+    harmless: it is filled by fresh reads, and every later open of the node
+    goes without ``keep_cache``, which drops it.  Node ids name one node
+    until libfuse reuses them after 2**32 others, so :attr:`uncached` is
+    never pruned (it holds the ``.stepfs`` directories visited).
+
+    The table is private to libfuse, so it is patched only when its layout
+    is proven: libfuse 3.12-3.15 (the versions with this ``struct
+    fuse_session`` prefix), the session's ``fd`` field equal to
+    ``fuse_session_fd()``, every handler of the high-level table inside
+    libfuse's code and exactly ``write`` and ``retrieve_reply`` NULL.
+    Otherwise nothing is patched and listings are simply not cached.  The
+    loop is single-threaded (``nothreads``), so plain attributes suffice.
 
     What keeps a cached listing true (the kernel drops it when the
     directory's mtime or change counter moved, or its pages are
     invalidated): changes through the mount bump the directory's counter in
     the kernel; outside edits reach :class:`KernelCache.invalidate` of the
     parent directory through the watcher; rollback and discard invalidate
-    every ancestor of what they changed (``daemon.py``).  ``MOUNT/.stepfs``
-    is never cached (its listings change with the store), nor is anything
-    once the mount cannot watch (:meth:`StepFS.short_timeouts`): an opendir
-    without ``keep_cache`` drops the directory's cached listing."""
+    every ancestor of what they changed (``daemon.py``).  Nothing is cached
+    once the mount cannot watch (:attr:`enabled` cleared by
+    :meth:`StepFS.short_timeouts`): an opendir without ``keep_cache`` drops
+    the directory's cached listing."""
 
     def __init__(self) -> None:
-        self.reply_fi = None  # POINTER(fuse_file_info) of the opendir in flight
-        self.active = False
-        self._slot: ctypes.c_void_p | None = None
-        self._orig = None
-        self._orig_addr = 0
-        self._hook = _LL_OPENDIR(self._opendir)  # kept alive as long as the session
+        self.enabled = False  # set by StepFS once installed and watching
+        self.dir_node = 0  # node id of the directory whose readdir is in flight
+        self.uncached: set[int] = set()  # node ids of .stepfs directories
+        self._slots: list[tuple[ctypes.c_void_p, int]] = []
+        self._orig: dict[str, object] = {}
+        # C callbacks, kept alive as long as the session.
+        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._readdir),
+                       "readdirplus": _LL_READDIR(self._readdirplus)}
 
+    # The wrappers are C callbacks: whatever happens, libfuse's own handler
+    # must run, or the request would never be answered.
     def _opendir(self, req, ino, llfi):
-        # A C callback: nothing before the original may raise, or the
-        # request would never be answered.
-        self.reply_fi = llfi
         try:
-            self._orig(req, ino, llfi)
+            if self.enabled and ino not in self.uncached:
+                fi = llfi.contents
+                fi.cache_readdir = 1
+                fi.keep_cache = 1
         finally:
-            self.reply_fi = None
+            self._orig["opendir"](req, ino, llfi)
+
+    def _readdir(self, req, ino, size, off, llfi):
+        self.dir_node = ino
+        try:
+            self._orig["readdir"](req, ino, size, off, llfi)
+        finally:
+            self.dir_node = 0
+
+    def _readdirplus(self, req, ino, size, off, llfi):
+        self.dir_node = ino
+        try:
+            self._orig["readdirplus"](req, ino, size, off, llfi)
+        finally:
+            self.dir_node = 0
 
     def install(self, fuse: int) -> bool:
-        """Wrap the session's low-level ``opendir`` (from ``init``, on the
-        loop thread); returns whether listings can now be cached."""
+        """Wrap the session's low-level ``opendir``, ``readdir`` and
+        ``readdirplus`` (from ``init``, on the loop thread, before any of
+        them can arrive); returns whether listings can now be cached."""
         if not (mfusepy.fuse_version_major == 3 and 12 <= mfusepy.fuse_version_minor <= 15):
             return False
         lib = mfusepy._libfuse
@@ -332,20 +361,21 @@ class ListingCache:
                     addr and not any(lo <= addr < hi for lo, hi in text)):
                 log.info("libfuse's low-level table is not the known one: directory listings are not cached")
                 return False
-        i = _LL_OPS.index("opendir")
-        self._orig_addr = ops[i]
-        self._orig = _LL_OPENDIR(self._orig_addr)
-        self._slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * ctypes.sizeof(ctypes.c_void_p))
-        self._slot.value = ctypes.cast(self._hook, ctypes.c_void_p).value
-        self.active = True
+        size = ctypes.sizeof(ctypes.c_void_p)
+        for name, hook in self._hooks.items():
+            i = _LL_OPS.index(name)
+            self._orig[name] = type(hook)(ops[i])
+            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
+            self._slots.append((slot, ops[i]))
+            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
         return True
 
     def uninstall(self) -> None:
-        """Put libfuse's own ``opendir`` back (from ``destroy``)."""
-        if self._slot is not None:
-            self._slot.value = self._orig_addr
-            self._slot = None
-        self.active = False
+        """Put libfuse's own handlers back (from ``destroy``)."""
+        self.enabled = False
+        for slot, addr in self._slots:
+            slot.value = addr
+        self._slots.clear()
 
 
 def _owner() -> tuple[int, int]:
@@ -377,7 +407,6 @@ class StepFS(mfusepy.Operations):
         # proves libfuse's layout, and off for good once the mount cannot
         # watch: short_timeouts).
         self.listings = ListingCache()
-        self.cache_listings = False
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -408,11 +437,10 @@ class StepFS(mfusepy.Operations):
         implies anyway)."""
         self._config = config
         # Listings are cached only while outside edits are seen (watcher).
-        self.cache_listings = (self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
-                               and self.watcher is not None and self.kernel_cache is not None and config is not None
-                               and config.entry_timeout > SHORT_TIMEOUT)
-        if self.kernel_cache is not None:
-            self.kernel_cache.listings_cached = self.cache_listings
+        if (self.watcher is not None and self.kernel_cache is not None and config is not None
+                and config.entry_timeout > SHORT_TIMEOUT):
+            self.listings.enabled = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            self.kernel_cache.listings_cached = self.listings.enabled
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
@@ -427,7 +455,7 @@ class StepFS(mfusepy.Operations):
     def short_timeouts(self) -> None:
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
         edits can no longer be seen as they happen; any thread)."""
-        self.cache_listings = False  # the next opendir of each directory drops its cached listing
+        self.listings.enabled = False  # the next opendir of each directory drops its cached listing
         if self.kernel_cache is not None:
             self.kernel_cache.listings_cached = False
         if self._config is not None:
@@ -435,7 +463,6 @@ class StepFS(mfusepy.Operations):
             self._config.attr_timeout = SHORT_TIMEOUT
 
     def destroy(self, path):
-        self.cache_listings = False
         self.listings.uninstall()
         if self.watcher is not None:
             self.watcher.stop()
@@ -454,11 +481,6 @@ class StepFS(mfusepy.Operations):
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
         return out
-
-    def opendir(self, path):
-        """Never called: defined so that mfusepy registers ``opendir``,
-        which :meth:`_FUSE.opendir` answers (:class:`ListingCache`)."""
-        return 0
 
     @_translating
     def readdir(self, path, fh):
@@ -638,18 +660,6 @@ class _FUSE(mfusepy.FUSE):
     ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
     the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
 
-    def opendir(self, path, fip):
-        # No handle: readdir works by path.  The reply's flags are set on
-        # libfuse's own fuse_file_info (ListingCache), never on fip.
-        fip.contents.fh = 0
-        ops = self.operations
-        reply = ops.listings.reply_fi
-        if reply is not None and ops.cache_listings and not is_meta(path.decode(self.encoding, self.errors)):
-            fi = reply.contents
-            fi.cache_readdir = 1
-            fi.keep_cache = 1
-        return 0
-
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
                                       new.decode(self.encoding, self.errors), flags)
@@ -659,7 +669,12 @@ class _FUSE(mfusepy.FUSE):
         # listing of a large directory is thousands of these.
         st = mfusepy.c_stat()
         enc, errs = self.encoding, self.errors
-        for name, kind, ino in self.operations.readdir_entries(path.decode(enc, errs)):
+        path = path.decode(enc, errs)
+        if is_meta(path):  # generated from the store: never cached (ListingCache)
+            listings = self.operations.listings
+            if listings.dir_node:
+                listings.uncached.add(listings.dir_node)
+        for name, kind, ino in self.operations.readdir_entries(path):
             st.st_mode = kind
             st.st_ino = ino
             if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:

@@ -36,7 +36,11 @@ Choices (measured or forced, see README "Architecture"):
   libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
 * ``keep_cache`` for a read-only open of an untouched workspace file whose
   version token equals that of its previous read-only open
-  (:meth:`StepFS._keep_pages`).
+  (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
+  close has nothing to check).
+* kernel-cached directory listings while the mount watches
+  (:class:`ListingCache`, which works around libfuse 3.14's high-level
+  ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
   that is not there): the VFS then repeats the lookup with revalidation.
@@ -656,9 +660,8 @@ class _FUSE(mfusepy.FUSE):
     ``getxattr`` answering the names the view never holds without going
     through it (``ls -l`` asks every file for two of them).
 
-    (Kernel caching of directory listings, ``cache_readdir`` set in
-    ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
-    the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
+    Its ``readdir`` also tells :class:`ListingCache` which directories are
+    generated (``MOUNT/.stepfs``) and must not be cached."""
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),

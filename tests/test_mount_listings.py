@@ -133,3 +133,13 @@ def test_layers_listing_is_never_cached(mnt):
     number = json.loads(stepfs("step", "--json", root).stdout)["number"]
     assert ls(layers) == sorted(before + [str(number)])
     assert ls(layers / str(number)) == ["f"]
+
+
+def test_a_mount_that_cannot_watch_caches_no_listing(workspace, mount, monkeypatch):
+    (workspace / "a").write_text("a\n")
+    monkeypatch.setenv("STEPFS_WATCH", "0")
+    m = mount(workspace)
+    assert control.request(str(m.mountpoint), {"op": "ping"})["listings_cached"] is False
+    assert cached(m.mountpoint) == ["a"]
+    (workspace / "b").write_text("b\n")
+    assert ls(m.mountpoint) == ["a", "b"]  # the very next listing: nothing was cached

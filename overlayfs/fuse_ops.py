@@ -302,8 +302,11 @@ class ListingCache:
     invalidated): changes through the mount bump the directory's counter in
     the kernel; outside edits reach :class:`KernelCache.invalidate` of the
     parent directory through the watcher; rollback and discard invalidate
-    every ancestor of what they changed (``daemon.py``).  Nothing is cached
-    once the mount cannot watch (:attr:`enabled` cleared by
+    every ancestor of what they changed (``daemon.py``).  A change whose
+    event was lost stays hidden no longer than a name would: at the start
+    of a listing the kernel refreshes the directory's expired attributes
+    (libfuse asks for ``auto_inval_data``) and drops the cached listing when
+    its mtime moved.  Nothing is cached once the mount cannot watch (:attr:`enabled` cleared by
     :meth:`StepFS.short_timeouts`): an opendir without ``keep_cache`` drops
     the directory's cached listing."""
 

@@ -22,7 +22,6 @@ it did not make.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,19 +43,11 @@ LIVE: dict[str, list[str]] = {}
 
 
 def stepfs_fuse_options() -> dict[str, float]:
-    """The kernel cache timeouts stepfs mounts with, read from
-    ``overlayfs/fuse_ops.py`` so the passthrough reference follows any change
-    there (other work tunes them); 1 s / 1 s / 0 s if they cannot be found."""
-    out = {"attr_timeout": 1.0, "entry_timeout": 1.0, "negative_timeout": 0.0}
-    try:
-        source = (ROOT / "overlayfs" / "fuse_ops.py").read_text()
-    except OSError:
-        return out
-    for key in out:
-        match = re.search(rf"\b{key}\s*=\s*([0-9.]+)", source)
-        if match:
-            out[key] = float(match.group(1))
-    return out
+    """The kernel cache timeouts a watching stepfs mount uses
+    (``overlayfs/mounts.py``, passed by ``fuse_ops.run``), so the passthrough
+    reference follows any change there (other work tunes them)."""
+    return {"attr_timeout": mounts.ATTR_TIMEOUT, "entry_timeout": mounts.ENTRY_TIMEOUT,
+            "negative_timeout": mounts.NEGATIVE_TIMEOUT}
 
 
 class Target:

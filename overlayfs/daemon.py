@@ -29,6 +29,20 @@ from .view import ROW_DELAY, Overlay
 log = logging.getLogger("stepfs.daemon")
 
 
+def ancestors(paths: list[str]) -> set[str]:
+    """Every directory above the view paths ``paths``, up to ``/``.  Their
+    cached listings (fuse_ops.ListingCache) and attributes are invalidated
+    when something changes below them without going through the kernel."""
+    out: set[str] = set()
+    for path in paths:
+        while path != "/":
+            path = path.rpartition("/")[0] or "/"
+            if path in out:
+                break
+            out.add(path)
+    return out
+
+
 def lock_path(ws: Workspace, mountpoint: str) -> str:
     return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
 
@@ -59,7 +73,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     def handle(req: dict) -> dict:
         op = req.get("op")
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
-            return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason}
+            return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
+                    "listings_cached": kernel_cache.listings_cached}
         if op == "commit":
             number = view.commit(
                 message=req.get("message", ""), meta=req.get("meta") or {},
@@ -84,17 +99,19 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             # Gone: the workspace's file shows through again, maybe of
             # another kind than the staged one (fuse_ops.KernelCache).
             kernel_cache.invalidate(sorted(set(dropped)), gone=True)
-            kernel_cache.invalidate(sorted({p.rpartition("/")[0] or "/" for p in dropped} - set(dropped)))
+            kernel_cache.invalidate(sorted(ancestors(dropped) - set(dropped)))
             return {"discarded": dropped}
         if op == "invalidate":
             # The workspace changed under this mount (a rollback): first the
             # view forgets its copies, then (outside the view's lock) the
-            # kernel forgets attributes and pages of each path and its parent.
+            # kernel forgets attributes and pages of each path and its
+            # ancestors (their cached listings: a rollback may add or remove
+            # whole directories).
             # The paths are marked gone: their files were replaced, maybe by
             # another kind (the kernel must look the names up again).
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
             view.forget(paths)
-            parents = sorted({p.rpartition("/")[0] or "/" for p in paths} - set(paths))
+            parents = sorted(ancestors(paths) - set(paths))
             done = kernel_cache.invalidate(sorted(set(paths)), gone=True)
             return {"invalidated": done + kernel_cache.invalidate(parents)}
         raise ValueError(f"unknown op {op!r}")

@@ -36,7 +36,11 @@ Choices (measured or forced, see README "Architecture"):
   libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
 * ``keep_cache`` for a read-only open of an untouched workspace file whose
   version token equals that of its previous read-only open
-  (:meth:`StepFS._keep_pages`).
+  (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
+  close has nothing to check).
+* kernel-cached directory listings while the mount watches
+  (:class:`ListingCache`, which works around libfuse 3.14's high-level
+  ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
   that is not there): the VFS then repeats the lookup with revalidation.
@@ -58,7 +62,8 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
-from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from .metatree import is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
@@ -172,6 +177,9 @@ class KernelCache:
         lib.fuse_session_fd.restype = ctypes.c_int
         self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
         self.gone: set[str] = set()
+        #: Whether directory listings are being cached (ListingCache; for
+        #: the control channel's ``ping``, any thread).
+        self.listings_cached = False
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
@@ -230,6 +238,153 @@ class KernelCache:
         return sum(1 for path in paths if self.forget(path))
 
 
+
+#: ``struct fuse_lowlevel_ops`` of libfuse 3.x (fuse_lowlevel.h), in order;
+#: the high-level API's table (``fuse_path_ops``) leaves ``write`` and
+#: ``retrieve_reply`` NULL, which :class:`ListingCache` uses as a fingerprint.
+_LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
+           "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
+           "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
+           "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
+           "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
+#: Offset of ``op`` in libfuse 3.12-3.15's private ``struct fuse_session``
+#: (lib/fuse_i.h: ``char *mountpoint; volatile int exited; int fd; struct
+#: fuse_custom_io *io; struct mount_opts *mo; int debug; int deny_others;``).
+_SE_OP_OFFSET = 40
+_SE_FD_OFFSET = 12
+_FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
+_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
+_LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
+
+
+def _libfuse_text() -> list[tuple[int, int]]:
+    """Address ranges of libfuse3's executable code in this process."""
+    out = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "x" in fields[1] and "libfuse3.so" in fields[5]:
+                lo, hi = fields[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+class ListingCache:
+    """Lets the kernel cache directory listings (``FOPEN_CACHE_DIR`` with
+    ``FOPEN_KEEP_CACHE`` on an opendir reply), which libfuse 3.14's
+    high-level API cannot ask for: its ``fuse_lib_opendir`` hands the
+    filesystem a private ``fuse_file_info`` and replies with its own, copying
+    only ``fh`` (3.16 copies ``cache_readdir`` and ``keep_cache`` too).
+
+    So the session's low-level ``opendir`` entry is wrapped: the wrapper
+    sets both flags on the reply's ``fuse_file_info``, then calls libfuse's
+    own ``opendir`` (which leaves them alone).  The wrapper sees a node id,
+    not a path; the directories that must not be cached (``MOUNT/.stepfs``
+    and below: generated from the store, they change with no event) are
+    learned by node id at their first uncached read, through wrapped
+    ``readdir``/``readdirplus`` entries (:attr:`dir_node` names the node
+    while ``_FUSE.readdir_fuse_3`` runs).  Caching on that first open is
+    harmless: it is filled by fresh reads, and every later open of the node
+    goes without ``keep_cache``, which drops it.  Node ids name one node
+    until libfuse reuses them after 2**32 others, so :attr:`uncached` is
+    never pruned (it holds the ``.stepfs`` directories visited).
+
+    The table is private to libfuse, so it is patched only when its layout
+    is proven: libfuse 3.12-3.15 (the versions with this ``struct
+    fuse_session`` prefix), the session's ``fd`` field equal to
+    ``fuse_session_fd()``, every handler of the high-level table inside
+    libfuse's code and exactly ``write`` and ``retrieve_reply`` NULL.
+    Otherwise nothing is patched and listings are simply not cached.  The
+    loop is single-threaded (``nothreads``), so plain attributes suffice.
+
+    What keeps a cached listing true (the kernel drops it when the
+    directory's mtime or change counter moved, or its pages are
+    invalidated): changes through the mount bump the directory's counter in
+    the kernel; outside edits reach :class:`KernelCache.invalidate` of the
+    parent directory through the watcher; rollback and discard invalidate
+    every ancestor of what they changed (``daemon.py``).  A change whose
+    event was lost stays hidden no longer than a name would: at the start
+    of a listing the kernel refreshes the directory's expired attributes
+    (libfuse asks for ``auto_inval_data``) and drops the cached listing when
+    its mtime moved.  Nothing is cached once the mount cannot watch (:attr:`enabled` cleared by
+    :meth:`StepFS.short_timeouts`): an opendir without ``keep_cache`` drops
+    the directory's cached listing."""
+
+    def __init__(self) -> None:
+        self.enabled = False  # set by StepFS once installed and watching
+        self.dir_node = 0  # node id of the directory whose readdir is in flight
+        self.uncached: set[int] = set()  # node ids of .stepfs directories
+        self._slots: list[tuple[ctypes.c_void_p, int]] = []
+        self._orig: dict[str, object] = {}
+        # C callbacks, kept alive as long as the session.
+        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._readdir),
+                       "readdirplus": _LL_READDIR(self._readdirplus)}
+
+    # The wrappers are C callbacks: whatever happens, libfuse's own handler
+    # must run, or the request would never be answered.
+    def _opendir(self, req, ino, llfi):
+        try:
+            if self.enabled and ino not in self.uncached:
+                fi = llfi.contents
+                fi.cache_readdir = 1
+                fi.keep_cache = 1
+        finally:
+            self._orig["opendir"](req, ino, llfi)
+
+    def _readdir(self, req, ino, size, off, llfi):
+        self.dir_node = ino
+        try:
+            self._orig["readdir"](req, ino, size, off, llfi)
+        finally:
+            self.dir_node = 0
+
+    def _readdirplus(self, req, ino, size, off, llfi):
+        self.dir_node = ino
+        try:
+            self._orig["readdirplus"](req, ino, size, off, llfi)
+        finally:
+            self.dir_node = 0
+
+    def install(self, fuse: int) -> bool:
+        """Wrap the session's low-level ``opendir``, ``readdir`` and
+        ``readdirplus`` (from ``init``, on the loop thread, before any of
+        them can arrive); returns whether listings can now be cached."""
+        if not (mfusepy.fuse_version_major == 3 and 12 <= mfusepy.fuse_version_minor <= 15):
+            return False
+        lib = mfusepy._libfuse
+        se = lib.fuse_get_session(fuse)
+        if not se:
+            return False
+        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
+            log.info("libfuse's session layout is not the known one: directory listings are not cached")
+            return False
+        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
+        text = _libfuse_text()
+        for i, name in enumerate(_LL_OPS):
+            addr = ops[i] or 0
+            if name in ("getlk", "setlk"):
+                continue  # NULL unless the filesystem has a lock handler
+            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
+                    addr and not any(lo <= addr < hi for lo, hi in text)):
+                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
+                return False
+        size = ctypes.sizeof(ctypes.c_void_p)
+        for name, hook in self._hooks.items():
+            i = _LL_OPS.index(name)
+            self._orig[name] = type(hook)(ops[i])
+            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
+            self._slots.append((slot, ops[i]))
+            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+        return True
+
+    def uninstall(self) -> None:
+        """Put libfuse's own handlers back (from ``destroy``)."""
+        self.enabled = False
+        for slot, addr in self._slots:
+            slot.value = addr
+        self._slots.clear()
+
+
 def _owner() -> tuple[int, int]:
     uid, gid, _pid = mfusepy.fuse_get_context()
     return uid, gid
@@ -255,6 +410,10 @@ class StepFS(mfusepy.Operations):
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
         self._page_tokens: dict[str, str] = {}
+        # Kernel-cached directory listings (ListingCache; off until init
+        # proves libfuse's layout, and off for good once the mount cannot
+        # watch: short_timeouts).
+        self.listings = ListingCache()
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -284,6 +443,11 @@ class StepFS(mfusepy.Operations):
         the kernel's mode checks (``default_permissions``, which the flag
         implies anyway)."""
         self._config = config
+        # Listings are cached only while outside edits are seen (watcher).
+        if (self.watcher is not None and self.kernel_cache is not None and config is not None
+                and config.entry_timeout > SHORT_TIMEOUT):
+            self.listings.enabled = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            self.kernel_cache.listings_cached = self.listings.enabled
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
@@ -298,11 +462,15 @@ class StepFS(mfusepy.Operations):
     def short_timeouts(self) -> None:
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
         edits can no longer be seen as they happen; any thread)."""
+        self.listings.enabled = False  # the next opendir of each directory drops its cached listing
+        if self.kernel_cache is not None:
+            self.kernel_cache.listings_cached = False
         if self._config is not None:
             self._config.entry_timeout = SHORT_TIMEOUT
             self._config.attr_timeout = SHORT_TIMEOUT
 
     def destroy(self, path):
+        self.listings.uninstall()
         if self.watcher is not None:
             self.watcher.stop()
         if self.kernel_cache is not None:
@@ -387,6 +555,12 @@ class StepFS(mfusepy.Operations):
         # Generated .stepfs files and named agents' handles bypass the page
         # cache (see content.py: the cache is shared by all agents).
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
+        # A read-only handle has nothing to decide at close (content.flush
+        # returns at once for it; POSIX locks are the kernel's own here), so
+        # the kernel is told not to send FLUSH for it: one request less per
+        # close(2) of every file read.
+        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY:
+            fi.noflush = 1
         self._keep_pages(path, fi)
         return 0
 
@@ -489,9 +663,8 @@ class _FUSE(mfusepy.FUSE):
     ``getxattr`` answering the names the view never holds without going
     through it (``ls -l`` asks every file for two of them).
 
-    (Kernel caching of directory listings, ``cache_readdir`` set in
-    ``opendir``, would help ``ls -R`` but libfuse3's high-level API passes
-    the flag to the kernel only from 3.16 on; this runs on 3.14.)"""
+    Its ``readdir`` also tells :class:`ListingCache` which directories are
+    generated (``MOUNT/.stepfs``) and must not be cached."""
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
@@ -502,7 +675,12 @@ class _FUSE(mfusepy.FUSE):
         # listing of a large directory is thousands of these.
         st = mfusepy.c_stat()
         enc, errs = self.encoding, self.errors
-        for name, kind, ino in self.operations.readdir_entries(path.decode(enc, errs)):
+        path = path.decode(enc, errs)
+        if is_meta(path):  # generated from the store: never cached (ListingCache)
+            listings = self.operations.listings
+            if listings.dir_node:
+                listings.uncached.add(listings.dir_node)
+        for name, kind, ino in self.operations.readdir_entries(path):
             st.st_mode = kind
             st.st_ino = ino
             if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
@@ -580,6 +758,6 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
         use_ino=True,
         attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
         entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        negative_timeout=0.0,
+        negative_timeout=NEGATIVE_TIMEOUT,
         **extra,
     )

@@ -1,10 +1,10 @@
 """Listings of workspace directories, reused while a directory is unchanged.
 
-libfuse 3.14's high-level API cannot let the kernel cache directory
-listings (``cache_readdir``), so every ``getdents`` of a second ``git
-status`` or ``ls -R`` comes to the view, and reading the workspace
-directory again (``openat2`` + ``getdents``) was most of what a warm
-``readdir`` cost.  :class:`Listings` keeps the last listing of each
+The kernel caches listings only while the mount watches the workspace
+(``fuse_ops.ListingCache``), and drops a cached listing at every change;
+every other ``getdents`` (the first listing after a change, a mount that
+cannot watch) comes to the view, and reading the workspace directory again
+(``openat2`` + ``getdents``) was most of what such a ``readdir`` cost.  :class:`Listings` keeps the last listing of each
 workspace directory with a *stamp* of the directory taken before it was
 read, and hands it out again while a fresh ``lstat`` of the directory
 shows the same stamp.

@@ -21,6 +21,8 @@ FSNAME_PREFIX = "stepfs:"
 #: short enough to bound what a lost inotify event could hide.
 ENTRY_TIMEOUT = 60.0
 ATTR_TIMEOUT = 60.0
+#: How long the kernel may trust that a name does not exist.
+NEGATIVE_TIMEOUT = 0.0
 #: The timeouts of a mount that cannot watch (inotify unavailable, out of
 #: watches, events lost): outside edits show after at most this long.
 SHORT_TIMEOUT = 1.0

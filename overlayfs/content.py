@@ -824,7 +824,7 @@ class ContentMixin:
     # -- attributes of open content ---------------------------------------------
 
     def _stat_draft(self, d: Draft, node: Node | None) -> dict:
-        st = os.stat(d.scratch)
+        st = os.fstat(d.mem) if d.mem >= 0 else os.stat(d.scratch)
         mode = node.mode if node is not None else d.mode
         return {
             "st_mode": stat_mod.S_IFREG | stat_mod.S_IMODE(mode), "st_ino": node.ino if node else d.ino,

@@ -10,9 +10,11 @@ Model
   ``Node`` (content = object ``oid``; ``scratch`` is an immutable cache of it,
   replaced, never rewritten, on each publish) or the workspace file.
 * An agent that opens a path for writing gets a **draft**: its own working
-  copy (a scratch file).  All handles of one agent share the draft (POSIX
+  copy (a scratch file; in memory while smaller than
+  :data:`MEMORY_DRAFT_MAX`).  All handles of one agent share the draft (POSIX
   visibility inside an agent); another agent writing the same path gets its
-  own draft, so exactly one of them wins.
+  own draft, so exactly one of them wins.  A draft with no open handle is
+  kept as a cache of its version if it is a file, dropped if in memory.
 * **Version tokens** identify published versions: ``u:<epoch>:<gen>`` for an
   upper node (``gen`` changes on every publish or metadata change),
   ``store.tokens.from_stat`` for a workspace path (plus a content hash when

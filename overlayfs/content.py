@@ -467,7 +467,10 @@ class ContentMixin:
                 if by_ref:
                     oid, size = None, st.st_size
                 else:
-                    oid, size = self.ws.objects.put_fd(conn, fd)
+                    # One read of the known size: put_fd's 1 MiB read buffer
+                    # cost an mmap, mremap and munmap per close of a small file.
+                    data = os.pread(fd, st.st_size, 0)
+                    oid, size = self.ws.objects.put_bytes(conn, data), len(data)
                 if not by_ref and node is not None and node.kind == "file" and node.oid == oid and node.staged:
                     d.dirty = False  # identical rewrite: same content, same token
                     return

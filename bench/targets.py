@@ -44,10 +44,13 @@ LIVE: dict[str, list[str]] = {}
 
 
 def stepfs_fuse_options() -> dict[str, float]:
-    """The kernel cache timeouts stepfs mounts with, read from
-    ``overlayfs/fuse_ops.py`` so the passthrough reference follows any change
-    there (other work tunes them); 1 s / 1 s / 0 s if they cannot be found."""
-    out = {"attr_timeout": 1.0, "entry_timeout": 1.0, "negative_timeout": 0.0}
+    """The kernel cache timeouts stepfs mounts with (watching the workspace,
+    the default), so the passthrough reference follows any change: the
+    attribute and entry timeouts are ``overlayfs.mounts``'s constants (read
+    from ``overlayfs/fuse_ops.py`` they were not literals any more, and the
+    reference silently ran with 1 s), and a literal in ``fuse_ops.py``
+    (``negative_timeout=0.0``) is read from there."""
+    out = {"attr_timeout": mounts.ATTR_TIMEOUT, "entry_timeout": mounts.ENTRY_TIMEOUT, "negative_timeout": 0.0}
     try:
         source = (ROOT / "overlayfs" / "fuse_ops.py").read_text()
     except OSError:

@@ -10,6 +10,10 @@ from store import errors
 OK = 0
 UNEXPECTED = 1  # a bug: the message says so and where the log is
 USAGE = 2  # argparse's own code for bad arguments
+#: The reader of the output went away (``stepfs log | head``): the code a
+#: shell shows for a tool killed by SIGPIPE (128 + 13), as git and coreutils
+#: give; the command's own work is done or was read-only.
+OUTPUT_CLOSED = 141
 
 #: Error class -> exit code, most specific first.
 CODES: list[tuple[type, int]] = [

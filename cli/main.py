@@ -466,6 +466,20 @@ def _split_paths(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _stdout_closed() -> bool:
+    """Standard output is a pipe or socket whose reader has gone (POLLERR on
+    the write end), as opposed to a broken pipe somewhere else (which is a
+    bug and reported as one)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv, paths = _split_paths(list(sys.argv[1:] if argv is None else argv))
@@ -473,7 +487,20 @@ def main(argv: list[str] | None = None) -> int:
     if paths:
         args.paths = paths
     try:
-        return args.func(args) or 0
+        try:
+            code = args.func(args) or 0
+            sys.stdout.flush()  # here, not at exit: a closed reader is handled below
+            return code
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise  # not our output: a bug, reported below
+            # The reader went away (`stepfs log | head`): say nothing, as a
+            # tool killed by SIGPIPE would; later writes (the exit's flush)
+            # go nowhere.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            return exitcodes.OUTPUT_CLOSED
     except KeyboardInterrupt:
         print("stepfs: interrupted.", file=sys.stderr)
         return 130

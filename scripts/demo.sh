@@ -41,7 +41,9 @@ echo "more notes" >> docs/notes.txt
 rm TODO
 mv docs documentation
 mkdir -p build && sh -c 'for i in 1 2 3; do echo "artifact $i" > build/out$i.txt; done'
-ls -R "$MNT" | head -20
+# head reads from a here-string, not a pipe: with pipefail, a writer whose
+# reader stopped early would fail the demo.
+head -20 <<<"$(ls -R "$MNT")"
 echo "workspace on disk is untouched until the step is committed:"
 ls "$WS"
 cd - >/dev/null
@@ -60,7 +62,8 @@ cd - >/dev/null
 say "history"
 "$STEPFS" log "$WS"
 say "change card of the last layer"
-"$STEPFS" show "$WS" "$("$STEPFS" log "$WS" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["layers"][0]["number"])')" | head -25
+last=$("$STEPFS" log "$WS" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["layers"][0]["number"])')
+head -25 <<<"$("$STEPFS" show "$WS" "$last")"
 say "layer 1 as a file: src/app.py"
 "$STEPFS" cat "$WS" 1 src/app.py
 

@@ -3,12 +3,15 @@ touches nothing."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from cli import exitcodes
-from conftest import manifest, stepfs
+from conftest import ROOT, manifest, stepfs
 from store import errors
 
 
@@ -137,3 +140,23 @@ def test_cat_refuses_paths_outside(tmp_path):
         r = stepfs("cat", ws, "0", bad)
         assert r.returncode == _code(errors.ContainmentError), bad
         _one_sentence(r)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    """`stepfs log | head` when head has exited: no "internal error", no
+    traceback, the SIGPIPE exit status a shell shows for git or cat."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    from store.workspace import Workspace
+
+    Workspace.open(str(ws), create=True).close()
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first write: EPIPE for certain
+    try:
+        result = subprocess.run([sys.executable, "-m", "cli.main", "log", str(ws)], stdout=w,
+                                stderr=subprocess.PIPE, timeout=60,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(w)
+    assert result.returncode == exitcodes.OUTPUT_CLOSED, result.stderr
+    assert result.stderr == b""

@@ -65,15 +65,20 @@ def test_outside_edit_in_a_directory_that_was_only_listed(workspace, mount):
 
 
 def test_a_listing_longer_than_one_reply(workspace, mount):
-    """Hundreds of entries take many READDIRPLUS replies (each resumes at
-    the last offset): every name once, each with its own attributes."""
+    """Hundreds of entries take many replies; a reply after the first is a
+    READDIRPLUS resuming at the last offset when names were looked up
+    meanwhile (``ls -l``'s stats between two getdents calls): every name
+    once, each with its own attributes."""
     big = workspace / "big"
     big.mkdir()
-    names = {f"f{i:04d}" + "x" * (i % 37): i for i in range(400)}
+    names = {f"f{i:04d}" + "x" * (60 + i % 37): i for i in range(600)}
     for name, i in names.items():
         (big / name).write_bytes(b"y" * i)
     m = mount(workspace)
-    sh("printf 'new' > big/staged-one && rm big/f0007" + "x" * 7, m.mountpoint)
+    sh("printf 'new' > big/staged-one && rm big/f0007" + "x" * 67, m.mountpoint)
+    long_listing = sh("ls -l big", m.mountpoint).stdout.decode().splitlines()[1:]
+    assert {line.split()[-1]: int(line.split()[4]) for line in long_listing} == {
+        n: i for n, i in names.items() if i != 7} | {"staged-one": 3}
     listed = os.listdir(m.path("big"))
     assert len(listed) == len(set(listed)) == len(names)
     want = {n: i for n, i in names.items() if i != 7}

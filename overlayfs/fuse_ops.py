@@ -406,6 +406,11 @@ class StepFS(mfusepy.Operations):
         self._gone = kernel_cache.gone if kernel_cache is not None else set()
         self.watcher = watcher
         self._watch = watcher.watch if watcher is not None else None
+        # Paths whose attributes the kernel was given (a lookup or a getattr
+        # by name): a READDIRPLUS listing sends these without attributes
+        # rather than stat them again (git status lists directories after
+        # stat'ing every file).  A stale member only costs one lookup.
+        self._held: set[str] = set()
         self._config = None
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
@@ -487,6 +492,11 @@ class StepFS(mfusepy.Operations):
         out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
+        if fh is None:
+            held = self._held
+            if len(held) >= HELD_LIMIT:
+                held.clear()
+            held.add(path)
         return out
 
     @_translating
@@ -655,6 +665,8 @@ _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "s
               "st_blocks", "st_blksize"}
 #: ... and with the device number (every workspace file's attributes carry it).
 _STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
+#: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
+HELD_LIMIT = 200_000
 #: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
 FUSE_READDIR_PLUS = 1
 FUSE_FILL_DIR_PLUS = 2
@@ -754,11 +766,15 @@ class _FUSE(mfusepy.FUSE):
         workspace file is recorded (``Overlay._lower_shown``).  A name in
         the kernel-cache ``gone`` set, or whose attributes fail, is listed
         as a plain entry: the kernel then looks it up as before (and gets
-        its ESTALE once).  ``MOUNT/.stepfs`` in the root's listing too."""
+        its ESTALE once).  ``MOUNT/.stepfs`` in the root's listing too, and
+        a name the kernel was already given attributes for
+        (``StepFS._held``): a plain entry leaves the kernel's binding as it
+        is, and costs at most a lookup if the kernel dropped it since."""
         enc, errs = self.encoding, self.errors
         ops = self.operations
         getattr_ = ops.getattr
         gone = ops._gone
+        held = ops._held
         resume = self._rdplus_resume
         if offset and resume is not None and resume[0] == path and resume[1] == offset:
             entries = resume[2]
@@ -780,7 +796,7 @@ class _FUSE(mfusepy.FUSE):
             a = None
             if name != "." and name != "..":
                 full = prefix + name
-                if not (gone and full in gone) and not is_meta(full):
+                if full not in held and not (gone and full in gone) and not is_meta(full):
                     try:
                         a = getattr_(full)
                     except mfusepy.FuseOSError:

@@ -406,6 +406,11 @@ class StepFS(mfusepy.Operations):
         self._gone = kernel_cache.gone if kernel_cache is not None else set()
         self.watcher = watcher
         self._watch = watcher.watch if watcher is not None else None
+        # Paths whose attributes the kernel was given (a lookup or a getattr
+        # by name): a READDIRPLUS listing sends these without attributes
+        # rather than stat them again (git status lists directories after
+        # stat'ing every file).  A stale member only costs one lookup.
+        self._held: set[str] = set()
         self._config = None
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
@@ -487,6 +492,11 @@ class StepFS(mfusepy.Operations):
         out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
+        if fh is None:
+            held = self._held
+            if len(held) >= HELD_LIMIT:
+                held.clear()
+            held.add(path)
         return out
 
     @_translating
@@ -655,6 +665,46 @@ _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "s
               "st_blocks", "st_blksize"}
 #: ... and with the device number (every workspace file's attributes carry it).
 _STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
+#: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
+HELD_LIMIT = 200_000
+#: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
+FUSE_READDIR_PLUS = 1
+FUSE_FILL_DIR_PLUS = 2
+#: ``offsetof(struct fuse_direntplus, dirent.name)``: a READDIRPLUS entry
+#: takes this plus its name's length, rounded up to 8 bytes.
+_DIRENTPLUS_NAME_OFFSET = 128 + 24
+#: Bytes of entries put in one READDIRPLUS reply: the kernel asks with a
+#: buffer of at least one page (fs/fuse/readdir.c); a smaller reply is
+#: fine, the kernel asks again from the last offset.
+_RDPLUS_BUDGET = 4096
+
+
+def _fill_stat(st, a: dict) -> None:
+    """Set the ``c_stat`` ``st`` from the attribute dict ``a`` (zeroing it
+    first).  mfusepy's set_st_attrs looks every key up by name (about twice
+    the cost); the view's attribute dicts have the eleven :data:`_STAT_KEYS`,
+    and st_rdev (tests/test_mount_warm.py keeps it so)."""
+    ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
+    keys = a.keys()
+    if keys == _STAT_KEYS_RDEV:
+        st.st_rdev = a["st_rdev"]
+    elif keys != _STAT_KEYS:
+        mfusepy.set_st_attrs(st, a, use_ns=True)
+        return
+    st.st_mode = a["st_mode"]
+    st.st_ino = a["st_ino"]
+    st.st_nlink = a["st_nlink"]
+    st.st_size = a["st_size"]
+    st.st_uid = a["st_uid"]
+    st.st_gid = a["st_gid"]
+    st.st_blocks = a["st_blocks"]
+    st.st_blksize = a["st_blksize"]
+    ts = st.st_atimespec
+    ts.tv_sec, ts.tv_nsec = divmod(a["st_atime"], 1_000_000_000)
+    ts = st.st_mtimespec
+    ts.tv_sec, ts.tv_nsec = divmod(a["st_mtime"], 1_000_000_000)
+    ts = st.st_ctimespec
+    ts.tv_sec, ts.tv_nsec = divmod(a["st_ctime"], 1_000_000_000)
 
 
 class _FUSE(mfusepy.FUSE):
@@ -665,6 +715,10 @@ class _FUSE(mfusepy.FUSE):
 
     Its ``readdir`` also tells :class:`ListingCache` which directories are
     generated (``MOUNT/.stepfs``) and must not be cached."""
+
+    #: ``(path, offset, entries)``: the rest of a READDIRPLUS listing that
+    #: did not fit its reply (see _readdir_plus; loop thread only).
+    _rdplus_resume = None
 
     def rename_fuse_3(self, old, new, flags):
         return self.operations.rename(old.decode(self.encoding, self.errors),
@@ -680,6 +734,8 @@ class _FUSE(mfusepy.FUSE):
             listings = self.operations.listings
             if listings.dir_node:
                 listings.uncached.add(listings.dir_node)
+        elif flags & FUSE_READDIR_PLUS:
+            return self._readdir_plus(path, buf, filler, st, offset)
         for name, kind, ino in self.operations.readdir_entries(path):
             st.st_mode = kind
             st.st_ino = ino
@@ -687,34 +743,81 @@ class _FUSE(mfusepy.FUSE):
                 break
         return 0
 
+    def _readdir_plus(self, path, buf, filler, st, offset):
+        """A READDIRPLUS listing: every entry but ``.``/``..`` carries the
+        attributes :meth:`StepFS.getattr` answers for its path, with
+        ``FUSE_FILL_DIR_PLUS``, so the kernel needs no LOOKUP per entry.
+
+        libfuse 3.14 uses such attributes only in its offset mode (a
+        nonzero offset to the filler; with offset 0 it stores the entry
+        and replies without attributes), where each request fills one
+        reply buffer and the next one resumes at the offset of the last
+        entry sent: entry ``i`` of the listing has offset ``i + 1``.  Its
+        ``fill_dir_plus`` looks an entry up (nlookup+1) BEFORE it checks
+        that the entry fits, and a lookup the kernel never receives is
+        never forgotten; so entries are counted against
+        :data:`_RDPLUS_BUDGET` here and the filler never sees one that
+        does not fit.  The listing read at offset 0 is kept for the next
+        request of the same directory at the next offset (one at a time:
+        interleaved listings of two directories list again).
+
+        Going through ``StepFS.getattr`` keeps its invariants: a directory
+        is watched before the kernel holds it, a name of a multi-link
+        workspace file is recorded (``Overlay._lower_shown``).  A name in
+        the kernel-cache ``gone`` set, or whose attributes fail, is listed
+        as a plain entry: the kernel then looks it up as before (and gets
+        its ESTALE once).  ``MOUNT/.stepfs`` in the root's listing too, and
+        a name the kernel was already given attributes for
+        (``StepFS._held``): a plain entry leaves the kernel's binding as it
+        is, and costs at most a lookup if the kernel dropped it since."""
+        enc, errs = self.encoding, self.errors
+        ops = self.operations
+        getattr_ = ops.getattr
+        gone = ops._gone
+        held = ops._held
+        resume = self._rdplus_resume
+        if offset and resume is not None and resume[0] == path and resume[1] == offset:
+            entries = resume[2]
+        else:
+            entries = ops.readdir_entries(path)
+        self._rdplus_resume = None
+        prefix = path if path.endswith("/") else path + "/"
+        budget = _RDPLUS_BUDGET
+        i = offset
+        n = len(entries)
+        while i < n:
+            name, kind, ino = entries[i]
+            bname = name.encode(enc, errs)
+            need = (_DIRENTPLUS_NAME_OFFSET + len(bname) + 7) & ~7
+            if need > budget:
+                self._rdplus_resume = (path, i, entries)
+                break
+            budget -= need
+            a = None
+            if name != "." and name != "..":
+                full = prefix + name
+                if full not in held and not (gone and full in gone) and not is_meta(full):
+                    try:
+                        a = getattr_(full)
+                    except mfusepy.FuseOSError:
+                        a = None
+            if a is None:
+                ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
+                st.st_mode = kind
+                st.st_ino = ino
+                fill = 0
+            else:
+                _fill_stat(st, a)
+                fill = FUSE_FILL_DIR_PLUS
+            i += 1
+            if filler(buf, bname, st, i, fill) != 0:
+                break  # not expected: the budget keeps every entry within the buffer
+        return 0
+
     def fgetattr(self, path, buf, fip):
-        # mfusepy's set_st_attrs looks every key up by name (about twice
-        # the cost); the view's attribute dicts have these eleven keys, and
-        # st_rdev (tests/test_mount_warm.py keeps it so).
-        ctypes.memset(buf, 0, _STAT_SIZE)
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
                                     fip.contents if fip else None)
-        st = buf.contents
-        keys = a.keys()
-        if keys == _STAT_KEYS_RDEV:
-            st.st_rdev = a["st_rdev"]
-        elif keys != _STAT_KEYS:
-            mfusepy.set_st_attrs(st, a, use_ns=True)
-            return 0
-        st.st_mode = a["st_mode"]
-        st.st_ino = a["st_ino"]
-        st.st_nlink = a["st_nlink"]
-        st.st_size = a["st_size"]
-        st.st_uid = a["st_uid"]
-        st.st_gid = a["st_gid"]
-        st.st_blocks = a["st_blocks"]
-        st.st_blksize = a["st_blksize"]
-        ts = st.st_atimespec
-        ts.tv_sec, ts.tv_nsec = divmod(a["st_atime"], 1_000_000_000)
-        ts = st.st_mtimespec
-        ts.tv_sec, ts.tv_nsec = divmod(a["st_mtime"], 1_000_000_000)
-        ts = st.st_ctimespec
-        ts.tv_sec, ts.tv_nsec = divmod(a["st_ctime"], 1_000_000_000)
+        _fill_stat(buf.contents, a)
         return 0
 
     def getxattr(self, path, name, value, size, *args):

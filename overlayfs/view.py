@@ -565,7 +565,8 @@ class Overlay(ContentMixin):
         attributes the kernel may use without asking again (until the
         attribute timeout) is in ``lower_shown`` -- or ``_shown_lost`` is
         set.  Every attribute the kernel holds came from ``getattr`` (libfuse
-        asks it for lookups too; listings carry no attributes), from a
+        asks it for lookups too; a READDIRPLUS listing carries
+        attributes only from it: fuse_ops._FUSE._readdir_plus), from a
         commit that turned staged names into workspace names (recorded in
         :meth:`_after_commit`), or from before the last :meth:`_renew_names`,
         after which the kernel asks again for every name it walks.

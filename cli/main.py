@@ -20,7 +20,7 @@ from . import exitcodes
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
-              "16 store cannot write, 17 publish failed, 1 bug"
+              "16 store cannot write, 17 publish failed, 141 output closed, 1 bug"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:

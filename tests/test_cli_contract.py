@@ -58,7 +58,8 @@ def readme_exit_codes() -> dict[int, str]:
 
 def test_exit_code_table_matches_readme_and_help():
     documented = readme_exit_codes()
-    actual = {exitcodes.OK, exitcodes.UNEXPECTED, exitcodes.USAGE} | {code for _cls, code in exitcodes.CODES}
+    actual = {exitcodes.OK, exitcodes.UNEXPECTED, exitcodes.USAGE, exitcodes.OUTPUT_CLOSED} | {
+        code for _cls, code in exitcodes.CODES}
     assert set(documented) == actual
     epilog_codes = {int(n) for n in re.findall(r"(\d+) [a-z]", main.EPILOG_EXIT)}
     assert epilog_codes == actual

@@ -4,8 +4,10 @@
 # Leaves no mount and no daemon behind, even when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STEPFS="$PWD/.venv/bin/stepfs"
-WORK="$PWD/demo-work"
+# STEPFS_BIN and STEPFS_DEMO_DIR let the test suite run this very script
+# (tests/test_demo.py) with its own interpreter and under a temp directory.
+STEPFS="${STEPFS_BIN:-$PWD/.venv/bin/stepfs}"
+WORK="${STEPFS_DEMO_DIR:-$PWD/demo-work}"
 WS="$WORK/project"
 MNT="$WORK/agent"
 

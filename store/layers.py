@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.engine import Connection
 
 from . import schema
+from .db import Prepared
 from .errors import NoSuchLayer
 
 L, E = schema.layers, schema.entries
@@ -77,9 +78,14 @@ def head(conn: Connection) -> int:
     return int(n or 0)
 
 
+# Every commit asks for it: compiled once, run on the DBAPI cursor (db.Prepared).
+_NEXT_NUMBER = Prepared(select(func.coalesce(func.max(L.c.number) + literal_column("1"), literal_column("0"))))
+
+
 def next_number(conn: Connection) -> int:
-    n = conn.execute(select(func.max(L.c.number))).scalar()
-    return 0 if n is None else int(n) + 1
+    """1 + the largest layer number, whatever its state (0 for an empty
+    store); allocate only under the commit lock."""
+    return int(_NEXT_NUMBER.execute(conn)[0][0])
 
 
 def _counts():

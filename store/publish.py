@@ -83,7 +83,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 import xxhash
-from sqlalchemy import bindparam, func, literal_column, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -105,7 +105,6 @@ _MARK_COMMITTED = Prepared(update(L).where(L.c.number == bindparam("n")).values(
 _CONSUME_STEP = Prepared(schema.staged.delete().where(schema.staged.c.step == bindparam("s")))
 _PENDING = select(L.c.number, L.c.intent_sum, L.c.step).where(L.c.state == "pending").order_by(L.c.number)
 _FIRST_IN_STATE = Prepared(select(func.min(L.c.number)).where(L.c.state == bindparam("state")))
-_NEXT_NUMBER = Prepared(select(func.coalesce(func.max(L.c.number) + literal_column("1"), literal_column("0"))))
 
 #: Kinds published as a temporary file renamed over the path (everything
 #: but directories); any of them may be a hard link of another path.
@@ -458,7 +457,7 @@ def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow]
         pending = _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None
         rows = [] if pending else staging.load(conn, step)
         # Numbers are only allocated under the commit lock (layers.next_number).
-        number = _NEXT_NUMBER.execute(conn)[0][0]
+        number = next_number(conn)
     if pending:
         _recover_locked(ws)  # may consume this step's rows: read them again below
     else:

@@ -282,10 +282,7 @@ class ContentMixin:
         except OSError:
             return -1  # out of descriptors or memory: a scratch file may still do
         try:
-            if node.oid is not None:
-                with self.ws.db.read() as conn:
-                    self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
-            os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
+            self._fill_from_store(fd, node)
         except BaseException:
             os.close(fd)
             raise

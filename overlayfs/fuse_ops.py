@@ -317,8 +317,8 @@ class ListingCache:
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
-        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._readdir),
-                       "readdirplus": _LL_READDIR(self._readdirplus)}
+        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
+                       "readdirplus": _LL_READDIR(self._reading("readdirplus"))}
 
     # The wrappers are C callbacks: whatever happens, libfuse's own handler
     # must run, or the request would never be answered.
@@ -331,19 +331,16 @@ class ListingCache:
         finally:
             self._orig["opendir"](req, ino, llfi)
 
-    def _readdir(self, req, ino, size, off, llfi):
-        self.dir_node = ino
-        try:
-            self._orig["readdir"](req, ino, size, off, llfi)
-        finally:
-            self.dir_node = 0
-
-    def _readdirplus(self, req, ino, size, off, llfi):
-        self.dir_node = ino
-        try:
-            self._orig["readdirplus"](req, ino, size, off, llfi)
-        finally:
-            self.dir_node = 0
+    def _reading(self, op: str):
+        """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
+        the directory (:attr:`dir_node`) while libfuse's handler runs."""
+        def wrapper(req, ino, size, off, llfi):
+            self.dir_node = ino
+            try:
+                self._orig[op](req, ino, size, off, llfi)
+            finally:
+                self.dir_node = 0
+        return wrapper
 
     def install(self, fuse: int) -> bool:
         """Wrap the session's low-level ``opendir``, ``readdir`` and

@@ -422,16 +422,21 @@ class Overlay(ContentMixin):
         path = self._new_scratch()
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
-            if node.oid is not None:
-                with self.ws.db.read() as conn:
-                    self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
-            os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
+            self._fill_from_store(fd, node)
         except BaseException:
             os.unlink(path)
             raise
         finally:
             os.close(fd)
         node.scratch = path
+
+    def _fill_from_store(self, fd: int, node: Node) -> None:
+        """Write staged file ``node``'s content (its object) into the empty
+        file ``fd``, with the node's times."""
+        if node.oid is not None:
+            with self.ws.db.read() as conn:
+                self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
+        os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
 
     def _drop_scratch(self, node: Node) -> None:
         """The node leaves the tree, or its cache is no longer wanted.  A

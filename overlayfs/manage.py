@@ -27,7 +27,7 @@ from store.errors import (
 from store.paths import STORE_DIR, check_directory, is_workspace
 
 from . import control, mounts
-from .runfiles import daemon_alive, log_path
+from .runfiles import daemon_alive, daemon_alive_settled, log_path
 
 if TYPE_CHECKING:
     from store import staging
@@ -118,8 +118,9 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
         return False
     if entry.workspace != ws:
         return False
-    # A daemon holds its lock file for its whole life: lock free = daemon gone.
-    if daemon_alive(os.path.join(ws, STORE_DIR, "run"), mp) is not None:
+    # A daemon holds its lock file for its whole life: lock free = daemon
+    # gone (one killed a moment ago may still be closing its descriptors).
+    if daemon_alive_settled(os.path.join(ws, STORE_DIR, "run"), mp) is not None:
         return False
     abort_connection(mp)
     tool = shutil.which("fusermount3") or "fusermount3"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import time
 
 from .mounts import mount_key
 
@@ -35,3 +36,35 @@ def daemon_alive(run_dir: str, mountpoint: str) -> int | None:
         return None
     finally:
         os.close(fd)
+
+
+#: ``PF_EXITING`` in the flags of ``/proc/<pid>/stat`` (field 9): the
+#: process is in ``exit``, closing its descriptors.
+_PF_EXITING = 0x4
+#: How long a dying daemon is given to release its lock.
+DYING_WAIT = 5.0
+
+
+def _exiting(pid: int) -> bool:
+    """The process ``pid`` is dying (in exit, or a zombie) or gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    fields = data[data.rfind(b")") + 2:].split()
+    return fields[0] == b"Z" or bool(int(fields[6]) & _PF_EXITING)
+
+
+def daemon_alive_settled(run_dir: str, mountpoint: str) -> int | None:
+    """:func:`daemon_alive`, except that a daemon caught while dying (its
+    clients already see ENOTCONN: the kernel closed its ``/dev/fuse``
+    descriptor, but not yet its lock file) is waited for, at most
+    :data:`DYING_WAIT` seconds, rather than taken for alive.  A live
+    daemon is answered at once."""
+    pid = daemon_alive(run_dir, mountpoint)
+    deadline = time.monotonic() + DYING_WAIT
+    while pid is not None and pid > 0 and _exiting(pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        pid = daemon_alive(run_dir, mountpoint)
+    return pid

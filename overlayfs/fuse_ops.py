@@ -496,6 +496,31 @@ class StepFS(mfusepy.Operations):
             held.add(path)
         return out
 
+    def listed_attrs(self, path: str, names: list[str]) -> list[dict | None]:
+        """:meth:`getattr` of each name in directory ``path`` (None where it
+        fails), for a READDIRPLUS reply: the view answers them in one call
+        (``Overlay.getattr_listed``), and each answer keeps getattr's
+        invariants here (a directory is watched before the kernel holds it;
+        the name is held).  The caller leaves out names in :attr:`_gone`
+        (they must reach getattr, for their ESTALE) and ``.stepfs``."""
+        try:
+            attrs = self.view.getattr_listed(path, names, agent=self._agent)
+        except Exception:
+            log.exception("attributes for the listing of %r failed; the kernel looks its names up", path)
+            return [None] * len(names)
+        prefix = path if path.endswith("/") else path + "/"
+        watch = self._watch
+        held = self._held
+        if len(held) + len(names) >= HELD_LIMIT:
+            held.clear()
+        for name, a in zip(names, attrs):
+            if a is not None:
+                full = prefix + name
+                if watch is not None and a["st_mode"] & 0o170000 == 0o040000:
+                    watch(full)  # before the kernel can cache anything inside it
+                held.add(full)
+        return attrs
+
     @_translating
     def readdir(self, path, fh):
         return [(name, {"st_mode": kind, "st_ino": ino}, 0) for name, kind, ino in self.view.readdir(path)]
@@ -733,11 +758,47 @@ class _FUSE(mfusepy.FUSE):
                 listings.uncached.add(listings.dir_node)
         elif flags & FUSE_READDIR_PLUS:
             return self._readdir_plus(path, buf, filler, st, offset)
+        elif offset:
+            return self._readdir_on(path, buf, filler, st, offset)
         for name, kind, ino in self.operations.readdir_entries(path):
             st.st_mode = kind
             st.st_ino = ino
             if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
                 break
+        return 0
+
+    def _listing(self, path: str, offset: int) -> list:
+        """The listing a request at ``offset`` continues: the one kept by
+        the previous request of ``path`` if it stopped at ``offset``, else
+        read anew.  Entry ``i`` has offset ``i + 1`` in every mode (libfuse
+        numbers the list it keeps itself the same way)."""
+        resume = self._rdplus_resume
+        self._rdplus_resume = None
+        if offset and resume is not None and resume[0] == path and resume[1] == offset:
+            return resume[2]
+        return self.operations.readdir_entries(path)
+
+    def _readdir_on(self, path, buf, filler, st, offset):
+        """A plain READDIR at a nonzero offset: libfuse asks the filesystem
+        only when it keeps no list of its own, i.e. after a READDIRPLUS
+        listing in offset mode (the kernel continues a listing begun with
+        attributes without them).  So it continues in offset mode, from the
+        listing that READDIRPLUS kept: typically the request after the
+        last entry, whose empty reply ends the listing, without reading
+        the directory again."""
+        enc, errs = self.encoding, self.errors
+        entries = self._listing(path, offset)
+        i = offset
+        n = len(entries)
+        while i < n:
+            name, kind, ino = entries[i]
+            st.st_mode = kind
+            st.st_ino = ino
+            i += 1
+            if filler(buf, name.encode(enc, errs), st, i, 0) != 0:
+                self._rdplus_resume = (path, i - 1, entries)  # that entry did not fit: the next request's
+                return 0
+        self._rdplus_resume = (path, n, entries)
         return 0
 
     def _readdir_plus(self, path, buf, filler, st, offset):
@@ -754,50 +815,53 @@ class _FUSE(mfusepy.FUSE):
         that the entry fits, and a lookup the kernel never receives is
         never forgotten; so entries are counted against
         :data:`_RDPLUS_BUDGET` here and the filler never sees one that
-        does not fit.  The listing read at offset 0 is kept for the next
-        request of the same directory at the next offset (one at a time:
-        interleaved listings of two directories list again).
+        does not fit.  The listing is kept for the next request of the same
+        directory at the next offset (:meth:`_listing`; one at a time:
+        interleaved listings of two directories list again), also after
+        its last entry, for the request whose empty reply ends it.
 
-        Going through ``StepFS.getattr`` keeps its invariants: a directory
-        is watched before the kernel holds it, a name of a multi-link
-        workspace file is recorded (``Overlay._lower_shown``).  A name in
-        the kernel-cache ``gone`` set, or whose attributes fail, is listed
-        as a plain entry: the kernel then looks it up as before (and gets
-        its ESTALE once).  ``MOUNT/.stepfs`` in the root's listing too, and
-        a name the kernel was already given attributes for
-        (``StepFS._held``): a plain entry leaves the kernel's binding as it
-        is, and costs at most a lookup if the kernel dropped it since."""
+        The attributes of one reply's entries come from one
+        ``StepFS.listed_attrs`` call, which keeps ``getattr``'s invariants:
+        a directory is watched before the kernel holds it, a name of a
+        multi-link workspace file is recorded (``Overlay._lower_shown``).
+        A name in the kernel-cache ``gone`` set, or whose attributes fail,
+        is listed as a plain entry: the kernel then looks it up as before
+        (and gets its ESTALE once).  ``MOUNT/.stepfs`` in the root's
+        listing too, and a name the kernel was already given attributes
+        for (``StepFS._held``): a plain entry leaves the kernel's binding
+        as it is, and costs at most a lookup if the kernel dropped it
+        since."""
         enc, errs = self.encoding, self.errors
         ops = self.operations
-        getattr_ = ops.getattr
         gone = ops._gone
         held = ops._held
-        resume = self._rdplus_resume
-        if offset and resume is not None and resume[0] == path and resume[1] == offset:
-            entries = resume[2]
-        else:
-            entries = ops.readdir_entries(path)
-        self._rdplus_resume = None
+        entries = self._listing(path, offset)
         prefix = path if path.endswith("/") else path + "/"
         budget = _RDPLUS_BUDGET
         i = offset
         n = len(entries)
+        batch = []  # (bname, kind, ino, name or None: plain)
+        ask = []
         while i < n:
             name, kind, ino = entries[i]
             bname = name.encode(enc, errs)
             need = (_DIRENTPLUS_NAME_OFFSET + len(bname) + 7) & ~7
             if need > budget:
-                self._rdplus_resume = (path, i, entries)
                 break
             budget -= need
-            a = None
+            i += 1
             if name != "." and name != "..":
                 full = prefix + name
                 if full not in held and not (gone and full in gone) and not is_meta(full):
-                    try:
-                        a = getattr_(full)
-                    except mfusepy.FuseOSError:
-                        a = None
+                    ask.append(name)
+                    batch.append((bname, kind, ino, name))
+                    continue
+            batch.append((bname, kind, ino, None))
+        self._rdplus_resume = (path, i, entries)
+        attrs = dict(zip(ask, ops.listed_attrs(path, ask))) if ask else {}
+        off = offset
+        for bname, kind, ino, name in batch:
+            a = attrs.get(name) if name is not None else None
             if a is None:
                 ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
                 st.st_mode = kind
@@ -806,8 +870,9 @@ class _FUSE(mfusepy.FUSE):
             else:
                 _fill_stat(st, a)
                 fill = FUSE_FILL_DIR_PLUS
-            i += 1
-            if filler(buf, bname, st, i, fill) != 0:
+            off += 1
+            if filler(buf, bname, st, off, fill) != 0:
+                self._rdplus_resume = (path, off - 1, entries)
                 break  # not expected: the budget keeps every entry within the buffer
         return 0
 

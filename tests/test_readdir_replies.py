@@ -1,0 +1,191 @@
+"""Directory listings as the FUSE adapter hands them to libfuse
+(``fuse_ops._FUSE.readdir_fuse_3``), driven without a mount: a filler made
+from a Python function records what libfuse would get.
+
+Pins: entry ``i`` has offset ``i + 1`` whatever the request; a listing is
+read once per open of a directory even when the kernel continues a
+READDIRPLUS listing with plain READDIR requests (the one after the last
+entry included); the attributes a READDIRPLUS entry carries are exactly
+what ``getattr`` answers for its path (``Overlay.getattr_listed``)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import mfusepy
+import pytest
+
+from overlayfs import fuse_ops
+from overlayfs.fuse_ops import FUSE_FILL_DIR_PLUS, FUSE_READDIR_PLUS, StepFS, _FUSE
+from viewkit import open_view, write_file
+
+
+class Replies:
+    """A libfuse filler that records ``(name, offset, flags, st_mode,
+    st_size)`` and accepts at most ``room`` entries per request."""
+
+    def __init__(self, room: int = 10_000):
+        self.room = room
+        self.got: list[tuple[str, int, int, int, int]] = []
+        self._taken = 0
+        self.filler = mfusepy.fuse_fill_dir_t(self._fill)
+
+    def _fill(self, buf, name, stp, off, flags):
+        if self._taken >= self.room:
+            return 1
+        self._taken += 1
+        st = stp.contents
+        self.got.append((name.decode(), off, flags, st.st_mode, st.st_size))
+        return 0
+
+    def request(self, fuse: _FUSE, path: str, offset: int, plus: bool) -> list[tuple]:
+        """One READDIR(PLUS) request; returns the entries of its reply."""
+        self.got, self._taken = [], 0
+        fuse.readdir_fuse_3(path.encode(), None, self.filler, offset, None, FUSE_READDIR_PLUS if plus else 0)
+        return self.got
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    """``(workspace dir, view, fuse adapter, listings read so far)``."""
+    ws, view = open_view(tmp_path, row_delay=None)
+    ops = StepFS(view, None, None)
+    fuse = object.__new__(_FUSE)
+    fuse.operations, fuse.encoding, fuse.errors = ops, "utf-8", "surrogateescape"
+    reads: list[str] = []
+    listing = ops.readdir_entries
+
+    def counted(path):
+        reads.append(path)
+        return listing(path)
+
+    ops.readdir_entries = counted
+    try:
+        yield tmp_path / "ws", view, fuse, reads
+    finally:
+        view.close()
+        ws.close()
+
+
+def test_the_request_after_a_readdirplus_listing_ends_it_without_reading_it_again(adapter):
+    root, _view, fuse, reads = adapter
+    (root / "d").mkdir()
+    for i in range(5):
+        (root / "d" / f"f{i}").write_bytes(b"x" * i)
+    rep = Replies()
+    first = rep.request(fuse, "/d", 0, plus=True)
+    assert [(n, off) for n, off, *_ in first] == [(".", 1), ("..", 2)] + [(f"f{i}", i + 3) for i in range(5)]
+    assert [(n, flags, size) for n, _off, flags, _mode, size in first[2:]] == [
+        (f"f{i}", FUSE_FILL_DIR_PLUS, i) for i in range(5)]
+    # The kernel goes on with a plain READDIR at the last offset: an empty
+    # reply (the end), and the directory is not read again for it.
+    assert rep.request(fuse, "/d", 7, plus=False) == []
+    assert reads == ["/d"]
+
+
+def test_a_plain_readdir_continues_a_long_listing_from_its_offset(adapter):
+    root, _view, fuse, reads = adapter
+    (root / "big").mkdir()
+    names = sorted(f"n{i:03d}" + "y" * 120 for i in range(60))
+    for name in names:
+        (root / "big" / name).write_bytes(b"")
+    rep = Replies()
+    first = rep.request(fuse, "/big", 0, plus=True)  # as much as one reply's budget takes
+    k = len(first)
+    assert 2 < k < 62 and [off for _n, off, *_ in first] == list(range(1, k + 1))
+    rest = rep.request(fuse, "/big", k, plus=False)
+    assert [(n, off, flags) for n, off, flags, *_ in rest] == [
+        (name, k - 1 + j, 0) for j, name in enumerate(names[k - 2:], start=2)]
+    assert rep.request(fuse, "/big", 62, plus=False) == []
+    assert reads == ["/big"]
+    # A reply that fills up: the next request resumes at the entry that
+    # did not fit, from the same listing.
+    small = Replies(room=5)
+    assert [off for _n, off, *_ in small.request(fuse, "/big", 20, plus=False)] == [21, 22, 23, 24, 25]
+    assert [n for n, *_ in small.request(fuse, "/big", 25, plus=False)] == names[23:28]
+    assert reads == ["/big", "/big"]
+    # With no listing kept for that offset (another directory was listed
+    # meanwhile), it is read again and continues at the same place.
+    (root / "other").mkdir()
+    rep.request(fuse, "/other", 0, plus=True)
+    again = rep.request(fuse, "/big", k, plus=False)
+    assert again == rest
+    assert reads == ["/big", "/big", "/other", "/big"]
+
+
+def test_a_plain_listing_from_the_start_is_left_to_libfuse(adapter):
+    """Offset 0 of a plain READDIR: every entry with offset 0 (libfuse keeps
+    the list and serves later offsets itself)."""
+    root, _view, fuse, _reads = adapter
+    (root / "d").mkdir()
+    (root / "d" / "a").write_bytes(b"")
+    got = Replies().request(fuse, "/d", 0, plus=False)
+    assert [(n, off, flags) for n, off, flags, *_ in got] == [(".", 0, 0), ("..", 0, 0), ("a", 0, 0)]
+
+
+def _getattr_or_none(view, path):
+    try:
+        return view.getattr(path)
+    except Exception:
+        return None
+
+
+def test_listed_attributes_are_what_getattr_answers(adapter, monkeypatch):
+    root, view, fuse, _reads = adapter
+    d = root / "d"
+    (d / "sub").mkdir(parents=True)
+    (d / "plain").write_bytes(b"p" * 17)
+    os.chmod(d / "plain", 0o640)
+    (d / "linked").write_bytes(b"l")
+    os.link(d / "linked", d / "linked2")
+    os.symlink("plain", d / "sym")
+    (d / "removed").write_bytes(b"r")
+    (d / "changed").write_bytes(b"old")
+    write_file(view, "/d/changed", b"new bytes")
+    write_file(view, "/d/staged", b"staged", mode=0o600)
+    view.unlink("/d/removed")
+    names = ["sub", "plain", "linked", "linked2", "sym", "removed", "changed", "staged", "absent"]
+    expected = [_getattr_or_none(view, "/d/" + n) for n in names]
+    assert expected[names.index("removed")] is None and expected[names.index("absent")] is None
+
+    # Workspace names are stat'ed relative to the directory, not resolved
+    # from the root one by one.
+    resolved = []
+    lstat = view.root.lstat
+    monkeypatch.setattr(view.root, "lstat", lambda p: resolved.append(p) or lstat(p))
+    assert view.getattr_listed("/d", names) == expected
+    assert resolved == []
+    assert view.lower_shown[(os.stat(d / "linked").st_dev, os.stat(d / "linked").st_ino)] == {
+        "/d/linked", "/d/linked2"}
+
+    # A directory whose workspace content is covered (removed, then made
+    # anew through the view): every name goes through getattr.
+    view.unlink("/d/sym")
+    for n in ("plain", "linked", "linked2", "changed", "staged"):
+        view.unlink("/d/" + n)
+    view.rmdir("/d/sub")
+    view.rmdir("/d")
+    view.mkdir("/d", 0o755)
+    write_file(view, "/d/plain", b"a new file")
+    monkeypatch.undo()
+    assert view.getattr_listed("/d", ["plain", "sub"]) == [view.getattr("/d/plain"), None]
+
+    # Through the adapter: the entries carry those attributes.
+    got = {n: (flags, mode, size) for n, _off, flags, mode, size in Replies().request(fuse, "/d", 0, plus=True)}
+    assert got["plain"] == (FUSE_FILL_DIR_PLUS, stat.S_IFREG | 0o644, len(b"a new file"))
+
+
+def test_listed_names_are_held_and_their_directories_watched(adapter):
+    root, view, fuse, _reads = adapter
+    (root / "d" / "sub").mkdir(parents=True)
+    (root / "d" / "f").write_bytes(b"")
+    watched = []
+    fuse.operations._watch = watched.append
+    Replies().request(fuse, "/d", 0, plus=True)
+    assert watched == ["/d/sub"]
+    assert {"/d/sub", "/d/f"} <= fuse.operations._held
+    # Held names go without attributes next time (the kernel has them).
+    again = Replies().request(fuse, "/d", 0, plus=True)
+    assert {n: flags for n, _o, flags, *_ in again} == {".": 0, "..": 0, "f": 0, "sub": 0}
+    assert fuse_ops.HELD_LIMIT > 2

@@ -701,18 +701,54 @@ _DIRENTPLUS_NAME_OFFSET = 128 + 24
 _RDPLUS_BUDGET = 4096
 
 
+#: ``struct stat`` of Linux x86-64 and arm64-compatible layouts as one
+#: ``struct`` pack: dev, ino, nlink, mode, uid, gid, (pad), rdev, size,
+#: blksize, blocks, then atime, mtime and ctime as (sec, nsec), then the
+#: reserved tail.  Used only when mfusepy's ``c_stat`` has exactly these
+#: offsets (:data:`_STAT_PACKED`); one ``pack_into`` costs about a third
+#: of setting the fields one by one through ctypes (0.4 against 1.4 µs,
+#: once per lookup and per listed entry).
+_STAT_LAYOUT = struct.Struct("=QQQIIIiQqqqqqqqqq")
+_STAT_OFFSETS = (("st_dev", 0), ("st_ino", 8), ("st_nlink", 16), ("st_mode", 24), ("st_uid", 28), ("st_gid", 32),
+                 ("st_rdev", 40), ("st_size", 48), ("st_blksize", 56), ("st_blocks", 64), ("st_atimespec", 72),
+                 ("st_mtimespec", 88), ("st_ctimespec", 104))
+_STAT_PACKED = (_STAT_LAYOUT.size <= _STAT_SIZE
+                and all(hasattr(mfusepy.c_stat, name) and getattr(mfusepy.c_stat, name).offset == off
+                        for name, off in _STAT_OFFSETS))
+#: The zeroed bytes after the packed fields (``reserved``).
+_STAT_TAIL = _STAT_SIZE - _STAT_LAYOUT.size
+
+
 def _fill_stat(st, a: dict) -> None:
-    """Set the ``c_stat`` ``st`` from the attribute dict ``a`` (zeroing it
-    first).  mfusepy's set_st_attrs looks every key up by name (about twice
-    the cost); the view's attribute dicts have the eleven :data:`_STAT_KEYS`,
-    and st_rdev (tests/test_mount_warm.py keeps it so)."""
-    ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
+    """Set the ``c_stat`` ``st`` from the attribute dict ``a`` (every field
+    not in ``a`` zero).  mfusepy's set_st_attrs looks every key up by name
+    (about twice the cost); the view's attribute dicts have the eleven
+    :data:`_STAT_KEYS`, and st_rdev (tests/test_mount_warm.py keeps it so)."""
     keys = a.keys()
     if keys == _STAT_KEYS_RDEV:
-        st.st_rdev = a["st_rdev"]
-    elif keys != _STAT_KEYS:
+        rdev = a["st_rdev"]
+    elif keys == _STAT_KEYS:
+        rdev = 0
+    else:
+        ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
         mfusepy.set_st_attrs(st, a, use_ns=True)
         return
+    if _STAT_PACKED:
+        asec, ansec = divmod(a["st_atime"], 1_000_000_000)
+        msec, mnsec = divmod(a["st_mtime"], 1_000_000_000)
+        csec, cnsec = divmod(a["st_ctime"], 1_000_000_000)
+        try:
+            _STAT_LAYOUT.pack_into(st, 0, 0, a["st_ino"], a["st_nlink"], a["st_mode"], a["st_uid"], a["st_gid"], 0,
+                                   rdev, a["st_size"], a["st_blksize"], a["st_blocks"], asec, ansec, msec, mnsec,
+                                   csec, cnsec)
+        except struct.error:
+            pass  # a value out of its field's range: ctypes below truncates it as it always did
+        else:
+            if _STAT_TAIL:
+                ctypes.memset(ctypes.addressof(st) + _STAT_LAYOUT.size, 0, _STAT_TAIL)
+            return
+    ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
+    st.st_rdev = rdev
     st.st_mode = a["st_mode"]
     st.st_ino = a["st_ino"]
     st.st_nlink = a["st_nlink"]
@@ -859,19 +895,19 @@ class _FUSE(mfusepy.FUSE):
             batch.append((bname, kind, ino, None))
         self._rdplus_resume = (path, i, entries)
         attrs = dict(zip(ask, ops.listed_attrs(path, ask))) if ask else {}
+        plain = mfusepy.c_stat()  # only its type and inode are ever set: no zeroing per entry
         off = offset
         for bname, kind, ino, name in batch:
             a = attrs.get(name) if name is not None else None
             if a is None:
-                ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
-                st.st_mode = kind
-                st.st_ino = ino
-                fill = 0
+                plain.st_mode = kind
+                plain.st_ino = ino
+                out, fill = plain, 0
             else:
                 _fill_stat(st, a)
-                fill = FUSE_FILL_DIR_PLUS
+                out, fill = st, FUSE_FILL_DIR_PLUS
             off += 1
-            if filler(buf, bname, st, off, fill) != 0:
+            if filler(buf, bname, out, off, fill) != 0:
                 self._rdplus_resume = (path, off - 1, entries)
                 break  # not expected: the budget keeps every entry within the buffer
         return 0

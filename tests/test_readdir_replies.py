@@ -10,6 +10,7 @@ what ``getattr`` answers for its path (``Overlay.getattr_listed``)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 
@@ -187,5 +188,32 @@ def test_listed_names_are_held_and_their_directories_watched(adapter):
     assert {"/d/sub", "/d/f"} <= fuse.operations._held
     # Held names go without attributes next time (the kernel has them).
     again = Replies().request(fuse, "/d", 0, plus=True)
-    assert {n: flags for n, _o, flags, *_ in again} == {".": 0, "..": 0, "f": 0, "sub": 0}
+    assert {n: (flags, mode) for n, _o, flags, mode, _size in again} == {
+        ".": (0, stat.S_IFDIR), "..": (0, stat.S_IFDIR), "f": (0, stat.S_IFREG), "sub": (0, stat.S_IFDIR)}
     assert fuse_ops.HELD_LIMIT > 2
+
+
+@pytest.mark.parametrize("attrs", [
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 12345, "st_nlink": 3, "st_size": 1234, "st_uid": 1000,
+     "st_gid": 100, "st_atime": 1_700_000_000_123_456_789, "st_mtime": 1_600_000_000_000_000_001,
+     "st_ctime": -5, "st_blocks": 8, "st_blksize": 4096, "st_rdev": 0},
+    {"st_mode": stat.S_IFCHR | 0o600, "st_ino": 2 ** 63, "st_nlink": 1, "st_size": 0, "st_uid": 0, "st_gid": 0,
+     "st_atime": 0, "st_mtime": 10 ** 18, "st_ctime": 1, "st_blocks": 0, "st_blksize": 4096, "st_rdev": 0x0501},
+    {"st_mode": stat.S_IFDIR | 0o755, "st_ino": 7, "st_nlink": 2, "st_size": 4096, "st_uid": 5, "st_gid": 6,
+     "st_atime": 1, "st_mtime": 2, "st_ctime": 3, "st_blocks": 8, "st_blksize": 4096},
+    # A value out of its field's range takes the field-by-field way.
+    {"st_mode": stat.S_IFREG, "st_ino": 1, "st_nlink": 1, "st_size": 1, "st_uid": 2 ** 40, "st_gid": 0,
+     "st_atime": 0, "st_mtime": 0, "st_ctime": 0, "st_blocks": 0, "st_blksize": 512},
+])
+def test_packed_stat_fill_gives_the_bytes_of_field_by_field(attrs, monkeypatch):
+    assert fuse_ops._STAT_PACKED  # this machine's layout is the known one
+    packed = mfusepy.c_stat()
+    ctypes.memset(ctypes.byref(packed), 0xAB, ctypes.sizeof(packed))  # every byte must be written
+    fuse_ops._fill_stat(packed, attrs)
+    monkeypatch.setattr(fuse_ops, "_STAT_PACKED", False)
+    fields = mfusepy.c_stat()
+    ctypes.memset(ctypes.byref(fields), 0xCD, ctypes.sizeof(fields))
+    fuse_ops._fill_stat(fields, attrs)
+    assert bytes(packed) == bytes(fields)
+    assert (packed.st_mode, packed.st_ino, packed.st_rdev) == (attrs["st_mode"], attrs["st_ino"],
+                                                               attrs.get("st_rdev", 0))

@@ -749,7 +749,9 @@ class Overlay(ContentMixin):
         for this call only, instead of resolving its whole path again
         (``openat2`` + ``fstat`` + ``close`` per name).  The name is one
         component, not ``..``, stat'ed without following it: nothing
-        outside the directory is reached.  Any other name, or every name
+        outside the directory is reached (a name that is not one plain
+        component, or ``.stepfs`` at the root, is not taken this way).
+        Any other name, or every name
         when the directory has no workspace descriptor (an upper-only or
         covered directory), goes through :meth:`getattr` (``agent`` as
         there: a callable asked only for a path with open drafts)."""
@@ -768,7 +770,8 @@ class Overlay(ContentMixin):
             try:
                 for name in names:
                     child = prefix + "/" + name
-                    if dfd < 0 or child in nodes or child in open_drafts or (hidden and child in hidden):
+                    if (dfd < 0 or child in nodes or child in open_drafts or (hidden and child in hidden)
+                            or "/" in name or name == ".." or (not prefix and is_meta(child))):
                         try:
                             out.append(self.getattr(child, agent=agent))
                         except (ViewError, StepfsError, OSError):

@@ -217,3 +217,17 @@ def test_packed_stat_fill_gives_the_bytes_of_field_by_field(attrs, monkeypatch):
     assert bytes(packed) == bytes(fields)
     assert (packed.st_mode, packed.st_ino, packed.st_rdev) == (attrs["st_mode"], attrs["st_ino"],
                                                                attrs.get("st_rdev", 0))
+
+
+def test_listed_attributes_never_stat_the_store_or_leave_the_directory(adapter):
+    root, view, _fuse, _reads = adapter
+    (root / "d").mkdir()
+    (root / "top.txt").write_bytes(b"t")
+    meta, top = view.getattr_listed("/", [".stepfs", "top.txt"])
+    assert top == view.getattr("/top.txt")
+    # The generated tree's attributes, not the store directory's.
+    assert meta["st_ino"] == view.getattr("/.stepfs")["st_ino"] != os.stat(root / ".stepfs").st_ino
+    # Not one plain component: answered by getattr, which resolves beneath the root.
+    odd = ["..", "../top.txt", "../../x"]
+    assert view.getattr_listed("/d", odd) == [_getattr_or_none(view, "/d/" + n) for n in odd]
+    assert view.getattr_listed("/d", odd)[2] is None

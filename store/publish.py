@@ -5,13 +5,20 @@ call that moves or persists state goes through ``store.durable`` (the seam
 the crash tests count, fail and kill at).  What a crash (process kill or
 power loss) at each point leaves behind is given with the step:
 
+Steps 1 to 3 of a step commit are one durable writing transaction (from
+the pending check to the intent's COMMIT): what the plan stores is written,
+and made durable, with the intent or not at all.
+
 1. **Plan.**  Under the workspace's commit lock, read the step's staged rows,
    expand deleted or replaced directories into the workspace paths below
    them, and capture each path's *before* state from the workspace (file
-   contents go into the object store).  A staged path whose workspace token
+   contents go into the object store).  A state a mount daemon captured
+   ahead (:func:`precapture`, at the path's first close-write) is used
+   instead while the path's token is still the one it was captured with.
+   A staged path whose workspace token
    differs from the token recorded when it was staged is a conflict: the
-   commit is refused as a whole and nothing is written.
-   *Crash:* unreferenced objects only; the workspace is OLD, the step open.
+   commit is refused as a whole and the transaction rolled back.
+   *Crash:* nothing of the commit; the workspace is OLD, the step open.
 2. **Objects and new files first.**  Before-objects are stored
    (after-objects already were, at close-write).  Every new file, symlink,
    FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
@@ -47,8 +54,11 @@ power loss) at each point leaves behind is given with the step:
    freed after the switch (by the daemon's background thread, if any).  *Crash:* a mix of old and new paths (each
    path replaced atomically) that recovery completes to NEW.
 5. **Done.**  One durable transaction sets ``state='committed'`` and deletes
-   the consumed step's staged rows.  *Crash before it:* recovery publishes
-   the layer again (idempotent) and then does this step.
+   the consumed step's staged rows.  A commit runs its statements while the
+   switch's directory fsyncs are still running, and COMMITs only once all
+   of them ended (a failed one rolls it back: the layer stays pending).
+   *Crash before it:* recovery publishes the layer again (idempotent) and
+   then does this step.
 
 Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
@@ -81,9 +91,11 @@ import os
 import stat as stat_mod
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import xxhash
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.engine import Connection
 
 from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -206,8 +218,53 @@ def _walk(ws: Workspace, path: bytes) -> list[bytes]:
     return out
 
 
-def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes] = frozenset()) -> Plan:
-    """Step 1-2 of the protocol: entries and conflicts for ``rows``."""
+def precapture(ws: Workspace, conn, path: bytes) -> _Before | None:
+    """The before state of workspace file ``path`` captured ahead of a
+    commit (a mount daemon does it when it first stages the path; its
+    object is stored through ``conn``), or None when it is not worth it or
+    not safe to reuse: not a regular file, :data:`PRECAPTURE_MAX` bytes or
+    more, or changed within the racy window (tokens.RACY_WINDOW_NS: a later
+    rewrite of the same size in the same timestamp tick would keep the
+    token).  :func:`plan_step` reuses it only while the path's token is
+    still the one captured here, so it is a cache keyed by the token and
+    never stale; anything else is captured at the commit as before."""
+    st = _lstat(ws, path)
+    if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_size >= PRECAPTURE_MAX \
+            or tokens.is_racy(st, time.time_ns()):
+        return None
+    before = capture(ws, conn, path)
+    if before.state.kind != "file" or before.token != tokens.from_stat(st):
+        return None  # changed while we looked
+    return before
+
+
+#: Files this big or bigger are captured at the commit only (a close that
+#: pre-captured them would copy them into the store on the writer's path).
+PRECAPTURE_MAX = 1 << 20
+
+
+def _before_of(ws: Workspace, conn, path: bytes, known: dict[bytes, _Before] | None) -> _Before:
+    """``capture``, or the pre-captured state of ``path`` if the path still
+    has the token it had then: one ``lstat`` instead of reading, hashing and
+    storing the file (the object is in the store since the pre-capture)."""
+    if known:
+        before = known.get(path)
+        if before is not None:
+            st = _lstat(ws, path)
+            if st is not None and stat_mod.S_ISREG(st.st_mode) and tokens.from_stat(st) == before.token:
+                return before
+    return capture(ws, conn, path)
+
+
+def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes] = frozenset(), conn=None,
+              known: dict[bytes, _Before] | None = None) -> Plan:
+    """Step 1-2 of the protocol: entries and conflicts for ``rows``.
+    ``conn``: a writing transaction of the caller to store before objects
+    in (else one of its own); ``known``: before states captured ahead
+    (:func:`precapture`), used while their token holds."""
+    if conn is None:
+        with ws.db.write() as own:
+            return plan_step(ws, rows, overwrite, own, known)
     staged = {r.path: r for r in rows}
     after: dict[bytes, tuple[State, int | None, str | None]] = {}
     for row in rows:
@@ -230,22 +287,21 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
         for name in names[1:]:
             link_to[name] = names[0]
     plan = Plan()
-    with ws.db.write() as conn:
-        for path in sorted(after):
-            state, mtime, base = after[path]
-            before = capture(ws, conn, path)
-            if base is not None and before.token != base and path not in overwrite:
-                plan.conflicts.append(path)
-                continue
-            if state.kind is not None and (state.uid is None or state.gid is None):
-                # An owner the view never learned: keep the workspace's.
-                state = replace(state, uid=before.uid if state.uid is None else state.uid,
-                                gid=before.gid if state.gid is None else state.gid)
-            link = link_to.get(path)
-            if before.state == state and (link is None or _same_inode(ws, path, link)):
-                plan.noop_paths.append(path)
-                continue
-            plan.entries.append(Entry(path, before.state, state, mtime, link))
+    for path in sorted(after):
+        state, mtime, base = after[path]
+        before = _before_of(ws, conn, path, known)
+        if base is not None and before.token != base and path not in overwrite:
+            plan.conflicts.append(path)
+            continue
+        if state.kind is not None and (state.uid is None or state.gid is None):
+            # An owner the view never learned: keep the workspace's.
+            state = replace(state, uid=before.uid if state.uid is None else state.uid,
+                            gid=before.gid if state.gid is None else state.gid)
+        link = link_to.get(path)
+        if before.state == state and (link is None or _same_inode(ws, path, link)):
+            plan.noop_paths.append(path)
+            continue
+        plan.entries.append(Entry(path, before.state, state, mtime, link))
     return plan
 
 
@@ -297,34 +353,48 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
-                meta: dict | None, consume_step: int | None, number: int | None = None) -> int:
+                meta: dict | None, consume_step: int | None, number: int | None = None,
+                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None) -> int | None:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
     and has checked for conflicts.  ``number``: the layer's number if the
     caller already read ``next_number`` under this same hold of the lock.
+
+    ``planner``: instead of ``entries`` and ``number``, a function run at
+    the start of the intent's own transaction that returns them (a commit
+    plans, stores its before objects and records its intent in one
+    transaction) or None for "nothing to record": the transaction then
+    commits whatever the planner wrote and None is returned.  An exception
+    from it rolls the transaction back.
+
     Returns the layer number.  Raises :class:`PublishFailed` or
     :class:`StoreUnavailable`; the module docstring says what each leaves
     behind."""
-    if number is None:
-        with ws.db.read() as conn:
-            number = next_number(conn)
-    try:
-        unsynced = _prepare(ws, number, entries)
-    except StepfsError:  # a corrupt object, an unreadable store: before the commit point
-        _remove_temps(ws)
-        raise
-    except OSError as exc:
-        _remove_temps(ws)
-        raise _prepare_failure(exc) from None
     # The new files are fsynced while the intent is committed: neither needs
     # the other (recovery rewrites every new file from the store), and both
     # are done before the first rename.  The fsyncs start once the intent's
     # rows are in, just before its COMMIT syncs the WAL: started earlier,
     # the pool's threads would take the GIL from the building of the rows.
     syncing: durable.Syncing | None = None
+    unsynced: list[int] = []
     try:
         try:
             with ws.db.write(durable=True) as conn:
+                if planner is not None:
+                    planned = planner(conn)
+                    if planned is None:
+                        return None
+                    entries, number = planned
+                elif number is None:
+                    number = next_number(conn)
+                try:
+                    unsynced = _prepare(ws, number, entries, conn)
+                except StepfsError:  # a corrupt object, an unreadable store: before the commit point
+                    _remove_temps(ws)
+                    raise
+                except OSError as exc:
+                    _remove_temps(ws)
+                    raise _prepare_failure(exc) from None
                 _INSERT_LAYER.executemany(conn, [dict(
                     number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
                     agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
@@ -351,10 +421,17 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
             os.close(fd)
     # Past the commit point: from here a failure leaves the layer pending.
     try:
-        _switch(ws, number, entries)
+        dir_sync = _switch(ws, number, entries, wait=False)
     except OSError as exc:
         raise _pending_failure(number, exc) from None
-    _complete(ws, number, consume_step)
+    # The completion's transaction is built while the directories are
+    # fsynced; its COMMIT waits for them (_complete).
+    try:
+        _complete(ws, number, consume_step, dir_sync)
+    except OSError as exc:
+        raise _pending_failure(number, exc) from None
+    finally:
+        dir_sync.close()
     return number
 
 
@@ -390,12 +467,20 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
     )
 
 
-def _complete(ws: Workspace, number: int, step: int | None) -> None:
-    """Step 5: the layer is committed and its step's staged rows consumed."""
+def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None) -> None:
+    """Step 5: the layer is committed and its step's staged rows consumed.
+
+    ``dir_sync``: the switch's last directory fsyncs, still running; the
+    statements are run meanwhile and the COMMIT only once every one of them
+    has ended (SQLite writes nothing of a transaction to the WAL as
+    committed before its COMMIT).  If one failed, the transaction is rolled
+    back and the ``OSError`` raised: the layer stays pending."""
     with ws.db.write(durable=True) as conn:
         _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
             _CONSUME_STEP.execute(conn, {"s": step})
+        if dir_sync is not None:
+            dir_sync.wait()
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -411,9 +496,17 @@ def import_refs(ws: Workspace, step: int) -> dict[str, str]:
         return refs.import_refs(ws, conn, step)
 
 
+class _PendingFound(Exception):
+    """A pending layer turned up at the start of a commit: recover first."""
+
+
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
-                meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset()) -> int:
+                meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
+                known: dict[bytes, _Before] | None = None) -> int:
     """Commit open step ``step`` as the next layer and publish it.
+
+    ``known``: before states captured ahead (:func:`precapture`), reused
+    for paths whose token has not changed since.
 
     Raises :class:`NothingToCommit` (nothing staged, or everything staged
     equals the workspace already; no-op rows are dropped),
@@ -421,9 +514,20 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     :class:`PublishFailed` and :class:`StoreUnavailable` (see the module
     docstring for what each leaves behind).
     """
-    with ws.commit_lock(), ws.spares.pausing():
-        rows, number = _recover_and_load(ws, step)
-        plan = plan_step(ws, rows, overwrite)
+
+    def planner(conn) -> tuple[list[Entry], int] | None:
+        # Everything from the pending check to the intent is one writing
+        # transaction (three fewer than a read, a write and a read apart):
+        # nobody else can add a layer or an intent while we hold the commit
+        # lock, and the before objects become durable with the intent.
+        if _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None:
+            raise _PendingFound()
+        rows = staging.load(conn, step)
+        if any(r.scratch is not None for r in rows):
+            refs.import_refs(ws, conn, step)  # files staged by reference become objects first
+            rows = staging.load(conn, step)
+        number = next_number(conn)  # numbers are only allocated under the commit lock
+        plan = plan_step(ws, rows, overwrite, conn, known)
         if plan.conflicts:
             names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
             more = f" and {len(plan.conflicts) - 10} more" if len(plan.conflicts) > 10 else ""
@@ -434,40 +538,26 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
                 [os.fsdecode(p) for p in plan.conflicts],
             )
         if not plan.entries and not allow_empty:
-            if rows:
-                with ws.db.write() as conn:
-                    conn.execute(schema.staged.delete().where(schema.staged.c.step == step))
-            raise NothingToCommit(
-                "nothing to commit: the open step has no changes against the workspace "
-                "(use --allow-empty to record an empty layer anyway)."
-            )
-        return write_layer(ws, plan.entries, kind="step", message=message, agent=agent, mount=mount,
-                           meta=meta, consume_step=step, number=number)
+            if rows:  # they all equal the workspace: drop them with this transaction
+                _CONSUME_STEP.execute(conn, {"s": step})
+            return None
+        return plan.entries, number
 
-
-def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow], int]:
-    """The start of a commit, under the commit lock: finish or void any
-    pending layer, take the files ``step`` staged by reference into the
-    store, and return the step's rows and the next layer number.  In the
-    common case (nothing pending, nothing by reference) that is one read
-    transaction: the pending check, the rows (which show any reference)
-    and the number come from the same snapshot, and nobody else can add a
-    layer or a pending intent while we hold the lock."""
-    with ws.db.read() as conn:
-        pending = _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None
-        rows = [] if pending else staging.load(conn, step)
-        # Numbers are only allocated under the commit lock (layers.next_number).
-        number = next_number(conn)
-    if pending:
-        _recover_locked(ws)  # may consume this step's rows: read them again below
-    else:
-        _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
-    if pending or any(r.scratch is not None for r in rows):
-        import_refs(ws, step)  # files staged by reference become objects first
-        with ws.db.read() as conn:
-            rows = staging.load(conn, step)
-            number = next_number(conn)
-    return rows, number
+    with ws.commit_lock(), ws.spares.pausing():
+        while True:
+            _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
+            try:
+                number = write_layer(ws, [], kind="step", message=message, agent=agent, mount=mount, meta=meta,
+                                     consume_step=step, planner=planner)
+            except _PendingFound:
+                _recover_locked(ws)  # may consume this step's rows: the planner reads them again
+                continue
+            if number is None:
+                raise NothingToCommit(
+                    "nothing to commit: the open step has no changes against the workspace "
+                    "(use --allow-empty to record an empty layer anyway)."
+                )
+            return number
 
 
 # -- publishing -----------------------------------------------------------------
@@ -492,7 +582,7 @@ def _temp_name(number: int, seq: int) -> bytes:
 SYNC_BATCH = 256
 
 
-def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
+def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> list[int]:
     """Step 2: every new file, symlink, FIFO, device node, socket and hard
     link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
@@ -504,7 +594,12 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
     A name depends only on the entry's position, so a re-run replaces the
     files of an interrupted one.  A hard link is made to the temporary file
     of the name it links to when that is in this layer, else to the
-    workspace path (unchanged by the layer).  Raises ``OSError``."""
+    workspace path (unchanged by the layer).  ``conn``: a transaction of
+    the caller to read the objects in (else one of its own).  Raises
+    ``OSError``."""
+    if conn is None:
+        with ws.db.read() as own:
+            return _prepare(ws, number, entries, own)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -519,58 +614,57 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
             unsynced.clear()
 
     try:
-        with ws.db.read() as conn:
-            # Links last: the files they link to must exist first.
-            for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
-                e = entries[seq]
-                if e.after.kind not in LEAF_KINDS:
-                    continue
-                tmp_name = _temp_name(number, seq)
-                try:
-                    os.unlink(tmp_name, dir_fd=tmp_fd)
-                except FileNotFoundError:
-                    pass
-                owner = _owner_for(ws, e.path, e.after)
-                if e.after_link is not None:
-                    if e.after_link in seq_of:
-                        os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
-                                dst_dir_fd=tmp_fd, follow_symlinks=False)
-                    else:
-                        sfd, sname = root.parent(e.after_link)
-                        try:
-                            os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
-                        finally:
-                            os.close(sfd)
-                elif e.after.kind == "file":
-                    # A spare inode when there is one (``store.spares``: creating
-                    # is the dearest call here on some filesystems), else a new file.
-                    fd = ws.spares.take(tmp_name, tmp_fd)
-                    if fd is None:
-                        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                                     dir_fd=tmp_fd)
-                    unsynced.append(fd)
-                    ws.objects.write_to_fd(conn, e.after.oid, fd)
-                    if owner is not None:
-                        os.fchown(fd, *owner)
-                    os.fchmod(fd, e.after.mode)
-                    if e.after.xattrs:
-                        xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
-                    if e.after_mtime_ns:
-                        os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
-                    if len(unsynced) >= SYNC_BATCH:
-                        sync_batch()
-                elif e.after.kind in NODE_KINDS:
-                    # A socket too is an S_IFSOCK node (what bind() leaves behind);
-                    # a device needs CAP_MKNOD, as it did to be made in the mount.
-                    os.mknod(tmp_name, NODE_KINDS[e.after.kind] | 0o600, rdev_of(e.after.kind, e.after.target),
-                             dir_fd=tmp_fd)
-                    if owner is not None:
-                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
-                    os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+        # Links last: the files they link to must exist first.
+        for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
+            e = entries[seq]
+            if e.after.kind not in LEAF_KINDS:
+                continue
+            tmp_name = _temp_name(number, seq)
+            try:
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            except FileNotFoundError:
+                pass
+            owner = _owner_for(ws, e.path, e.after)
+            if e.after_link is not None:
+                if e.after_link in seq_of:
+                    os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
+                            dst_dir_fd=tmp_fd, follow_symlinks=False)
                 else:
-                    durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
-                    if owner is not None:
-                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                    sfd, sname = root.parent(e.after_link)
+                    try:
+                        os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
+                    finally:
+                        os.close(sfd)
+            elif e.after.kind == "file":
+                # A spare inode when there is one (``store.spares``: creating
+                # is the dearest call here on some filesystems), else a new file.
+                fd = ws.spares.take(tmp_name, tmp_fd)
+                if fd is None:
+                    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                                 dir_fd=tmp_fd)
+                unsynced.append(fd)
+                ws.objects.write_to_fd(conn, e.after.oid, fd)
+                if owner is not None:
+                    os.fchown(fd, *owner)
+                os.fchmod(fd, e.after.mode)
+                if e.after.xattrs:
+                    xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
+                if e.after_mtime_ns:
+                    os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
+                if len(unsynced) >= SYNC_BATCH:
+                    sync_batch()
+            elif e.after.kind in NODE_KINDS:
+                # A socket too is an S_IFSOCK node (what bind() leaves behind);
+                # a device needs CAP_MKNOD, as it did to be made in the mount.
+                os.mknod(tmp_name, NODE_KINDS[e.after.kind] | 0o600, rdev_of(e.after.kind, e.after.target),
+                         dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+            else:
+                durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
     except BaseException:
         for fd in unsynced:  # never fsynced: the commit fails anyway
             os.close(fd)
@@ -590,13 +684,17 @@ def _remove_temps(ws: Workspace) -> None:
             pass
 
 
-def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
+def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
     Idempotent: running it again (after :func:`_prepare`) following a crash
     at any point completes the same result.  Raises ``OSError`` on any
     failure, a failed fsync included, which is never retried here.
+
+    ``wait=False``: the last batch of directory fsyncs is begun and
+    returned (a :class:`_DirSync`) instead of waited for; the caller MUST
+    wait for it before it marks the layer committed, and close it.
     """
     root = ws.root
 
@@ -686,10 +784,38 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 for fd in dir_fds:
                     os.close(fd)
                 dir_fds.clear()
+        if not wait:
+            last, dir_fds = _DirSync(dir_fds), []
+            return last
         durable.fsync_all(dir_fds)
     finally:
         for fd in dir_fds:
             os.close(fd)
+    return None
+
+
+class _DirSync:
+    """The last batch of a switch's directory fsyncs, begun on the pool
+    (``durable.start_fsync_all``) and not yet waited for: the completion
+    builds its transaction meanwhile and waits for them before its COMMIT
+    (:func:`_complete`).  Owns the descriptors; :meth:`close` once done."""
+
+    def __init__(self, fds: list[int]):
+        self.fds = fds
+        self.syncing = durable.start_fsync_all(fds)
+        self.waited = False
+
+    def wait(self) -> None:
+        """Every fsync has ended; raises the first failure (never retried)."""
+        self.waited = True
+        self.syncing.wait()
+
+    def close(self) -> None:
+        if not self.waited:
+            self.syncing.abandon()
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:

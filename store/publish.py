@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat as stat_mod
 import time
@@ -105,6 +106,7 @@ from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
 
 L, E = schema.layers, schema.entries
+log = logging.getLogger("stepfs.publish")
 
 # The statements every commit runs, built once (building a Core statement
 # costs more than SQLite takes to run it); the inserts go through
@@ -376,6 +378,7 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     # rows are in, just before its COMMIT syncs the WAL: started earlier,
     # the pool's threads would take the GIL from the building of the rows.
     syncing: durable.Syncing | None = None
+    prep = None  # the switch's preparation, run while the intent commits
     unsynced: list[int] = []
     try:
         try:
@@ -402,9 +405,12 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
                 )])
                 _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
                 syncing = durable.start_fsync_all(unsynced)
+                prep = durable.run_meanwhile(_switch_prep, ws, entries)
         except BaseException as exc:
             if syncing is not None:
                 syncing.abandon()
+            if prep is not None:
+                _close_prepped(_prepped(prep))
             if isinstance(exc, StoreUnavailable):
                 _remove_temps(ws)
             raise
@@ -413,6 +419,7 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
         except OSError as exc:
             # A new file did not reach the disk: take the intent back, so
             # the commit fails as a whole with nothing changed.
+            _close_prepped(_prepped(prep))
             _withdraw_intent(ws, number, exc)
             _remove_temps(ws)
             raise _prepare_failure(exc) from None
@@ -421,7 +428,7 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
             os.close(fd)
     # Past the commit point: from here a failure leaves the layer pending.
     try:
-        dir_sync = _switch(ws, number, entries, wait=False)
+        dir_sync = _switch(ws, number, entries, wait=False, prepped=_prepped(prep))
     except OSError as exc:
         raise _pending_failure(number, exc) from None
     # The completion's transaction is built while the directories are
@@ -433,6 +440,21 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     finally:
         dir_sync.close()
     return number
+
+
+def _prepped(prep) -> _Prepped | None:
+    """The outcome of :func:`_switch_prep` run on the pool: None (the
+    switch does everything itself) if it failed in an unforeseen way."""
+    try:
+        return prep.result()
+    except Exception:
+        log.exception("preparing the switch failed; it does all of it itself")
+        return None
+
+
+def _close_prepped(prepped: _Prepped | None) -> None:
+    if prepped is not None:
+        prepped.close()
 
 
 def _prepare_failure(exc: OSError) -> PublishFailed:
@@ -480,7 +502,7 @@ def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync |
         if step is not None:
             _CONSUME_STEP.execute(conn, {"s": step})
         if dir_sync is not None:
-            dir_sync.wait()
+            dir_sync.syncing.wait()
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -684,7 +706,63 @@ def _remove_temps(ws: Workspace) -> None:
             pass
 
 
-def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True) -> _DirSync | None:
+class _Prepped:
+    """What :func:`_switch_prep` found and opened for a layer of files
+    only (no directory made, removed or replaced): each distinct parent
+    directory opened once (``O_RDONLY``: the renames' ``dir_fd`` and the
+    directory fsyncs), and each entry's current kind."""
+
+    def __init__(self) -> None:
+        self.parents: dict[bytes, int] = {}
+        self.kinds: dict[bytes, str | None] = {}
+
+    def close(self) -> None:
+        for fd in self.parents.values():
+            os.close(fd)
+        self.parents.clear()
+
+
+def _split(path: bytes) -> tuple[bytes, bytes]:
+    parent, _, name = path.rpartition(b"/")
+    return parent or b".", name
+
+
+def _switch_prep(ws: Workspace, entries: list[Entry]) -> _Prepped | None:
+    """The part of :func:`_switch` that changes nothing in the workspace,
+    done while the intent is being committed (a commit runs it on the fsync
+    pool meanwhile): open every parent once and look at what each path is
+    now.  Retiring is left to the switch: a second name moves the file's
+    ctime, so its token, and a commit that fails before its commit point
+    must leave every token as it was (a retry would see a conflict).
+    None for a layer that makes, removes or replaces a
+    directory, or when anything here fails: :func:`_switch` then does all
+    of it itself, in its own order."""
+    if any(e.after.kind == "dir" for e in entries):
+        return None
+    prepped = _Prepped()
+    try:
+        for e in entries:
+            parent, name = _split(e.path)
+            pfd = prepped.parents.get(parent)
+            if pfd is None:
+                pfd = prepped.parents[parent] = ws.root.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                kind = kind_of(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                kind = None
+            if kind == "dir":
+                prepped.close()
+                return None
+            prepped.kinds[e.path] = kind
+    except OSError as exc:
+        log.debug("switch not prepared ahead (%s); it does all of it itself", exc)
+        prepped.close()
+        return None
+    return prepped
+
+
+def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
+            prepped: _Prepped | None = None) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
@@ -695,7 +773,13 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True)
     ``wait=False``: the last batch of directory fsyncs is begun and
     returned (a :class:`_DirSync`) instead of waited for; the caller MUST
     wait for it before it marks the layer committed, and close it.
+
+    ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
+    over: its descriptors are closed here or handed to the result); the
+    same durable calls then run in the same order on its descriptors.
     """
+    if prepped is not None:
+        return _switch_prepped(ws, number, entries, wait, prepped)
     root = ws.root
 
     def parent_of(p: bytes) -> bytes:
@@ -794,6 +878,56 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True)
     return None
 
 
+def _switch_prepped(ws: Workspace, number: int, entries: list[Entry], wait: bool, prepped: _Prepped) -> _DirSync | None:
+    """:func:`_switch` for a layer of files only, on the descriptors and
+    kinds :func:`_switch_prep` found (no directory is made or removed, so
+    steps 2 and 4 have nothing to do and every directory to fsync is a
+    parent)."""
+    fds = prepped.parents
+    try:
+        # 1. removals, deepest first (retired already)
+        for e in sorted(entries, key=lambda e: -_depth(e.path)):
+            cur = prepped.kinds[e.path]
+            if cur is None or cur == e.after.kind:
+                continue
+            parent, name = _split(e.path)
+            ws.spares.retire(name, fds[parent])  # freed after the commit, not in the unlink
+            durable.unlink(name, dir_fd=fds[parent])
+        # 3. every temporary file renamed over its path
+        tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for seq, e in enumerate(entries):
+                if e.after.kind not in LEAF_KINDS:
+                    continue
+                parent, name = _split(e.path)
+                ws.spares.retire(name, fds[parent])  # the replaced inode is freed after the commit
+                durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=fds[parent])
+        finally:
+            os.close(tmp_fd)
+            ws.spares.release()
+        # 5. every parent, each once, together (batches of SYNC_BATCH)
+        dir_fds = [fds[d] for d in sorted(fds)]
+        prepped.parents = {}
+        try:
+            while len(dir_fds) > SYNC_BATCH:
+                batch, dir_fds = dir_fds[:SYNC_BATCH], dir_fds[SYNC_BATCH:]
+                try:
+                    durable.fsync_all(batch)
+                finally:
+                    for fd in batch:
+                        os.close(fd)
+            if not wait:
+                last, dir_fds = _DirSync(dir_fds), []
+                return last
+            durable.fsync_all(dir_fds)
+        finally:
+            for fd in dir_fds:
+                os.close(fd)
+        return None
+    finally:
+        prepped.close()
+
+
 class _DirSync:
     """The last batch of a switch's directory fsyncs, begun on the pool
     (``durable.start_fsync_all``) and not yet waited for: the completion
@@ -802,17 +936,12 @@ class _DirSync:
 
     def __init__(self, fds: list[int]):
         self.fds = fds
+        #: ``.wait()``: every fsync has ended; raises the first failure
+        #: (never retried).
         self.syncing = durable.start_fsync_all(fds)
-        self.waited = False
-
-    def wait(self) -> None:
-        """Every fsync has ended; raises the first failure (never retried)."""
-        self.waited = True
-        self.syncing.wait()
 
     def close(self) -> None:
-        if not self.waited:
-            self.syncing.abandon()
+        self.syncing.abandon()  # nothing left to wait for once waited
         for fd in self.fds:
             os.close(fd)
         self.fds = []

@@ -147,9 +147,15 @@ def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
     return ws.root.lstat_or_none(path)
 
 
-def capture(ws: Workspace, conn, path: bytes) -> _Before:
-    """The workspace state of ``path`` now (file contents stored as an object)."""
-    st = _lstat(ws, path)
+#: Files smaller than this are captured with one read.
+_ONE_READ = 256 << 10
+
+
+def capture(ws: Workspace, conn, path: bytes, st: os.stat_result | None = None) -> _Before:
+    """The workspace state of ``path`` now (file contents stored as an object).
+    ``st``: its ``lstat`` taken just before by the caller, if any."""
+    if st is None:
+        st = _lstat(ws, path)
     if st is None:
         return _Before(State(None), tokens.ABSENT)
     kind = kind_of(st.st_mode)
@@ -158,7 +164,13 @@ def capture(ws: Workspace, conn, path: bytes) -> _Before:
         fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             st = os.fstat(fd)  # token and content from the same open file
-            oid, _ = ws.objects.put_fd(conn, fd)
+            data = os.pread(fd, st.st_size + 1, 0) if st.st_size < _ONE_READ else None
+            if data is not None and len(data) <= st.st_size:
+                # One read of the known size (put_fd's 1 MiB buffer costs an
+                # mmap, mremap and munmap per small file, as at close-write).
+                oid = ws.objects.put_bytes(conn, data)
+            else:
+                oid, _ = ws.objects.put_fd(conn, fd)
             attrs = xattrs.encode(xattrs.read_fd(fd))
         finally:
             os.close(fd)
@@ -234,7 +246,7 @@ def precapture(ws: Workspace, conn, path: bytes) -> _Before | None:
     if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_size >= PRECAPTURE_MAX \
             or tokens.is_racy(st, time.time_ns()):
         return None
-    before = capture(ws, conn, path)
+    before = capture(ws, conn, path, st)
     if before.state.kind != "file" or before.token != tokens.from_stat(st):
         return None  # changed while we looked
     return before
@@ -255,6 +267,7 @@ def _before_of(ws: Workspace, conn, path: bytes, known: dict[bytes, _Before] | N
             st = _lstat(ws, path)
             if st is not None and stat_mod.S_ISREG(st.st_mode) and tokens.from_stat(st) == before.token:
                 return before
+            return capture(ws, conn, path, st)
     return capture(ws, conn, path)
 
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from store import refs, schema, staging, tokens
+from store import publish, refs, schema, staging, tokens
 from store import xattrs as xattr_codec
 
 from .agents import DEFAULT
@@ -69,6 +69,10 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 #: bytes are published (or unchanged) is dropped at its last release, so
 #: memory is held by open files only: at most this much per open draft.
 MEMORY_DRAFT_MAX = 256 << 10
+#: Before states captured ahead of the commit (``ContentMixin._precapture``)
+#: that a view keeps at most; paths staged beyond that are captured by the
+#: commit itself.
+PRECAPTURED_MAX = 4096
 #: A memory draft is reopened by name through /proc, so every handle gets
 #: its own open file (its own O_APPEND), as with a scratch file.
 _PROC_FD = "/proc/self/fd"
@@ -479,6 +483,7 @@ class ContentMixin:
                         lower = self._lower_stat(d.path)
                         if lower is not None:
                             self._lower_name_gone(lower, d.path)  # this name is a file of its own now
+                            self._precapture(conn, d.path, lower)
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)
@@ -516,6 +521,24 @@ class ContentMixin:
         self._bump(node)
         d.base = self.node_token(node)
         self.observe(d.agent, d.path, d.base)
+
+    def _precapture(self, conn, path: str, lower: os.stat_result) -> None:
+        """A workspace file is staged for the first time: capture its
+        before state now, in the close's transaction, so the commit only
+        checks its token instead of reading, hashing and storing it on the
+        step's critical path (``publish.precapture``; reused only while the
+        token holds).  Small files only, a bounded number of them; a file
+        that cannot be read is left to the commit, which reports it."""
+        if (not stat_mod.S_ISREG(lower.st_mode) or lower.st_size >= publish.PRECAPTURE_MAX
+                or len(self.precaptured) >= PRECAPTURED_MAX):
+            return
+        try:
+            before = publish.precapture(self.ws, conn, rel(path))
+        except OSError as exc:
+            log.debug("no before state captured ahead for %s: %s", path, exc)
+            return
+        if before is not None:
+            self.precaptured[rel(path)] = before
 
     def _same_content(self, node: Node, fd: int, digest: str) -> bool:
         """Whether staged file ``node`` holds the bytes of ``fd``, whose

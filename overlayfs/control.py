@@ -17,6 +17,12 @@ answered once they are in the store).
 Answers: ``{"ok": true, ...}`` or ``{"ok": false, "error": <class name>,
 "message": <sentence>, "paths": [...]}``.
 
+The handler is called as ``handler(request, reply)`` and returns the
+answer's fields, or None after it called ``reply(fields)`` itself: a
+commit answers as soon as its layer is committed, and the daemon's own
+bookkeeping after that is no longer part of the caller's wait (an error
+raised after the answer went out is logged, not sent).
+
 Threading: the server runs in one daemon thread and handles one request at a
 time; each request takes the view's lock through the view's own methods.
 """
@@ -43,7 +49,7 @@ def address(mountpoint: str) -> str:
 
 
 class ControlServer:
-    def __init__(self, mountpoint: str, handler: Callable[[dict], dict]):
+    def __init__(self, mountpoint: str, handler: Callable[[dict, Callable[[dict], None]], dict | None]):
         self.handler = handler
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.bind(address(mountpoint))
@@ -81,8 +87,20 @@ class ControlServer:
             _send(conn, {"ok": False, "error": "PermissionError", "message": "only the mount's owner may control it."})
             return
         request = json.loads(_recv_line(conn))
+        sent = False
+
+        def reply(fields: dict) -> None:
+            nonlocal sent
+            if not sent:
+                sent = True
+                try:
+                    _send(conn, {"ok": True, **fields})
+                except OSError as exc:  # the caller went away: the work is done all the same
+                    log.warning("could not answer control op %s: %s", request.get("op"), exc)
+
         try:
-            answer = {"ok": True, **self.handler(request)}
+            fields = self.handler(request, reply)
+            answer = {"ok": True, **(fields or {})}
         except store_errors.StepfsError as exc:
             answer = {"ok": False, "error": type(exc).__name__, "message": str(exc),
                       "paths": getattr(exc, "paths", [])}
@@ -90,6 +108,10 @@ class ControlServer:
             log.exception("control op %s failed", request.get("op"))
             answer = {"ok": False, "error": "DaemonError",
                       "message": f"the mount daemon failed: {type(exc).__name__}: {exc}; see its log in .stepfs/run/."}
+        if sent:
+            if not answer["ok"]:
+                log.error("control op %s failed after its answer was sent: %s", request.get("op"), answer["message"])
+            return
         _send(conn, answer)
 
 

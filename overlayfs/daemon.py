@@ -102,18 +102,22 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     # (paused during one); the thread ends with ws.close().
     ws.spares.start_filling()
 
-    def handle(req: dict) -> dict:
+    def handle(req: dict, reply) -> dict | None:
         op = req.get("op")
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
                     "listings_cached": kernel_cache.listings_cached}
         if op == "commit":
-            number = view.commit(
+            # Answered as soon as the layer is committed; the view finishes
+            # its bookkeeping after that, still holding its lock, so the
+            # caller's next request through the mount waits for it.
+            view.commit(
                 message=req.get("message", ""), meta=req.get("meta") or {},
                 allow_empty=bool(req.get("allow_empty")),
                 overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
+                on_committed=lambda number: reply({"number": number}),
             )
-            return {"number": number}
+            return None
         if op == "sync":  # before someone reads this step's rows from the store
             view.sync_rows()
             return {}

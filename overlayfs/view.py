@@ -150,6 +150,10 @@ class Overlay(ContentMixin):
         #: commit ends, instead of taking turns at the GIL with it.
         self.commit_idle = threading.Event()
         self.commit_idle.set()
+        #: Workspace path -> its before state captured when this step first
+        #: staged it (``ContentMixin._precapture``), for the commit to reuse
+        #: while the path's token holds (``publish.precapture``).
+        self.precaptured: dict[bytes, object] = {}
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
@@ -1465,11 +1469,16 @@ class Overlay(ContentMixin):
             return out
 
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
-               overwrite: set[bytes] = frozenset()) -> int:
+               overwrite: set[bytes] = frozenset(), on_committed=None) -> int:
         """Commit the open step as the next layer (see ``store.publish``).
 
         Drafts still open for writing stay open and publish at their next
         close, against the new workspace state.
+
+        ``on_committed(number)``: called as soon as the layer is committed,
+        before the view's own bookkeeping (still under the view's lock, so
+        no request sees the view before it is done): the daemon answers
+        the caller of the step from it.
         """
         # The spare filler (which also frees the inodes the commit retired)
         # waits until the view is done too, not only the store's commit: its
@@ -1494,9 +1503,10 @@ class Overlay(ContentMixin):
             try:
                 number = publish.commit_step(
                     self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
-                    meta=meta, allow_empty=allow_empty, overwrite=overwrite,
+                    meta=meta, allow_empty=allow_empty, overwrite=overwrite, known=self.precaptured,
                 )
             except NothingToCommit:
+                self.precaptured.clear()
                 self._after_commit(())  # the no-op rows were dropped from the store
                 raise
             except PublishFailed as exc:
@@ -1505,6 +1515,11 @@ class Overlay(ContentMixin):
                 raise
             finally:
                 self.commit_idle.set()
+            # The paths just committed have new tokens: nothing captured is
+            # of use any more (it would only be skipped at the next commit).
+            self.precaptured.clear()
+            if on_committed is not None:
+                on_committed(number)
             self._after_commit(covered)
             return number
 

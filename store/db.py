@@ -287,9 +287,21 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
         # per transaction was a tenth of a staged-row write).
         want = "FULL" if durable else "NORMAL"
         info = conn.connection.info
+        # The pragmas go straight to the driver (as db.Prepared does):
+        # through SQLAlchemy each cost several times SQLite's own time, and a
+        # step flips both twice.  A driver error is raised wrapped, as
+        # SQLAlchemy would, so _translated still sees a full disk.
+        dbapi = conn.connection.dbapi_connection
+
+        def run(sql: str) -> None:
+            try:
+                dbapi.execute(sql).close()
+            except sqlite3.Error as exc:
+                raise DBAPIError.instance(sql, (), exc, sqlite3.Error, dialect=conn.dialect) from None
+
         if info.get("stepfs_synchronous") != want:
             info.pop("stepfs_synchronous", None)  # unknown until the pragma ran
-            conn.exec_driver_sql(f"PRAGMA synchronous={want}")
+            run(f"PRAGMA synchronous={want}")
             info["stepfs_synchronous"] = want
         # Checkpoints (which fsync the WAL and the database file) run at the
         # commit of a durable transaction, where the caller pays for
@@ -297,7 +309,7 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
         # checkpoints only once the WAL holds more than WAL_LIMIT_PAGES.
         pages = CHECKPOINT_PAGES if durable else WAL_LIMIT_PAGES
         if info.get("stepfs_autocheckpoint") != pages:
-            conn.exec_driver_sql(f"PRAGMA wal_autocheckpoint={pages}")
+            run(f"PRAGMA wal_autocheckpoint={pages}")
             info["stepfs_autocheckpoint"] = pages
         conn.exec_driver_sql(opts.get("stepfs_begin", "BEGIN"))
 

@@ -166,13 +166,38 @@ def start_fsync_all(fds: list[int]) -> Syncing:
     return Syncing(list(fds), [pool.submit(_fsync_or_error, fd) for fd in fds])
 
 
+def run_meanwhile(fn: Callable, *args) -> "Syncing | _Done":
+    """Run ``fn(*args)`` on the pool while the caller goes on (a commit
+    prepares its switch while its intent's COMMIT waits for the disk);
+    ``.result()`` waits for it and returns its value or raises its
+    exception.  ``fn`` MUST NOT make a durability call of this module:
+    with a hook installed it runs here, at once, so the hook sees every
+    call in one order."""
+    if _hook is not None:
+        try:
+            return _Done(fn(*args))
+        except BaseException as exc:
+            return _Failed(exc)
+    return _executor().submit(fn, *args)
+
+
+class _Failed:
+    """An exception known already, shaped like a failed future."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+    def result(self):
+        raise self.exc
+
+
 class _Done:
     """A result known already, shaped like a finished future."""
 
-    def __init__(self, value: OSError | None):
+    def __init__(self, value):
         self.value = value
 
-    def result(self) -> OSError | None:
+    def result(self):
         return self.value
 
 

@@ -5,13 +5,20 @@ call that moves or persists state goes through ``store.durable`` (the seam
 the crash tests count, fail and kill at).  What a crash (process kill or
 power loss) at each point leaves behind is given with the step:
 
+Steps 1 to 3 of a step commit are one durable writing transaction (from
+the pending check to the intent's COMMIT): what the plan stores is written,
+and made durable, with the intent or not at all.
+
 1. **Plan.**  Under the workspace's commit lock, read the step's staged rows,
    expand deleted or replaced directories into the workspace paths below
    them, and capture each path's *before* state from the workspace (file
-   contents go into the object store).  A staged path whose workspace token
+   contents go into the object store).  A state a mount daemon captured
+   ahead (:func:`precapture`, at the path's first close-write) is used
+   instead while the path's token is still the one it was captured with.
+   A staged path whose workspace token
    differs from the token recorded when it was staged is a conflict: the
-   commit is refused as a whole and nothing is written.
-   *Crash:* unreferenced objects only; the workspace is OLD, the step open.
+   commit is refused as a whole and the transaction rolled back.
+   *Crash:* nothing of the commit; the workspace is OLD, the step open.
 2. **Objects and new files first.**  Before-objects are stored
    (after-objects already were, at close-write).  Every new file, symlink,
    FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
@@ -47,8 +54,11 @@ power loss) at each point leaves behind is given with the step:
    freed after the switch (by the daemon's background thread, if any).  *Crash:* a mix of old and new paths (each
    path replaced atomically) that recovery completes to NEW.
 5. **Done.**  One durable transaction sets ``state='committed'`` and deletes
-   the consumed step's staged rows.  *Crash before it:* recovery publishes
-   the layer again (idempotent) and then does this step.
+   the consumed step's staged rows.  A commit runs its statements while the
+   switch's directory fsyncs are still running, and COMMITs only once all
+   of them ended (a failed one rolls it back: the layer stays pending).
+   *Crash before it:* recovery publishes the layer again (idempotent) and
+   then does this step.
 
 Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
@@ -77,13 +87,16 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import stat as stat_mod
 import time
 from dataclasses import dataclass, field, replace
+from typing import Callable
 
 import xxhash
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.engine import Connection
 
 from . import durable, refs, schema, staging, tokens, xattrs
 from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -93,6 +106,7 @@ from .layers import Entry, State, entries as load_entries, next_number
 from .workspace import Workspace
 
 L, E = schema.layers, schema.entries
+log = logging.getLogger("stepfs.publish")
 
 # The statements every commit runs, built once (building a Core statement
 # costs more than SQLite takes to run it); the inserts go through
@@ -133,9 +147,15 @@ def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
     return ws.root.lstat_or_none(path)
 
 
-def capture(ws: Workspace, conn, path: bytes) -> _Before:
-    """The workspace state of ``path`` now (file contents stored as an object)."""
-    st = _lstat(ws, path)
+#: Files smaller than this are captured with one read.
+_ONE_READ = 256 << 10
+
+
+def capture(ws: Workspace, conn, path: bytes, st: os.stat_result | None = None) -> _Before:
+    """The workspace state of ``path`` now (file contents stored as an object).
+    ``st``: its ``lstat`` taken just before by the caller, if any."""
+    if st is None:
+        st = _lstat(ws, path)
     if st is None:
         return _Before(State(None), tokens.ABSENT)
     kind = kind_of(st.st_mode)
@@ -144,7 +164,13 @@ def capture(ws: Workspace, conn, path: bytes) -> _Before:
         fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
         try:
             st = os.fstat(fd)  # token and content from the same open file
-            oid, _ = ws.objects.put_fd(conn, fd)
+            data = os.pread(fd, st.st_size + 1, 0) if st.st_size < _ONE_READ else None
+            if data is not None and len(data) <= st.st_size:
+                # One read of the known size (put_fd's 1 MiB buffer costs an
+                # mmap, mremap and munmap per small file, as at close-write).
+                oid = ws.objects.put_bytes(conn, data)
+            else:
+                oid, _ = ws.objects.put_fd(conn, fd)
             attrs = xattrs.encode(xattrs.read_fd(fd))
         finally:
             os.close(fd)
@@ -206,8 +232,54 @@ def _walk(ws: Workspace, path: bytes) -> list[bytes]:
     return out
 
 
-def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes] = frozenset()) -> Plan:
-    """Step 1-2 of the protocol: entries and conflicts for ``rows``."""
+def precapture(ws: Workspace, conn, path: bytes) -> _Before | None:
+    """The before state of workspace file ``path`` captured ahead of a
+    commit (a mount daemon does it when it first stages the path; its
+    object is stored through ``conn``), or None when it is not worth it or
+    not safe to reuse: not a regular file, :data:`PRECAPTURE_MAX` bytes or
+    more, or changed within the racy window (tokens.RACY_WINDOW_NS: a later
+    rewrite of the same size in the same timestamp tick would keep the
+    token).  :func:`plan_step` reuses it only while the path's token is
+    still the one captured here, so it is a cache keyed by the token and
+    never stale; anything else is captured at the commit as before."""
+    st = _lstat(ws, path)
+    if st is None or not stat_mod.S_ISREG(st.st_mode) or st.st_size >= PRECAPTURE_MAX \
+            or tokens.is_racy(st, time.time_ns()):
+        return None
+    before = capture(ws, conn, path, st)
+    if before.state.kind != "file" or before.token != tokens.from_stat(st):
+        return None  # changed while we looked
+    return before
+
+
+#: Files this big or bigger are captured at the commit only (a close that
+#: pre-captured them would copy them into the store on the writer's path).
+PRECAPTURE_MAX = 1 << 20
+
+
+def _before_of(ws: Workspace, conn, path: bytes, known: dict[bytes, _Before] | None) -> _Before:
+    """``capture``, or the pre-captured state of ``path`` if the path still
+    has the token it had then: one ``lstat`` instead of reading, hashing and
+    storing the file (the object is in the store since the pre-capture)."""
+    if known:
+        before = known.get(path)
+        if before is not None:
+            st = _lstat(ws, path)
+            if st is not None and stat_mod.S_ISREG(st.st_mode) and tokens.from_stat(st) == before.token:
+                return before
+            return capture(ws, conn, path, st)
+    return capture(ws, conn, path)
+
+
+def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes] = frozenset(), conn=None,
+              known: dict[bytes, _Before] | None = None) -> Plan:
+    """Step 1-2 of the protocol: entries and conflicts for ``rows``.
+    ``conn``: a writing transaction of the caller to store before objects
+    in (else one of its own); ``known``: before states captured ahead
+    (:func:`precapture`), used while their token holds."""
+    if conn is None:
+        with ws.db.write() as own:
+            return plan_step(ws, rows, overwrite, own, known)
     staged = {r.path: r for r in rows}
     after: dict[bytes, tuple[State, int | None, str | None]] = {}
     for row in rows:
@@ -230,22 +302,21 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
         for name in names[1:]:
             link_to[name] = names[0]
     plan = Plan()
-    with ws.db.write() as conn:
-        for path in sorted(after):
-            state, mtime, base = after[path]
-            before = capture(ws, conn, path)
-            if base is not None and before.token != base and path not in overwrite:
-                plan.conflicts.append(path)
-                continue
-            if state.kind is not None and (state.uid is None or state.gid is None):
-                # An owner the view never learned: keep the workspace's.
-                state = replace(state, uid=before.uid if state.uid is None else state.uid,
-                                gid=before.gid if state.gid is None else state.gid)
-            link = link_to.get(path)
-            if before.state == state and (link is None or _same_inode(ws, path, link)):
-                plan.noop_paths.append(path)
-                continue
-            plan.entries.append(Entry(path, before.state, state, mtime, link))
+    for path in sorted(after):
+        state, mtime, base = after[path]
+        before = _before_of(ws, conn, path, known)
+        if base is not None and before.token != base and path not in overwrite:
+            plan.conflicts.append(path)
+            continue
+        if state.kind is not None and (state.uid is None or state.gid is None):
+            # An owner the view never learned: keep the workspace's.
+            state = replace(state, uid=before.uid if state.uid is None else state.uid,
+                            gid=before.gid if state.gid is None else state.gid)
+        link = link_to.get(path)
+        if before.state == state and (link is None or _same_inode(ws, path, link)):
+            plan.noop_paths.append(path)
+            continue
+        plan.entries.append(Entry(path, before.state, state, mtime, link))
     return plan
 
 
@@ -297,34 +368,49 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
-                meta: dict | None, consume_step: int | None, number: int | None = None) -> int:
+                meta: dict | None, consume_step: int | None, number: int | None = None,
+                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None) -> int | None:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
     and has checked for conflicts.  ``number``: the layer's number if the
     caller already read ``next_number`` under this same hold of the lock.
+
+    ``planner``: instead of ``entries`` and ``number``, a function run at
+    the start of the intent's own transaction that returns them (a commit
+    plans, stores its before objects and records its intent in one
+    transaction) or None for "nothing to record": the transaction then
+    commits whatever the planner wrote and None is returned.  An exception
+    from it rolls the transaction back.
+
     Returns the layer number.  Raises :class:`PublishFailed` or
     :class:`StoreUnavailable`; the module docstring says what each leaves
     behind."""
-    if number is None:
-        with ws.db.read() as conn:
-            number = next_number(conn)
-    try:
-        unsynced = _prepare(ws, number, entries)
-    except StepfsError:  # a corrupt object, an unreadable store: before the commit point
-        _remove_temps(ws)
-        raise
-    except OSError as exc:
-        _remove_temps(ws)
-        raise _prepare_failure(exc) from None
     # The new files are fsynced while the intent is committed: neither needs
     # the other (recovery rewrites every new file from the store), and both
     # are done before the first rename.  The fsyncs start once the intent's
     # rows are in, just before its COMMIT syncs the WAL: started earlier,
     # the pool's threads would take the GIL from the building of the rows.
     syncing: durable.Syncing | None = None
+    prep = None  # the switch's preparation, run while the intent commits
+    unsynced: list[int] = []
     try:
         try:
             with ws.db.write(durable=True) as conn:
+                if planner is not None:
+                    planned = planner(conn)
+                    if planned is None:
+                        return None
+                    entries, number = planned
+                elif number is None:
+                    number = next_number(conn)
+                try:
+                    unsynced = _prepare(ws, number, entries, conn)
+                except StepfsError:  # a corrupt object, an unreadable store: before the commit point
+                    _remove_temps(ws)
+                    raise
+                except OSError as exc:
+                    _remove_temps(ws)
+                    raise _prepare_failure(exc) from None
                 _INSERT_LAYER.executemany(conn, [dict(
                     number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
                     agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
@@ -332,9 +418,12 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
                 )])
                 _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
                 syncing = durable.start_fsync_all(unsynced)
+                prep = durable.run_meanwhile(_switch_prep, ws, entries)
         except BaseException as exc:
             if syncing is not None:
                 syncing.abandon()
+            if prep is not None:
+                _close_prepped(_prepped(prep))
             if isinstance(exc, StoreUnavailable):
                 _remove_temps(ws)
             raise
@@ -343,6 +432,7 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
         except OSError as exc:
             # A new file did not reach the disk: take the intent back, so
             # the commit fails as a whole with nothing changed.
+            _close_prepped(_prepped(prep))
             _withdraw_intent(ws, number, exc)
             _remove_temps(ws)
             raise _prepare_failure(exc) from None
@@ -351,11 +441,33 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
             os.close(fd)
     # Past the commit point: from here a failure leaves the layer pending.
     try:
-        _switch(ws, number, entries)
+        dir_sync = _switch(ws, number, entries, wait=False, prepped=_prepped(prep))
     except OSError as exc:
         raise _pending_failure(number, exc) from None
-    _complete(ws, number, consume_step)
+    # The completion's transaction is built while the directories are
+    # fsynced; its COMMIT waits for them (_complete).
+    try:
+        _complete(ws, number, consume_step, dir_sync)
+    except OSError as exc:
+        raise _pending_failure(number, exc) from None
+    finally:
+        dir_sync.close()
     return number
+
+
+def _prepped(prep) -> _Prepped | None:
+    """The outcome of :func:`_switch_prep` run on the pool: None (the
+    switch does everything itself) if it failed in an unforeseen way."""
+    try:
+        return prep.result()
+    except Exception:
+        log.exception("preparing the switch failed; it does all of it itself")
+        return None
+
+
+def _close_prepped(prepped: _Prepped | None) -> None:
+    if prepped is not None:
+        prepped.close()
 
 
 def _prepare_failure(exc: OSError) -> PublishFailed:
@@ -390,12 +502,20 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
     )
 
 
-def _complete(ws: Workspace, number: int, step: int | None) -> None:
-    """Step 5: the layer is committed and its step's staged rows consumed."""
+def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None) -> None:
+    """Step 5: the layer is committed and its step's staged rows consumed.
+
+    ``dir_sync``: the switch's last directory fsyncs, still running; the
+    statements are run meanwhile and the COMMIT only once every one of them
+    has ended (SQLite writes nothing of a transaction to the WAL as
+    committed before its COMMIT).  If one failed, the transaction is rolled
+    back and the ``OSError`` raised: the layer stays pending."""
     with ws.db.write(durable=True) as conn:
         _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
             _CONSUME_STEP.execute(conn, {"s": step})
+        if dir_sync is not None:
+            dir_sync.syncing.wait()
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -411,9 +531,17 @@ def import_refs(ws: Workspace, step: int) -> dict[str, str]:
         return refs.import_refs(ws, conn, step)
 
 
+class _PendingFound(Exception):
+    """A pending layer turned up at the start of a commit: recover first."""
+
+
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
-                meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset()) -> int:
+                meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
+                known: dict[bytes, _Before] | None = None) -> int:
     """Commit open step ``step`` as the next layer and publish it.
+
+    ``known``: before states captured ahead (:func:`precapture`), reused
+    for paths whose token has not changed since.
 
     Raises :class:`NothingToCommit` (nothing staged, or everything staged
     equals the workspace already; no-op rows are dropped),
@@ -421,9 +549,20 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
     :class:`PublishFailed` and :class:`StoreUnavailable` (see the module
     docstring for what each leaves behind).
     """
-    with ws.commit_lock(), ws.spares.pausing():
-        rows, number = _recover_and_load(ws, step)
-        plan = plan_step(ws, rows, overwrite)
+
+    def planner(conn) -> tuple[list[Entry], int] | None:
+        # Everything from the pending check to the intent is one writing
+        # transaction (three fewer than a read, a write and a read apart):
+        # nobody else can add a layer or an intent while we hold the commit
+        # lock, and the before objects become durable with the intent.
+        if _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None:
+            raise _PendingFound()
+        rows = staging.load(conn, step)
+        if any(r.scratch is not None for r in rows):
+            refs.import_refs(ws, conn, step)  # files staged by reference become objects first
+            rows = staging.load(conn, step)
+        number = next_number(conn)  # numbers are only allocated under the commit lock
+        plan = plan_step(ws, rows, overwrite, conn, known)
         if plan.conflicts:
             names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
             more = f" and {len(plan.conflicts) - 10} more" if len(plan.conflicts) > 10 else ""
@@ -434,40 +573,26 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
                 [os.fsdecode(p) for p in plan.conflicts],
             )
         if not plan.entries and not allow_empty:
-            if rows:
-                with ws.db.write() as conn:
-                    conn.execute(schema.staged.delete().where(schema.staged.c.step == step))
-            raise NothingToCommit(
-                "nothing to commit: the open step has no changes against the workspace "
-                "(use --allow-empty to record an empty layer anyway)."
-            )
-        return write_layer(ws, plan.entries, kind="step", message=message, agent=agent, mount=mount,
-                           meta=meta, consume_step=step, number=number)
+            if rows:  # they all equal the workspace: drop them with this transaction
+                _CONSUME_STEP.execute(conn, {"s": step})
+            return None
+        return plan.entries, number
 
-
-def _recover_and_load(ws: Workspace, step: int) -> tuple[list[staging.StagedRow], int]:
-    """The start of a commit, under the commit lock: finish or void any
-    pending layer, take the files ``step`` staged by reference into the
-    store, and return the step's rows and the next layer number.  In the
-    common case (nothing pending, nothing by reference) that is one read
-    transaction: the pending check, the rows (which show any reference)
-    and the number come from the same snapshot, and nobody else can add a
-    layer or a pending intent while we hold the lock."""
-    with ws.db.read() as conn:
-        pending = _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None
-        rows = [] if pending else staging.load(conn, step)
-        # Numbers are only allocated under the commit lock (layers.next_number).
-        number = next_number(conn)
-    if pending:
-        _recover_locked(ws)  # may consume this step's rows: read them again below
-    else:
-        _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
-    if pending or any(r.scratch is not None for r in rows):
-        import_refs(ws, step)  # files staged by reference become objects first
-        with ws.db.read() as conn:
-            rows = staging.load(conn, step)
-            number = next_number(conn)
-    return rows, number
+    with ws.commit_lock(), ws.spares.pausing():
+        while True:
+            _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
+            try:
+                number = write_layer(ws, [], kind="step", message=message, agent=agent, mount=mount, meta=meta,
+                                     consume_step=step, planner=planner)
+            except _PendingFound:
+                _recover_locked(ws)  # may consume this step's rows: the planner reads them again
+                continue
+            if number is None:
+                raise NothingToCommit(
+                    "nothing to commit: the open step has no changes against the workspace "
+                    "(use --allow-empty to record an empty layer anyway)."
+                )
+            return number
 
 
 # -- publishing -----------------------------------------------------------------
@@ -492,7 +617,7 @@ def _temp_name(number: int, seq: int) -> bytes:
 SYNC_BATCH = 256
 
 
-def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
+def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> list[int]:
     """Step 2: every new file, symlink, FIFO, device node, socket and hard
     link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
@@ -504,7 +629,12 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
     A name depends only on the entry's position, so a re-run replaces the
     files of an interrupted one.  A hard link is made to the temporary file
     of the name it links to when that is in this layer, else to the
-    workspace path (unchanged by the layer).  Raises ``OSError``."""
+    workspace path (unchanged by the layer).  ``conn``: a transaction of
+    the caller to read the objects in (else one of its own).  Raises
+    ``OSError``."""
+    if conn is None:
+        with ws.db.read() as own:
+            return _prepare(ws, number, entries, own)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -519,58 +649,57 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry]) -> list[int]:
             unsynced.clear()
 
     try:
-        with ws.db.read() as conn:
-            # Links last: the files they link to must exist first.
-            for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
-                e = entries[seq]
-                if e.after.kind not in LEAF_KINDS:
-                    continue
-                tmp_name = _temp_name(number, seq)
-                try:
-                    os.unlink(tmp_name, dir_fd=tmp_fd)
-                except FileNotFoundError:
-                    pass
-                owner = _owner_for(ws, e.path, e.after)
-                if e.after_link is not None:
-                    if e.after_link in seq_of:
-                        os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
-                                dst_dir_fd=tmp_fd, follow_symlinks=False)
-                    else:
-                        sfd, sname = root.parent(e.after_link)
-                        try:
-                            os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
-                        finally:
-                            os.close(sfd)
-                elif e.after.kind == "file":
-                    # A spare inode when there is one (``store.spares``: creating
-                    # is the dearest call here on some filesystems), else a new file.
-                    fd = ws.spares.take(tmp_name, tmp_fd)
-                    if fd is None:
-                        fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
-                                     dir_fd=tmp_fd)
-                    unsynced.append(fd)
-                    ws.objects.write_to_fd(conn, e.after.oid, fd)
-                    if owner is not None:
-                        os.fchown(fd, *owner)
-                    os.fchmod(fd, e.after.mode)
-                    if e.after.xattrs:
-                        xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
-                    if e.after_mtime_ns:
-                        os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
-                    if len(unsynced) >= SYNC_BATCH:
-                        sync_batch()
-                elif e.after.kind in NODE_KINDS:
-                    # A socket too is an S_IFSOCK node (what bind() leaves behind);
-                    # a device needs CAP_MKNOD, as it did to be made in the mount.
-                    os.mknod(tmp_name, NODE_KINDS[e.after.kind] | 0o600, rdev_of(e.after.kind, e.after.target),
-                             dir_fd=tmp_fd)
-                    if owner is not None:
-                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
-                    os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+        # Links last: the files they link to must exist first.
+        for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
+            e = entries[seq]
+            if e.after.kind not in LEAF_KINDS:
+                continue
+            tmp_name = _temp_name(number, seq)
+            try:
+                os.unlink(tmp_name, dir_fd=tmp_fd)
+            except FileNotFoundError:
+                pass
+            owner = _owner_for(ws, e.path, e.after)
+            if e.after_link is not None:
+                if e.after_link in seq_of:
+                    os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
+                            dst_dir_fd=tmp_fd, follow_symlinks=False)
                 else:
-                    durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
-                    if owner is not None:
-                        os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                    sfd, sname = root.parent(e.after_link)
+                    try:
+                        os.link(sname, tmp_name, src_dir_fd=sfd, dst_dir_fd=tmp_fd, follow_symlinks=False)
+                    finally:
+                        os.close(sfd)
+            elif e.after.kind == "file":
+                # A spare inode when there is one (``store.spares``: creating
+                # is the dearest call here on some filesystems), else a new file.
+                fd = ws.spares.take(tmp_name, tmp_fd)
+                if fd is None:
+                    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600,
+                                 dir_fd=tmp_fd)
+                unsynced.append(fd)
+                ws.objects.write_to_fd(conn, e.after.oid, fd)
+                if owner is not None:
+                    os.fchown(fd, *owner)
+                os.fchmod(fd, e.after.mode)
+                if e.after.xattrs:
+                    xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
+                if e.after_mtime_ns:
+                    os.utime(fd, ns=(e.after_mtime_ns, e.after_mtime_ns))
+                if len(unsynced) >= SYNC_BATCH:
+                    sync_batch()
+            elif e.after.kind in NODE_KINDS:
+                # A socket too is an S_IFSOCK node (what bind() leaves behind);
+                # a device needs CAP_MKNOD, as it did to be made in the mount.
+                os.mknod(tmp_name, NODE_KINDS[e.after.kind] | 0o600, rdev_of(e.after.kind, e.after.target),
+                         dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
+                os.chmod(tmp_name, e.after.mode, dir_fd=tmp_fd)
+            else:
+                durable.symlink(e.after.target, tmp_name, dir_fd=tmp_fd)
+                if owner is not None:
+                    os.chown(tmp_name, *owner, dir_fd=tmp_fd, follow_symlinks=False)
     except BaseException:
         for fd in unsynced:  # never fsynced: the commit fails anyway
             os.close(fd)
@@ -590,14 +719,80 @@ def _remove_temps(ws: Workspace) -> None:
             pass
 
 
-def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
+class _Prepped:
+    """What :func:`_switch_prep` found and opened for a layer of files
+    only (no directory made, removed or replaced): each distinct parent
+    directory opened once (``O_RDONLY``: the renames' ``dir_fd`` and the
+    directory fsyncs), and each entry's current kind."""
+
+    def __init__(self) -> None:
+        self.parents: dict[bytes, int] = {}
+        self.kinds: dict[bytes, str | None] = {}
+
+    def close(self) -> None:
+        for fd in self.parents.values():
+            os.close(fd)
+        self.parents.clear()
+
+
+def _split(path: bytes) -> tuple[bytes, bytes]:
+    parent, _, name = path.rpartition(b"/")
+    return parent or b".", name
+
+
+def _switch_prep(ws: Workspace, entries: list[Entry]) -> _Prepped | None:
+    """The part of :func:`_switch` that changes nothing in the workspace,
+    done while the intent is being committed (a commit runs it on the fsync
+    pool meanwhile): open every parent once and look at what each path is
+    now.  Retiring is left to the switch: a second name moves the file's
+    ctime, so its token, and a commit that fails before its commit point
+    must leave every token as it was (a retry would see a conflict).
+    None for a layer that makes, removes or replaces a
+    directory, or when anything here fails: :func:`_switch` then does all
+    of it itself, in its own order."""
+    if any(e.after.kind == "dir" for e in entries):
+        return None
+    prepped = _Prepped()
+    try:
+        for e in entries:
+            parent, name = _split(e.path)
+            pfd = prepped.parents.get(parent)
+            if pfd is None:
+                pfd = prepped.parents[parent] = ws.root.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                kind = kind_of(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode)
+            except FileNotFoundError:
+                kind = None
+            if kind == "dir":
+                prepped.close()
+                return None
+            prepped.kinds[e.path] = kind
+    except OSError as exc:
+        log.debug("switch not prepared ahead (%s); it does all of it itself", exc)
+        prepped.close()
+        return None
+    return prepped
+
+
+def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
+            prepped: _Prepped | None = None) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
     Idempotent: running it again (after :func:`_prepare`) following a crash
     at any point completes the same result.  Raises ``OSError`` on any
     failure, a failed fsync included, which is never retried here.
+
+    ``wait=False``: the last batch of directory fsyncs is begun and
+    returned (a :class:`_DirSync`) instead of waited for; the caller MUST
+    wait for it before it marks the layer committed, and close it.
+
+    ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
+    over: its descriptors are closed here or handed to the result); the
+    same durable calls then run in the same order on its descriptors.
     """
+    if prepped is not None:
+        return _switch_prepped(ws, number, entries, wait, prepped)
     root = ws.root
 
     def parent_of(p: bytes) -> bytes:
@@ -686,10 +881,83 @@ def _switch(ws: Workspace, number: int, entries: list[Entry]) -> None:
                 for fd in dir_fds:
                     os.close(fd)
                 dir_fds.clear()
+        if not wait:
+            last, dir_fds = _DirSync(dir_fds), []
+            return last
         durable.fsync_all(dir_fds)
     finally:
         for fd in dir_fds:
             os.close(fd)
+    return None
+
+
+def _switch_prepped(ws: Workspace, number: int, entries: list[Entry], wait: bool, prepped: _Prepped) -> _DirSync | None:
+    """:func:`_switch` for a layer of files only, on the descriptors and
+    kinds :func:`_switch_prep` found (no directory is made or removed, so
+    steps 2 and 4 have nothing to do and every directory to fsync is a
+    parent)."""
+    fds = prepped.parents
+    try:
+        # 1. removals, deepest first (retired already)
+        for e in sorted(entries, key=lambda e: -_depth(e.path)):
+            cur = prepped.kinds[e.path]
+            if cur is None or cur == e.after.kind:
+                continue
+            parent, name = _split(e.path)
+            ws.spares.retire(name, fds[parent])  # freed after the commit, not in the unlink
+            durable.unlink(name, dir_fd=fds[parent])
+        # 3. every temporary file renamed over its path
+        tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for seq, e in enumerate(entries):
+                if e.after.kind not in LEAF_KINDS:
+                    continue
+                parent, name = _split(e.path)
+                ws.spares.retire(name, fds[parent])  # the replaced inode is freed after the commit
+                durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=fds[parent])
+        finally:
+            os.close(tmp_fd)
+            ws.spares.release()
+        # 5. every parent, each once, together (batches of SYNC_BATCH)
+        dir_fds = [fds[d] for d in sorted(fds)]
+        prepped.parents = {}
+        try:
+            while len(dir_fds) > SYNC_BATCH:
+                batch, dir_fds = dir_fds[:SYNC_BATCH], dir_fds[SYNC_BATCH:]
+                try:
+                    durable.fsync_all(batch)
+                finally:
+                    for fd in batch:
+                        os.close(fd)
+            if not wait:
+                last, dir_fds = _DirSync(dir_fds), []
+                return last
+            durable.fsync_all(dir_fds)
+        finally:
+            for fd in dir_fds:
+                os.close(fd)
+        return None
+    finally:
+        prepped.close()
+
+
+class _DirSync:
+    """The last batch of a switch's directory fsyncs, begun on the pool
+    (``durable.start_fsync_all``) and not yet waited for: the completion
+    builds its transaction meanwhile and waits for them before its COMMIT
+    (:func:`_complete`).  Owns the descriptors; :meth:`close` once done."""
+
+    def __init__(self, fds: list[int]):
+        self.fds = fds
+        #: ``.wait()``: every fsync has ended; raises the first failure
+        #: (never retried).
+        self.syncing = durable.start_fsync_all(fds)
+
+    def close(self) -> None:
+        self.syncing.abandon()  # nothing left to wait for once waited
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
 
 
 def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:

@@ -220,12 +220,15 @@ class Counter:
         self.n = 0
         self.by_op: dict[str, int] = {}
         self.trace: list[str] = []
+        self.durable_commits: list[int] = []  # positions (1-based) in trace of durable database commits
 
     def before(self, op: str, args: tuple) -> None:
         self.by_op[op] = self.by_op.get(op, 0) + 1
         if op in self.ops:
             self.n += 1
             self.trace.append(op)
+            if op == "commit" and args[0]:
+                self.durable_commits.append(self.n)
 
     def after(self, op: str, args: tuple) -> None:
         pass

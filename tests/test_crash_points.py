@@ -60,7 +60,9 @@ def test_kill_at_every_durability_call_ends_in_old_or_new(fast_tmp, n_paths):
     t = make_template(tmp_path, n_paths)
     counter = count_calls(t, tmp_path)
     total = counter.n
-    assert counter.by_op.get("fsync", 0) >= 2 and counter.by_op.get("commit", 0) >= 3, counter.by_op
+    # Two database commits: the intent (planned, before objects stored and
+    # recorded in one transaction) and the completion.
+    assert counter.by_op.get("fsync", 0) >= 2 and counter.by_op.get("commit", 0) >= 2, counter.by_op
     seen = {"OLD": 0, "NEW": 0}
     completed_at = None
     for k in crash_points(counter, n_paths):

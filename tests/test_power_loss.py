@@ -64,9 +64,10 @@ def test_removing_any_one_fsync_makes_the_model_fail(fast_tmp):
     sites = run_model(t, fast_tmp).sites
     fsyncs = sorted(s for s, op in sites.items() if op == "fsync")
     commits = sorted(s for s, op in sites.items() if op == "commit")
-    # The protocol's own fsync sites: directories (switch) and new files
+    # The protocol's own fsync sites: directories (begun by the switch,
+    # waited for by the completion before its COMMIT) and new files
     # (fsynced by write_layer while it records the intent).
-    assert [s.split(":")[1] for s in fsyncs] == ["_switch", "write_layer"], fsyncs
+    assert [s.split(":")[1] for s in fsyncs] == ["_complete", "write_layer"], fsyncs
     # Durable commits: the intent (the commit point) and the completion.
     assert sorted(s.split(":")[1] for s in commits) == ["_complete", "write_layer"], commits
     intent = next(s for s in commits if ":write_layer:" in s)

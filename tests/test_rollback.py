@@ -200,7 +200,7 @@ def test_pending_rollback_layer_is_rolled_forward(workspace, monkeypatch):
     class Crash(Exception):
         pass
 
-    def crash_after_first(ws_, number, entries):
+    def crash_after_first(ws_, number, entries, **_options):
         real_switch(ws_, number, entries[:1])  # part of the layer is on disk, then "power loss"
         raise Crash()
 

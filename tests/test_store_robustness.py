@@ -141,7 +141,7 @@ def test_a_torn_truncated_or_garbage_intent_is_not_committed(fast_tmp, tear):
     counter = Counter()
     with Workspace.open(str(copy_template(t, fast_tmp / "count")), recover=False) as ws, durable.installed(counter):
         commit(ws, t)
-    intent = [i + 1 for i, op in enumerate(counter.trace) if op == "commit"][1]
+    intent = counter.durable_commits[0]  # the commit point: the first durable commit
     # A real pending intent: killed at the first call after the commit point.
     run = fast_tmp / "run"
     assert crash_commit(t, run, KillAt(intent + 1)) == "killed"
@@ -247,7 +247,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
     counter = Counter()
     with Workspace.open(str(copy_template(t, fast_tmp / "count")), recover=False) as ws, durable.installed(counter):
         commit(ws, t)
-    intent = [i + 1 for i, op in enumerate(counter.trace) if op == "commit"][1]
+    intent = counter.durable_commits[0]  # the commit point: the first durable commit
     run = fast_tmp / "run"
     assert crash_commit(t, run, KillAt(intent + 2)) == "killed"
     db = str(run / "ws" / ".stepfs" / "store.db")

@@ -149,3 +149,65 @@ def test_commit_replaces_directories_files_and_symlinks(ws_view):
     assert expected[b"a"] == ("symlink", None, b"keep")
     view.commit(message="kinds")
     assert manifest(ws.path) == expected
+
+
+# -- before states captured ahead (publish.precapture) ------------------------------
+
+
+def _before_bytes(ws, layer: int, path: bytes) -> bytes:
+    from store.layers import entries
+
+    with ws.db.read() as conn:
+        entry = next(e for e in entries(conn, layer) if e.path == path)
+        return ws.objects.read_all(conn, entry.before.oid)
+
+
+def test_a_staged_workspace_file_is_captured_ahead_and_the_commit_only_checks_its_token(ws_view, monkeypatch):
+    from store import publish, tokens
+
+    ws, view = ws_view
+    monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)  # the fixture's files are older than the racy window
+    write_file(view, "/keep", b"changed\n")
+    assert b"keep" in view.precaptured
+    captured = []
+    real_capture = publish.capture
+    monkeypatch.setattr(publish, "capture", lambda ws_, conn, path: captured.append(path) or real_capture(ws_, conn, path))
+    assert view.commit(message="reuses the capture") == 1
+    assert captured == []  # not read again at the commit
+    assert _before_bytes(ws, 1, b"keep") == b"keep\n"
+    assert manifest(ws.path)[b"keep"][2] == b"changed\n"
+    assert view.precaptured == {}  # its tokens are gone with the commit
+
+
+def test_a_file_changed_outside_after_its_capture_ahead_is_captured_again(ws_view, monkeypatch):
+    from store import tokens
+    from store.errors import CommitConflict
+
+    ws, view = ws_view
+    monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
+    write_file(view, "/keep", b"changed\n")
+    assert b"keep" in view.precaptured
+    with open(os.path.join(ws.path, "keep"), "wb") as f:
+        f.write(b"edited outside, longer\n")
+    with pytest.raises(CommitConflict):
+        view.commit(message="refused: the workspace file changed")
+    assert view.commit(message="over it", overwrite={b"keep"}) == 1
+    # The before state is what the workspace held at the commit, not the capture.
+    assert _before_bytes(ws, 1, b"keep") == b"edited outside, longer\n"
+
+
+def test_files_inside_the_racy_window_or_too_big_are_not_captured_ahead(ws_view, monkeypatch):
+    from store import publish
+
+    ws, view = ws_view
+    write_file(view, "/keep", b"changed\n")  # written by the fixture just now: racy
+    assert view.precaptured == {}
+    from store import tokens
+
+    monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
+    monkeypatch.setattr(publish, "PRECAPTURE_MAX", len(b"x\n"))
+    write_file(view, "/a/x.txt", b"bigger now\n")
+    assert view.precaptured == {}
+    assert view.commit(message="captured at the commit") == 1
+    assert _before_bytes(ws, 1, b"keep") == b"keep\n"
+    assert _before_bytes(ws, 1, b"a/x.txt") == b"x\n"

@@ -876,19 +876,14 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                     continue  # removed, or replaced by a file or symlink, in this same layer
                 raise
-            if len(dir_fds) >= SYNC_BATCH:
-                durable.fsync_all(dir_fds)
-                for fd in dir_fds:
-                    os.close(fd)
-                dir_fds.clear()
-        if not wait:
-            last, dir_fds = _DirSync(dir_fds), []
-            return last
-        durable.fsync_all(dir_fds)
+            if len(dir_fds) >= SYNC_BATCH:  # bounded: a big layer never holds every directory open
+                batch, dir_fds = dir_fds, []
+                _sync_closing(batch)
+        last, dir_fds = dir_fds, []
     finally:
         for fd in dir_fds:
             os.close(fd)
-    return None
+    return _sync_dirs(last, wait)
 
 
 def _switch_prepped(ws: Workspace, number: int, entries: list[Entry], wait: bool, prepped: _Prepped) -> _DirSync | None:
@@ -920,25 +915,41 @@ def _switch_prepped(ws: Workspace, number: int, entries: list[Entry], wait: bool
             ws.spares.release()
         # 5. every parent, each once, together (batches of SYNC_BATCH)
         dir_fds = [fds[d] for d in sorted(fds)]
-        prepped.parents = {}
-        try:
-            while len(dir_fds) > SYNC_BATCH:
-                batch, dir_fds = dir_fds[:SYNC_BATCH], dir_fds[SYNC_BATCH:]
-                try:
-                    durable.fsync_all(batch)
-                finally:
-                    for fd in batch:
-                        os.close(fd)
-            if not wait:
-                last, dir_fds = _DirSync(dir_fds), []
-                return last
-            durable.fsync_all(dir_fds)
-        finally:
-            for fd in dir_fds:
-                os.close(fd)
-        return None
+        prepped.parents = {}  # owned by _sync_dirs from here
+        return _sync_dirs(dir_fds, wait)
     finally:
         prepped.close()
+
+
+def _sync_closing(fds: list[int]) -> None:
+    """fsync ``fds`` together, then close them (closed on failure too)."""
+    try:
+        durable.fsync_all(fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
+    """Step 4's directory fsyncs, on descriptors this call owns: every
+    batch of :data:`SYNC_BATCH` but the last is fsynced and closed; the
+    last is fsynced and closed too (``wait``) or returned still syncing as
+    a :class:`_DirSync` for :func:`_complete` to wait for.  Raises the
+    first failed fsync's ``OSError``; every descriptor not handed over is
+    closed either way."""
+    try:
+        while len(fds) > SYNC_BATCH:
+            batch, fds = fds[:SYNC_BATCH], fds[SYNC_BATCH:]
+            _sync_closing(batch)
+        if not wait:
+            last, fds = _DirSync(fds), []
+            return last
+        batch, fds = fds, []
+        _sync_closing(batch)
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 class _DirSync:

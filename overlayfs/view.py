@@ -223,12 +223,8 @@ class Overlay(ContentMixin):
                 if node.kind == "whiteout":
                     raise NotFound(path)
                 return node, None
-            p = path
-            while p != "/":
-                p = p.rpartition("/")[0] or "/"
-                anc = nodes.get(p)
-                if anc is not None and (anc.kind != "dir" or anc.opaque):
-                    raise NotFound(path)
+            if path != "/" and self._children_covered(path.rpartition("/")[0] or "/"):
+                raise NotFound(path)  # below a file, a whiteout or an opaque directory
         if path == "/":
             return None, os.stat(self.root.fd)
         try:
@@ -794,8 +790,9 @@ class Overlay(ContentMixin):
 
     def _children_covered(self, path: str) -> bool:
         """An upper node at directory ``path`` or above it hides the
-        workspace below ``path`` (``_resolve``'s ancestor rule, for its
-        children)."""
+        workspace below ``path``: one that is not a directory, or an opaque
+        one (the ancestor rule of :meth:`_resolve` and of
+        :meth:`getattr_listed`)."""
         nodes = self.upper.nodes
         if not nodes:
             return False

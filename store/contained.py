@@ -22,6 +22,8 @@ import os
 import stat as stat_mod
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_fstat, _close = os.fstat, os.close
 _SYS_openat2 = 437  # the same number on every Linux architecture
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -30,6 +32,28 @@ RESOLVE_BENEATH = 0x08
 
 class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+#: ``open_how`` (by reference) per open without ``O_CREAT``, keyed by the
+#: caller's flags.  Built once and never written after: the kernel only
+#: reads it, so every thread may pass the same one (a fresh struct per call
+#: cost about a fifth of an ``lstat``).  A handful of flag sets exist.
+_HOWS: dict[int, tuple[_OpenHow, object]] = {}
+
+
+def _how_for(flags: int) -> object:
+    """The shared, read-only ``open_how`` reference for ``flags`` (no O_CREAT)."""
+    entry = _HOWS.get(flags)
+    if entry is None:
+        how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+        entry = _HOWS[flags] = (how, ctypes.byref(how))  # the byref keeps ``how`` alive too
+    return entry[1]
+
+
+#: ``open_how`` of :meth:`Root.lstat`.
+_LSTAT_HOW = _how_for(os.O_PATH | os.O_NOFOLLOW)
 
 
 def kind_of(mode: int) -> str:
@@ -74,10 +98,35 @@ def normalize(path: str | bytes) -> bytes:
     return b"/".join(parts) or b"."
 
 
+def _plain(rel: bytes) -> bool:
+    """``rel`` is already normalized and no component of it starts with a
+    dot: not empty, no leading, trailing or doubled slash, no ``.``, ``..``
+    or hidden name (``.stepfs``) anywhere.  Such a path needs neither
+    :func:`normalize` nor the hide and ``..`` checks (most paths a lookup
+    asks for); any other path takes the full route."""
+    return bool(rel) and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+
+
+def _raise_open_error(rel: bytes) -> None:
+    """Raise the ``OSError`` of the ``openat2`` of ``rel`` that just failed."""
+    err = ctypes.get_errno()
+    if err == errno.ELOOP:
+        # A symlink in the path: from inside the tree this path does
+        # not lead anywhere we may go.
+        raise OSError(errno.ELOOP, "path goes through a symbolic link", os.fsdecode(rel))
+    if err == errno.EXDEV:
+        raise OSError(errno.EXDEV, "path leaves the workspace", os.fsdecode(rel))
+    raise OSError(err, os.strerror(err), os.fsdecode(rel))
+
+
 class Root:
     """A directory under which paths are resolved without leaving it."""
 
     def __init__(self, path: str, hide: str | None = None):
+        if hide is not None and (not hide.startswith(".") or "/" in hide):
+            # The fast path (_plain) skips the name check for paths in which
+            # no component starts with a dot: only a dot name is hidden by it.
+            raise ValueError(f"the hidden name must be one component starting with a dot: {hide!r}")
         self.path = os.path.abspath(path)
         self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.hide = hide.encode() if hide else None
@@ -88,33 +137,51 @@ class Root:
             self.fd = -1
 
     def _check(self, rel: bytes) -> None:
+        """Refuse a normalized path into the hidden store, or with a ``..``
+        component: ``RESOLVE_BENEATH`` lets ``a/..`` stay in the tree, so
+        ``a/../.stepfs`` would reach the store past the name check.  No
+        caller has a reason to send ``..`` (FUSE paths never hold one;
+        ``history.user_path`` resolves them itself)."""
         if self.hide is not None and (rel == self.hide or rel.startswith(self.hide + b"/")):
             raise FileNotFoundError(errno.ENOENT, "the store is not part of the workspace view", os.fsdecode(rel))
+        if b".." in rel and b".." in rel.split(b"/"):
+            raise OSError(errno.EXDEV, "path climbs with '..'", os.fsdecode(rel))
+
+    def _rel(self, path: str | bytes) -> bytes:
+        """``path`` normalized and checked (:meth:`_check`)."""
+        rel = path if isinstance(path, bytes) else os.fsencode(path)
+        if _plain(rel):
+            return rel
+        rel = normalize(rel)
+        self._check(rel)
+        return rel
 
     def open(self, path: str | bytes, flags: int, mode: int = 0o666) -> int:
         """``openat2`` beneath the root; raises ``OSError`` like ``os.open``."""
-        rel = normalize(path)
-        self._check(rel)
-        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                       RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-        fd = _libc.syscall(_SYS_openat2, self.fd, rel, ctypes.byref(how), ctypes.sizeof(how))
+        rel = self._rel(path)
+        if flags & os.O_CREAT:
+            how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+            ref = ctypes.byref(how)
+        else:
+            ref = _HOWS[flags][1] if flags in _HOWS else _how_for(flags)
+        fd = _syscall(_SYS_openat2, self.fd, rel, ref, _HOW_SIZE)
         if fd < 0:
-            err = ctypes.get_errno()
-            if err == errno.ELOOP:
-                # A symlink in the path: from inside the tree this path does
-                # not lead anywhere we may go.
-                raise OSError(errno.ELOOP, "path goes through a symbolic link", os.fsdecode(rel))
-            if err == errno.EXDEV:
-                raise OSError(errno.EXDEV, "path leaves the workspace", os.fsdecode(rel))
-            raise OSError(err, os.strerror(err), os.fsdecode(rel))
+            _raise_open_error(rel)
         return fd
 
     def lstat(self, path: str | bytes) -> os.stat_result:
-        fd = self.open(path, os.O_PATH | os.O_NOFOLLOW)
+        # open() and _plain() inlined: this is the stat of every lookup.
+        rel = path if path.__class__ is bytes else os.fsencode(path)
+        if not (rel and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel):
+            rel = normalize(rel)
+            self._check(rel)
+        fd = _syscall(_SYS_openat2, self.fd, rel, _LSTAT_HOW, _HOW_SIZE)
+        if fd < 0:
+            _raise_open_error(rel)
         try:
-            return os.fstat(fd)
+            return _fstat(fd)
         finally:
-            os.close(fd)
+            _close(fd)
 
     def lstat_or_none(self, path: str | bytes) -> os.stat_result | None:
         """``lstat``, or None when nothing is reachable there: absent, or a
@@ -170,9 +237,8 @@ class Root:
 
     def parent(self, path: str | bytes) -> tuple[int, bytes]:
         """``(fd of the parent directory, last component)``; caller closes fd."""
-        rel = normalize(path)
+        rel = self._rel(path)
         if rel == b".":
             raise OSError(errno.EINVAL, "the root has no parent", self.path)
-        self._check(rel)
         head, _, name = rel.rpartition(b"/")
         return self.open(head or b".", os.O_PATH | os.O_DIRECTORY), name

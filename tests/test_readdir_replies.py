@@ -219,6 +219,25 @@ def test_packed_stat_fill_gives_the_bytes_of_field_by_field(attrs, monkeypatch):
                                                                attrs.get("st_rdev", 0))
 
 
+@pytest.mark.parametrize("attrs", [
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2},
+    # Twelve keys, but another twelfth than st_rdev; eleven with one of the usual missing.
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2,
+     "st_atime": 1, "st_mtime": 2, "st_ctime": 3, "st_blocks": 0, "st_blksize": 4096, "st_dev": 77},
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2,
+     "st_atime": 1, "st_mtime": 2, "st_ctime": 3, "st_rdev": 9, "st_blksize": 4096},
+])
+def test_stat_fill_of_other_key_sets_is_mfusepys(attrs):
+    """A dict without exactly the view's keys is filled as mfusepy would
+    (zeroed, then set by name): absent fields are zero, extra ones kept."""
+    got = mfusepy.c_stat()
+    ctypes.memset(ctypes.byref(got), 0xAB, ctypes.sizeof(got))
+    fuse_ops._fill_stat(got, attrs)
+    want = mfusepy.c_stat()
+    mfusepy.set_st_attrs(want, attrs, use_ns=True)
+    assert bytes(got) == bytes(want)
+
+
 def test_listed_attributes_never_stat_the_store_or_leave_the_directory(adapter):
     root, view, _fuse, _reads = adapter
     (root / "d").mkdir()

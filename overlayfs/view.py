@@ -1035,20 +1035,27 @@ class Overlay(ContentMixin):
             node, st = self._resolve(path)
             if self._kind(node, st) != "dir":
                 raise NotADirectory(path)
-            entries: dict[str, tuple[int, int]] = {}
+            ino = node.ino if node is not None else st.st_ino
+            out = [(".", stat_mod.S_IFDIR, ino), ("..", stat_mod.S_IFDIR, 1)]
+            lower: list[tuple[str, int, int]] = []
             if node is None or not node.opaque:
                 try:
-                    dev = self.root_dev
-                    alias = self.ino_alias
                     wpath = rel(path)
                     # An upper directory over a workspace one: its own stamp.
                     wst = st if st is not None else self.root.lstat(wpath)
-                    for name, kind, ino in self.listings.listdir(wpath, wst):
-                        entries[name] = (kind, alias.get((dev, ino), ino) if alias else ino)
+                    lower = self.listings.listdir(wpath, wst)
                 except (FileNotFoundError, NotADirectoryError):
                     pass
+            upper_names = self.upper.child_names(path)
+            alias = self.ino_alias
+            if not upper_names and not alias:
+                out += lower  # sorted by name already (Listings)
+                return out
+            dev = self.root_dev
+            entries: dict[str, tuple[int, int]] = {
+                name: (kind, alias.get((dev, ino), ino) if alias else ino) for name, kind, ino in lower}
             prefix = path if path != "/" else ""
-            for name in self.upper.child_names(path):
+            for name in upper_names:
                 child = self.upper.nodes.get(prefix + "/" + name)
                 if child is None:
                     continue  # an unchanged directory on the way to staged paths
@@ -1056,8 +1063,6 @@ class Overlay(ContentMixin):
                     entries.pop(name, None)
                 else:
                     entries[name] = (child.type_bits, child.ino)
-            ino = node.ino if node is not None else st.st_ino
-            out = [(".", stat_mod.S_IFDIR, ino), ("..", stat_mod.S_IFDIR, 1)]
             out += [(name, kind, i) for name, (kind, i) in sorted(entries.items())]
             return out
 

@@ -206,31 +206,36 @@ class Root:
         finally:
             os.close(parent)
 
-    def listdir(self, path: str | bytes) -> list[tuple[bytes, int, int]]:
-        """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted)."""
+    def listdir(self, path: str | bytes, decoded: bool = False) -> list[tuple[bytes, int, int]]:
+        """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted); with
+        ``decoded`` the names are ``str`` as ``os.fsdecode`` gives them (the
+        form ``scandir`` reads them in: no round trip through bytes)."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         out = []
-        hide = self.hide if self.hide is not None and normalize(path) == b"." else None
+        hide = None
+        if self.hide is not None and normalize(path) == b".":
+            hide = os.fsdecode(self.hide)
+        reg, dir_, lnk = stat_mod.S_IFREG, stat_mod.S_IFDIR, stat_mod.S_IFLNK
         try:
             with os.scandir(fd) as it:
                 for entry in it:
                     # The directory entry's own type (d_type) when the
                     # filesystem gives one: no stat per entry.
                     if entry.is_file(follow_symlinks=False):
-                        kind = stat_mod.S_IFREG
+                        kind = reg
                     elif entry.is_dir(follow_symlinks=False):
-                        kind = stat_mod.S_IFDIR
+                        kind = dir_
                     elif entry.is_symlink():
-                        kind = stat_mod.S_IFLNK
+                        kind = lnk
                     else:
                         try:
                             kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
                         except FileNotFoundError:
                             continue
-                    name = os.fsencode(entry.name)
+                    name = entry.name
                     if name == hide:
                         continue
-                    out.append((name, kind, entry.inode()))
+                    out.append((name if decoded else os.fsencode(name), kind, entry.inode()))
         finally:
             os.close(fd)
         return out

@@ -171,3 +171,21 @@ def test_the_hidden_name_must_be_a_dot_name(tmp_path):
         Root(str(tmp_path), hide="store")
     with pytest.raises(ValueError):
         Root(str(tmp_path), hide=".a/b")
+
+
+def test_decoded_listings_are_the_byte_listings_decoded(tree):
+    """``listdir(decoded=True)`` reads the names as ``str`` straight from
+    ``scandir``: the same entries as the byte form through ``os.fsdecode``,
+    undecodable bytes included, and the store still left out of the root."""
+    ws, _outside, root = tree
+    (ws / "a" / os.fsdecode(b"raw-\xff")).write_bytes(b"")
+    os.symlink("b", ws / "a" / "l")
+    os.mkfifo(ws / "a" / "fifo")
+    for path in (".", "a", "/a", b"a"):
+        as_bytes = root.listdir(path)
+        assert sorted(root.listdir(path, decoded=True)) == sorted((os.fsdecode(n), k, i) for n, k, i in as_bytes)
+        assert all(isinstance(n, bytes) for n, _k, _i in as_bytes)
+    assert ".stepfs" not in {n for n, _k, _i in root.listdir(".", decoded=True)}
+    assert ".hidden" in {n for n, _k, _i in root.listdir(".", decoded=True)}
+    assert {n: k for n, k, _i in root.listdir("a", decoded=True)} == {
+        "b": 0o040000, "l": 0o120000, "fifo": 0o010000, os.fsdecode(b"raw-\xff"): 0o100000}

@@ -699,20 +699,22 @@ class Overlay(ContentMixin):
         callable: it is only asked when the path has open drafts, keeping
         the hot path free of /proc reads."""
         with self.lock:
-            h = self.handles.get(fh) if fh is not None else None
-            if h is not None and h.draft is not None:
-                out = self._stat_draft(h.draft, self.upper.get(h.path))
-                if self.hidden and h.path in self.hidden:
-                    out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
-                return out
-            if h is not None and h.node is not None:
-                out = self._stat_node(h.node)
-                if self.upper.get(h.path) is not h.node:
-                    out["st_nlink"] = 0  # unlinked or replaced while open
-                return out
-            if h is not None and h.fd >= 0 and h.data is None:
-                return self._stat_lower_handle(h)
-            if is_meta(path):
+            if fh is not None:
+                h = self.handles.get(fh)
+                if h is not None:
+                    if h.draft is not None:
+                        out = self._stat_draft(h.draft, self.upper.get(h.path))
+                        if self.hidden and h.path in self.hidden:
+                            out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
+                        return out
+                    if h.node is not None:
+                        out = self._stat_node(h.node)
+                        if self.upper.get(h.path) is not h.node:
+                            out["st_nlink"] = 0  # unlinked or replaced while open
+                        return out
+                    if h.fd >= 0 and h.data is None:
+                        return self._stat_lower_handle(h)
+            if path.startswith(META_ROOT) and is_meta(path):
                 return self.meta.getattr(path)
             if self.hidden and path in self.hidden:
                 d, attrs = self.hidden[path]

@@ -928,6 +928,10 @@ class _FUSE(mfusepy.FUSE):
         _fill_stat(buf.contents, a)
         return 0
 
+    # mfusepy's getattr_fuse_3 only calls fgetattr: registered directly, one
+    # Python frame less for every LOOKUP and GETATTR.
+    getattr_fuse_3 = fgetattr
+
     def getxattr(self, path, name, value, size, *args):
         # Only user.* attributes exist in the view (store/xattrs.py); ls -l
         # asks every file for security.selinux and system.posix_acl_access.

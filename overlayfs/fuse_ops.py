@@ -63,7 +63,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
 from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
-from .metatree import is_meta  # noqa: E402
+from .metatree import ROOT as META_ROOT, is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
@@ -687,6 +687,8 @@ _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "s
               "st_blocks", "st_blksize"}
 #: ... and with the device number (every workspace file's attributes carry it).
 _STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
+#: The name of ``MOUNT/.stepfs`` in the root's listing.
+META_NAME = META_ROOT[1:]
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 #: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
@@ -888,6 +890,9 @@ class _FUSE(mfusepy.FUSE):
         n = len(entries)
         batch = []  # (bname, kind, ino, name or None: plain)
         ask = []
+        # The one name of a listing that is .stepfs (``path`` itself never
+        # is: readdir_fuse_3 lists those plainly).
+        meta = META_NAME if path == "/" else None
         while i < n:
             name, kind, ino = entries[i]
             bname = name.encode(enc, errs)
@@ -896,9 +901,9 @@ class _FUSE(mfusepy.FUSE):
                 break
             budget -= need
             i += 1
-            if name != "." and name != "..":
+            if name != "." and name != ".." and name != meta:
                 full = prefix + name
-                if full not in held and not (gone and full in gone) and not is_meta(full):
+                if full not in held and not (gone and full in gone):
                     ask.append(name)
                     batch.append((bname, kind, ino, name))
                     continue

@@ -8,10 +8,16 @@ read, never followed).  This closes the race where something outside the
 mount swaps a directory for a symlink between our check and our use.
 
 The store directory (``.stepfs`` at the top of a workspace) is never
-reachable through a Root made with ``hide=".stepfs"``.
+reachable through a Root made with ``hide=".stepfs"``; a path with a ``..``
+component is refused outright (``EXDEV``), since ``RESOLVE_BENEATH`` lets
+``a/..`` stay inside and ``a/../.stepfs`` would pass the name check.
 
 Paths are relative, ``str`` (surrogate-escaped bytes, as FUSE hands them to
-us) or ``bytes``; ``""``, ``"."`` and ``"/"`` mean the root itself.
+us) or ``bytes``; ``""``, ``"."`` and ``"/"`` mean the root itself.  A path
+that is already normalized and has no component starting with a dot (most
+of what a lookup asks for) skips :func:`normalize` and the name checks:
+no such path can name the store or climb (hence a hidden name must start
+with a dot); the kernel's resolve flags apply to every path alike.
 """
 
 from __future__ import annotations

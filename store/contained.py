@@ -107,10 +107,11 @@ def normalize(path: str | bytes) -> bytes:
 def _plain(rel: bytes) -> bool:
     """``rel`` is already normalized and no component of it starts with a
     dot: not empty, no leading, trailing or doubled slash, no ``.``, ``..``
-    or hidden name (``.stepfs``) anywhere.  Such a path needs neither
+    or hidden name (``.stepfs``) anywhere, no NUL byte.  Such a path needs neither
     :func:`normalize` nor the hide and ``..`` checks (most paths a lookup
     asks for); any other path takes the full route."""
-    return bool(rel) and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+    return (bool(rel) and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+            and b"\0" not in rel)
 
 
 def _raise_open_error(rel: bytes) -> None:
@@ -148,6 +149,10 @@ class Root:
         ``a/../.stepfs`` would reach the store past the name check.  No
         caller has a reason to send ``..`` (FUSE paths never hold one;
         ``history.user_path`` resolves them itself)."""
+        if b"\0" in rel:
+            # The kernel would see the path cut at the NUL (ctypes passes a C
+            # string): ".stepfs\0x" would pass the name check as ".stepfs".
+            raise OSError(errno.EINVAL, "path contains a NUL byte", os.fsdecode(rel))
         if self.hide is not None and (rel == self.hide or rel.startswith(self.hide + b"/")):
             raise FileNotFoundError(errno.ENOENT, "the store is not part of the workspace view", os.fsdecode(rel))
         if b".." in rel and b".." in rel.split(b"/"):
@@ -178,7 +183,8 @@ class Root:
     def lstat(self, path: str | bytes) -> os.stat_result:
         # open() and _plain() inlined: this is the stat of every lookup.
         rel = path if path.__class__ is bytes else os.fsencode(path)
-        if not (rel and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel):
+        if not (rel and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+                and b"\0" not in rel):
             rel = normalize(rel)
             self._check(rel)
         fd = _syscall(_SYS_openat2, self.fd, rel, _LSTAT_HOW, _HOW_SIZE)

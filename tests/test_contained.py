@@ -44,7 +44,7 @@ def _errno_of(fn, *args) -> int | None:
     (b"a/b/f", True), ("a/b/f", True), (b"a", True), (b"a/b.c/d", True),
     (b"", False), (b".", False), (b"/a", False), (b"a/", False), (b"a//b", False), (b"./a", False),
     (b"a/./b", False), (b"a/.", False), (b"..", False), (b"a/../b", False), (b".stepfs", False),
-    (b"a/.stepfs", False), (b".hidden", False), (b"a/.git/HEAD", False),
+    (b"a/.stepfs", False), (b".hidden", False), (b"a/.git/HEAD", False), (b"a\0b", False),
 ])
 def test_only_normalized_paths_without_dot_components_are_plain(path, plain):
     rel = path if isinstance(path, bytes) else os.fsencode(path)
@@ -189,3 +189,16 @@ def test_decoded_listings_are_the_byte_listings_decoded(tree):
     assert ".hidden" in {n for n, _k, _i in root.listdir(".", decoded=True)}
     assert {n: k for n, k, _i in root.listdir("a", decoded=True)} == {
         "b": 0o040000, "l": 0o120000, "fifo": 0o010000, os.fsdecode(b"raw-\xff"): 0o100000}
+
+
+@pytest.mark.parametrize("spelling", [b".stepfs\0", ".stepfs\0/secret", b"a\0/../.stepfs", b"a/b\0", "a\0"])
+def test_a_nul_byte_is_refused(tree, spelling):
+    """ctypes hands the kernel a C string, cut at the first NUL: a path with
+    one is refused rather than resolved as its prefix (``.stepfs\\0x``
+    would otherwise pass the name check and reach the store)."""
+    _ws, _outside, root = tree
+    assert _errno_of(root.lstat, spelling) in (errno.EINVAL, errno.EXDEV)
+    assert _errno_of(root.open, spelling, os.O_RDONLY) in (errno.EINVAL, errno.EXDEV)
+    assert _errno_of(root.lstat_or_none, spelling) in (errno.EINVAL, None)
+    if _errno_of(root.lstat_or_none, spelling) is None:
+        assert root.lstat_or_none(spelling) is None

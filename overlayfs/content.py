@@ -159,6 +159,18 @@ def _copy_range(src: int, dst: int, off: int, end: int) -> None:
         off += n
 
 
+def _fd_digest(fd: int) -> str:
+    """XXH3-128 (hex) of the whole content of ``fd``, read with ``pread``."""
+    h = xxhash.xxh3_128()
+    off = 0
+    while True:
+        data = os.pread(fd, 1 << 20, off)
+        if not data:
+            return h.hexdigest()
+        h.update(data)
+        off += len(data)
+
+
 def _same_bytes(a: int, b: int) -> bool:
     if os.fstat(a).st_size != os.fstat(b).st_size:
         return False
@@ -185,14 +197,7 @@ class ContentMixin:
     def _lower_digest(self, path: str) -> str:
         fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            h = xxhash.xxh3_128()
-            off = 0
-            while True:
-                data = os.pread(fd, 1 << 20, off)
-                if not data:
-                    return h.hexdigest()
-                h.update(data)
-                off += len(data)
+            return _fd_digest(fd)
         finally:
             os.close(fd)
 
@@ -212,6 +217,20 @@ class ContentMixin:
         tok, st, digest = self.current_token(path)
         if st is not None and tokens.is_racy(st, time.time_ns()):
             return tokens.with_hash(tok, digest())
+        return tok
+
+    @staticmethod
+    def _open_token(fd: int) -> str:
+        """:meth:`record_token` of the workspace file open at ``fd``: from
+        its ``fstat``, hashed through ``fd`` inside the racy window.  The
+        token of the very file the handle reads, even if the path was
+        replaced since it was opened (a token of the path would credit the
+        reader with a version it never read); and no second resolution of
+        the path."""
+        st = os.fstat(fd)
+        tok = tokens.from_stat(st)
+        if tokens.is_racy(st, time.time_ns()):
+            return tokens.with_hash(tok, _fd_digest(fd))
         return tok
 
     def still(self, recorded: str, path: str) -> bool:
@@ -703,7 +722,12 @@ class ContentMixin:
                 h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.node_token(node))
             else:
                 fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-                h = Handle(path, fd, agent, False, direct=direct, token=self.record_token(path))
+                try:
+                    token = self._open_token(fd)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                h = Handle(path, fd, agent, False, direct=direct, token=token)
             self.observe(agent, path, h.token)
             return self._add_handle(h)
 

@@ -63,7 +63,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
 from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
-from .metatree import is_meta  # noqa: E402
+from .metatree import ROOT as META_ROOT, is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
 from .watch import Watcher  # noqa: E402
 
@@ -687,6 +687,8 @@ _STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "s
               "st_blocks", "st_blksize"}
 #: ... and with the device number (every workspace file's attributes carry it).
 _STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
+#: The name of ``MOUNT/.stepfs`` in the root's listing.
+META_NAME = META_ROOT[1:]
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 #: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
@@ -717,52 +719,62 @@ _STAT_PACKED = (_STAT_LAYOUT.size <= _STAT_SIZE
                         for name, off in _STAT_OFFSETS))
 #: The zeroed bytes after the packed fields (``reserved``).
 _STAT_TAIL = _STAT_SIZE - _STAT_LAYOUT.size
+#: The layout with the tail as pad bytes, which ``pack_into`` writes as zeros.
+_STAT_FULL = struct.Struct(_STAT_LAYOUT.format + f"{max(_STAT_TAIL, 0)}x")
 
 
 def _fill_stat(st, a: dict) -> None:
     """Set the ``c_stat`` ``st`` from the attribute dict ``a`` (every field
     not in ``a`` zero).  mfusepy's set_st_attrs looks every key up by name
     (about twice the cost); the view's attribute dicts have the eleven
-    :data:`_STAT_KEYS`, and st_rdev (tests/test_mount_warm.py keeps it so)."""
-    keys = a.keys()
-    if keys == _STAT_KEYS_RDEV:
-        rdev = a["st_rdev"]
-    elif keys == _STAT_KEYS:
-        rdev = 0
-    else:
+    :data:`_STAT_KEYS`, and st_rdev (tests/test_mount_warm.py keeps it so).
+
+    Which of the two key sets ``a`` has is told by its length and the
+    ``KeyError`` of a missing key (comparing the key sets cost a third of
+    this function); the reserved tail is zeroed by the pack's pad bytes."""
+    n = len(a)
+    try:
+        if n == 12 and "st_rdev" in a:
+            rdev = a["st_rdev"]
+        elif n == 11:
+            rdev = 0
+        else:
+            raise KeyError
+        if _STAT_PACKED:
+            asec, ansec = divmod(a["st_atime"], 1_000_000_000)
+            msec, mnsec = divmod(a["st_mtime"], 1_000_000_000)
+            csec, cnsec = divmod(a["st_ctime"], 1_000_000_000)
+            try:
+                _STAT_FULL.pack_into(st, 0, 0, a["st_ino"], a["st_nlink"], a["st_mode"], a["st_uid"], a["st_gid"], 0,
+                                     rdev, a["st_size"], a["st_blksize"], a["st_blocks"], asec, ansec, msec, mnsec,
+                                     csec, cnsec)
+            except struct.error:
+                pass  # a value out of its field's range: ctypes below truncates it as it always did
+            else:
+                return
+        mode, ino, nlink, size = a["st_mode"], a["st_ino"], a["st_nlink"], a["st_size"]
+        uid, gid, blocks, blksize = a["st_uid"], a["st_gid"], a["st_blocks"], a["st_blksize"]
+        atime, mtime, ctime = a["st_atime"], a["st_mtime"], a["st_ctime"]
+    except KeyError:  # another key set
         ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
         mfusepy.set_st_attrs(st, a, use_ns=True)
         return
-    if _STAT_PACKED:
-        asec, ansec = divmod(a["st_atime"], 1_000_000_000)
-        msec, mnsec = divmod(a["st_mtime"], 1_000_000_000)
-        csec, cnsec = divmod(a["st_ctime"], 1_000_000_000)
-        try:
-            _STAT_LAYOUT.pack_into(st, 0, 0, a["st_ino"], a["st_nlink"], a["st_mode"], a["st_uid"], a["st_gid"], 0,
-                                   rdev, a["st_size"], a["st_blksize"], a["st_blocks"], asec, ansec, msec, mnsec,
-                                   csec, cnsec)
-        except struct.error:
-            pass  # a value out of its field's range: ctypes below truncates it as it always did
-        else:
-            if _STAT_TAIL:
-                ctypes.memset(ctypes.addressof(st) + _STAT_LAYOUT.size, 0, _STAT_TAIL)
-            return
     ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
     st.st_rdev = rdev
-    st.st_mode = a["st_mode"]
-    st.st_ino = a["st_ino"]
-    st.st_nlink = a["st_nlink"]
-    st.st_size = a["st_size"]
-    st.st_uid = a["st_uid"]
-    st.st_gid = a["st_gid"]
-    st.st_blocks = a["st_blocks"]
-    st.st_blksize = a["st_blksize"]
+    st.st_mode = mode
+    st.st_ino = ino
+    st.st_nlink = nlink
+    st.st_size = size
+    st.st_uid = uid
+    st.st_gid = gid
+    st.st_blocks = blocks
+    st.st_blksize = blksize
     ts = st.st_atimespec
-    ts.tv_sec, ts.tv_nsec = divmod(a["st_atime"], 1_000_000_000)
+    ts.tv_sec, ts.tv_nsec = divmod(atime, 1_000_000_000)
     ts = st.st_mtimespec
-    ts.tv_sec, ts.tv_nsec = divmod(a["st_mtime"], 1_000_000_000)
+    ts.tv_sec, ts.tv_nsec = divmod(mtime, 1_000_000_000)
     ts = st.st_ctimespec
-    ts.tv_sec, ts.tv_nsec = divmod(a["st_ctime"], 1_000_000_000)
+    ts.tv_sec, ts.tv_nsec = divmod(ctime, 1_000_000_000)
 
 
 class _FUSE(mfusepy.FUSE):
@@ -878,6 +890,9 @@ class _FUSE(mfusepy.FUSE):
         n = len(entries)
         batch = []  # (bname, kind, ino, name or None: plain)
         ask = []
+        # The one name of a listing that is .stepfs (``path`` itself never
+        # is: readdir_fuse_3 lists those plainly).
+        meta = META_NAME if path == "/" else None
         while i < n:
             name, kind, ino = entries[i]
             bname = name.encode(enc, errs)
@@ -886,9 +901,9 @@ class _FUSE(mfusepy.FUSE):
                 break
             budget -= need
             i += 1
-            if name != "." and name != "..":
+            if name != "." and name != ".." and name != meta:
                 full = prefix + name
-                if full not in held and not (gone and full in gone) and not is_meta(full):
+                if full not in held and not (gone and full in gone):
                     ask.append(name)
                     batch.append((bname, kind, ino, name))
                     continue
@@ -917,6 +932,10 @@ class _FUSE(mfusepy.FUSE):
                                     fip.contents if fip else None)
         _fill_stat(buf.contents, a)
         return 0
+
+    # mfusepy's getattr_fuse_3 only calls fgetattr: registered directly, one
+    # Python frame less for every LOOKUP and GETATTR.
+    getattr_fuse_3 = fgetattr
 
     def getxattr(self, path, name, value, size, *args):
         # Only user.* attributes exist in the view (store/xattrs.py); ls -l

@@ -66,7 +66,8 @@ class Listings:
         self._kept: dict[bytes, tuple[Stamp, list[tuple[str, int, int]]]] = {}
 
     def listdir(self, path: bytes, st: os.stat_result) -> list[tuple[str, int, int]]:
-        """``Root.listdir(path)`` with decoded names (shared: do not modify);
+        """``Root.listdir(path)`` with decoded names, sorted by name (shared:
+        do not modify);
         ``st``: the directory's ``lstat``, taken just before this call.
         Raises like ``Root.listdir``."""
         stamp = stamp_of(st)
@@ -74,7 +75,7 @@ class Listings:
         if kept is not None and kept[0] == stamp:
             return kept[1]
         now = time.time_ns()
-        entries = [(os.fsdecode(name), kind, ino) for name, kind, ino in self.root.listdir(path)]
+        entries = sorted(self.root.listdir(path, decoded=True))  # names are unique: sorted by name
         if settled(st, now):
             if len(self._kept) >= self.limit:
                 self._kept.clear()

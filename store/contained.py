@@ -8,10 +8,16 @@ read, never followed).  This closes the race where something outside the
 mount swaps a directory for a symlink between our check and our use.
 
 The store directory (``.stepfs`` at the top of a workspace) is never
-reachable through a Root made with ``hide=".stepfs"``.
+reachable through a Root made with ``hide=".stepfs"``; a path with a ``..``
+component is refused outright (``EXDEV``), since ``RESOLVE_BENEATH`` lets
+``a/..`` stay inside and ``a/../.stepfs`` would pass the name check.
 
 Paths are relative, ``str`` (surrogate-escaped bytes, as FUSE hands them to
-us) or ``bytes``; ``""``, ``"."`` and ``"/"`` mean the root itself.
+us) or ``bytes``; ``""``, ``"."`` and ``"/"`` mean the root itself.  A path
+that is already normalized and has no component starting with a dot (most
+of what a lookup asks for) skips :func:`normalize` and the name checks:
+no such path can name the store or climb (hence a hidden name must start
+with a dot); the kernel's resolve flags apply to every path alike.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import os
 import stat as stat_mod
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_fstat, _close = os.fstat, os.close
 _SYS_openat2 = 437  # the same number on every Linux architecture
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
@@ -30,6 +38,28 @@ RESOLVE_BENEATH = 0x08
 
 class _OpenHow(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
+#: ``open_how`` (by reference) per open without ``O_CREAT``, keyed by the
+#: caller's flags.  Built once and never written after: the kernel only
+#: reads it, so every thread may pass the same one (a fresh struct per call
+#: cost about a fifth of an ``lstat``).  A handful of flag sets exist.
+_HOWS: dict[int, tuple[_OpenHow, object]] = {}
+
+
+def _how_for(flags: int) -> object:
+    """The shared, read-only ``open_how`` reference for ``flags`` (no O_CREAT)."""
+    entry = _HOWS.get(flags)
+    if entry is None:
+        how = _OpenHow(flags | os.O_CLOEXEC, 0, _RESOLVE)
+        entry = _HOWS[flags] = (how, ctypes.byref(how))  # the byref keeps ``how`` alive too
+    return entry[1]
+
+
+#: ``open_how`` of :meth:`Root.lstat`.
+_LSTAT_HOW = _how_for(os.O_PATH | os.O_NOFOLLOW)
 
 
 def kind_of(mode: int) -> str:
@@ -74,10 +104,36 @@ def normalize(path: str | bytes) -> bytes:
     return b"/".join(parts) or b"."
 
 
+def _plain(rel: bytes) -> bool:
+    """``rel`` is already normalized and no component of it starts with a
+    dot: not empty, no leading, trailing or doubled slash, no ``.``, ``..``
+    or hidden name (``.stepfs``) anywhere, no NUL byte.  Such a path needs neither
+    :func:`normalize` nor the hide and ``..`` checks (most paths a lookup
+    asks for); any other path takes the full route."""
+    return (bool(rel) and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+            and b"\0" not in rel)
+
+
+def _raise_open_error(rel: bytes) -> None:
+    """Raise the ``OSError`` of the ``openat2`` of ``rel`` that just failed."""
+    err = ctypes.get_errno()
+    if err == errno.ELOOP:
+        # A symlink in the path: from inside the tree this path does
+        # not lead anywhere we may go.
+        raise OSError(errno.ELOOP, "path goes through a symbolic link", os.fsdecode(rel))
+    if err == errno.EXDEV:
+        raise OSError(errno.EXDEV, "path leaves the workspace", os.fsdecode(rel))
+    raise OSError(err, os.strerror(err), os.fsdecode(rel))
+
+
 class Root:
     """A directory under which paths are resolved without leaving it."""
 
     def __init__(self, path: str, hide: str | None = None):
+        if hide is not None and (not hide.startswith(".") or "/" in hide):
+            # The fast path (_plain) skips the name check for paths in which
+            # no component starts with a dot: only a dot name is hidden by it.
+            raise ValueError(f"the hidden name must be one component starting with a dot: {hide!r}")
         self.path = os.path.abspath(path)
         self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.hide = hide.encode() if hide else None
@@ -88,33 +144,56 @@ class Root:
             self.fd = -1
 
     def _check(self, rel: bytes) -> None:
+        """Refuse a normalized path into the hidden store, or with a ``..``
+        component: ``RESOLVE_BENEATH`` lets ``a/..`` stay in the tree, so
+        ``a/../.stepfs`` would reach the store past the name check.  No
+        caller has a reason to send ``..`` (FUSE paths never hold one;
+        ``history.user_path`` resolves them itself)."""
+        if b"\0" in rel:
+            # The kernel would see the path cut at the NUL (ctypes passes a C
+            # string): ".stepfs\0x" would pass the name check as ".stepfs".
+            raise OSError(errno.EINVAL, "path contains a NUL byte", os.fsdecode(rel))
         if self.hide is not None and (rel == self.hide or rel.startswith(self.hide + b"/")):
             raise FileNotFoundError(errno.ENOENT, "the store is not part of the workspace view", os.fsdecode(rel))
+        if b".." in rel and b".." in rel.split(b"/"):
+            raise OSError(errno.EXDEV, "path climbs with '..'", os.fsdecode(rel))
+
+    def _rel(self, path: str | bytes) -> bytes:
+        """``path`` normalized and checked (:meth:`_check`)."""
+        rel = path if isinstance(path, bytes) else os.fsencode(path)
+        if _plain(rel):
+            return rel
+        rel = normalize(rel)
+        self._check(rel)
+        return rel
 
     def open(self, path: str | bytes, flags: int, mode: int = 0o666) -> int:
         """``openat2`` beneath the root; raises ``OSError`` like ``os.open``."""
-        rel = normalize(path)
-        self._check(rel)
-        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0,
-                       RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
-        fd = _libc.syscall(_SYS_openat2, self.fd, rel, ctypes.byref(how), ctypes.sizeof(how))
+        rel = self._rel(path)
+        if flags & os.O_CREAT:
+            how = _OpenHow(flags | os.O_CLOEXEC, mode, _RESOLVE)
+            ref = ctypes.byref(how)
+        else:
+            ref = _HOWS[flags][1] if flags in _HOWS else _how_for(flags)
+        fd = _syscall(_SYS_openat2, self.fd, rel, ref, _HOW_SIZE)
         if fd < 0:
-            err = ctypes.get_errno()
-            if err == errno.ELOOP:
-                # A symlink in the path: from inside the tree this path does
-                # not lead anywhere we may go.
-                raise OSError(errno.ELOOP, "path goes through a symbolic link", os.fsdecode(rel))
-            if err == errno.EXDEV:
-                raise OSError(errno.EXDEV, "path leaves the workspace", os.fsdecode(rel))
-            raise OSError(err, os.strerror(err), os.fsdecode(rel))
+            _raise_open_error(rel)
         return fd
 
     def lstat(self, path: str | bytes) -> os.stat_result:
-        fd = self.open(path, os.O_PATH | os.O_NOFOLLOW)
+        # open() and _plain() inlined: this is the stat of every lookup.
+        rel = path if path.__class__ is bytes else os.fsencode(path)
+        if not (rel and rel[0] != 46 and rel[0] != 47 and rel[-1] != 47 and b"/." not in rel and b"//" not in rel
+                and b"\0" not in rel):
+            rel = normalize(rel)
+            self._check(rel)
+        fd = _syscall(_SYS_openat2, self.fd, rel, _LSTAT_HOW, _HOW_SIZE)
+        if fd < 0:
+            _raise_open_error(rel)
         try:
-            return os.fstat(fd)
+            return _fstat(fd)
         finally:
-            os.close(fd)
+            _close(fd)
 
     def lstat_or_none(self, path: str | bytes) -> os.stat_result | None:
         """``lstat``, or None when nothing is reachable there: absent, or a
@@ -139,40 +218,44 @@ class Root:
         finally:
             os.close(parent)
 
-    def listdir(self, path: str | bytes) -> list[tuple[bytes, int, int]]:
-        """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted)."""
+    def listdir(self, path: str | bytes, decoded: bool = False) -> list[tuple[bytes, int, int]]:
+        """``[(name, S_IFMT bits, inode)]`` of a directory (unsorted); with
+        ``decoded`` the names are ``str`` as ``os.fsdecode`` gives them (the
+        form ``scandir`` reads them in: no round trip through bytes)."""
         fd = self.open(path, os.O_RDONLY | os.O_DIRECTORY)
         out = []
-        hide = self.hide if self.hide is not None and normalize(path) == b"." else None
+        hide = None
+        if self.hide is not None and normalize(path) == b".":
+            hide = os.fsdecode(self.hide)
+        reg, dir_, lnk = stat_mod.S_IFREG, stat_mod.S_IFDIR, stat_mod.S_IFLNK
         try:
             with os.scandir(fd) as it:
                 for entry in it:
                     # The directory entry's own type (d_type) when the
                     # filesystem gives one: no stat per entry.
                     if entry.is_file(follow_symlinks=False):
-                        kind = stat_mod.S_IFREG
+                        kind = reg
                     elif entry.is_dir(follow_symlinks=False):
-                        kind = stat_mod.S_IFDIR
+                        kind = dir_
                     elif entry.is_symlink():
-                        kind = stat_mod.S_IFLNK
+                        kind = lnk
                     else:
                         try:
                             kind = stat_mod.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
                         except FileNotFoundError:
                             continue
-                    name = os.fsencode(entry.name)
+                    name = entry.name
                     if name == hide:
                         continue
-                    out.append((name, kind, entry.inode()))
+                    out.append((name if decoded else os.fsencode(name), kind, entry.inode()))
         finally:
             os.close(fd)
         return out
 
     def parent(self, path: str | bytes) -> tuple[int, bytes]:
         """``(fd of the parent directory, last component)``; caller closes fd."""
-        rel = normalize(path)
+        rel = self._rel(path)
         if rel == b".":
             raise OSError(errno.EINVAL, "the root has no parent", self.path)
-        self._check(rel)
         head, _, name = rel.rpartition(b"/")
         return self.open(head or b".", os.O_PATH | os.O_DIRECTORY), name

@@ -335,13 +335,36 @@ class Prepared:
 
     At most one ``expanding`` bind parameter (an ``IN`` list, passed as a
     list) is rendered with one placeholder per value, cached per length.
+
+    Every instance is listed in :attr:`ALL` (they are module constants), so
+    that a mount daemon can compile them all before it serves anything
+    (:meth:`warm`): compiling took 0.1-0.6 ms per statement, about 1 ms in
+    the first close-write after a mount and 2.5 ms in its first commit.
     """
+
+    #: Every statement made so far (import time: module constants).
+    ALL: list["Prepared"] = []
 
     def __init__(self, stmt, columns: list[str] | None = None):
         self.stmt = stmt
         self.columns = columns
         self._by_dialect: dict[str, tuple | None] = {}
         self._expanded: dict[tuple[str, int], str] = {}
+        Prepared.ALL.append(self)
+
+    @classmethod
+    def warm(cls, db: "Database") -> int:
+        """Compile every statement of :attr:`ALL` for ``db``'s dialect now
+        (no database access); returns how many were compiled.  Compiling
+        is idempotent and the cache is only ever added to, so a statement
+        some other thread compiles meanwhile is at worst compiled twice."""
+        dialect = db.engine.dialect
+        done = 0
+        for prepared in list(cls.ALL):
+            if dialect.name not in prepared._by_dialect:
+                prepared._compiled(dialect)
+                done += 1
+        return done
 
     def _compiled(self, dialect) -> tuple | None:
         try:

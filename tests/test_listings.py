@@ -35,9 +35,9 @@ def counted(monkeypatch):
     calls: dict[str, int] = {}
     real = listings.Root.listdir
 
-    def listdir(self, path):
+    def listdir(self, path, decoded=False):
         calls[path] = calls.get(path, 0) + 1
-        return real(self, path)
+        return real(self, path, decoded)
 
     monkeypatch.setattr(listings.Root, "listdir", listdir)
     return calls

@@ -219,6 +219,25 @@ def test_packed_stat_fill_gives_the_bytes_of_field_by_field(attrs, monkeypatch):
                                                                attrs.get("st_rdev", 0))
 
 
+@pytest.mark.parametrize("attrs", [
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2},
+    # Twelve keys, but another twelfth than st_rdev; eleven with one of the usual missing.
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2,
+     "st_atime": 1, "st_mtime": 2, "st_ctime": 3, "st_blocks": 0, "st_blksize": 4096, "st_dev": 77},
+    {"st_mode": stat.S_IFREG | 0o644, "st_ino": 5, "st_nlink": 1, "st_size": 3, "st_uid": 1, "st_gid": 2,
+     "st_atime": 1, "st_mtime": 2, "st_ctime": 3, "st_rdev": 9, "st_blksize": 4096},
+])
+def test_stat_fill_of_other_key_sets_is_mfusepys(attrs):
+    """A dict without exactly the view's keys is filled as mfusepy would
+    (zeroed, then set by name): absent fields are zero, extra ones kept."""
+    got = mfusepy.c_stat()
+    ctypes.memset(ctypes.byref(got), 0xAB, ctypes.sizeof(got))
+    fuse_ops._fill_stat(got, attrs)
+    want = mfusepy.c_stat()
+    mfusepy.set_st_attrs(want, attrs, use_ns=True)
+    assert bytes(got) == bytes(want)
+
+
 def test_listed_attributes_never_stat_the_store_or_leave_the_directory(adapter):
     root, view, _fuse, _reads = adapter
     (root / "d").mkdir()
@@ -231,3 +250,21 @@ def test_listed_attributes_never_stat_the_store_or_leave_the_directory(adapter):
     odd = ["..", "../top.txt", "../../x"]
     assert view.getattr_listed("/d", odd) == [_getattr_or_none(view, "/d/" + n) for n in odd]
     assert view.getattr_listed("/d", odd)[2] is None
+
+
+def test_the_roots_readdirplus_lists_stepfs_without_attributes(adapter):
+    """``MOUNT/.stepfs`` goes out as a plain entry (the kernel looks it up
+    and gets the generated tree's attributes from getattr); a workspace
+    name of the same spelling below the root is an ordinary entry."""
+    root, view, fuse, _reads = adapter
+    (root / "top.txt").write_bytes(b"t")
+    (root / "d").mkdir()
+    (root / "d" / ".stepfs").write_bytes(b"not the store")
+    assert ".stepfs" not in [n for n, _k, _i in view.readdir("/")]  # hidden from listings, reachable by name
+    listing = fuse.operations.readdir_entries
+    fuse.operations.readdir_entries = lambda path: listing(path) + (
+        [(".stepfs", stat.S_IFDIR, 99)] if path == "/" else [])  # were it ever listed
+    got = {n: flags for n, _off, flags, _mode, _size in Replies().request(fuse, "/", 0, plus=True)}
+    assert got[".stepfs"] == 0 and got["top.txt"] == FUSE_FILL_DIR_PLUS and got["d"] == FUSE_FILL_DIR_PLUS
+    below = {n: (flags, size) for n, _off, flags, _mode, size in Replies().request(fuse, "/d", 0, plus=True)}
+    assert below[".stepfs"] == (FUSE_FILL_DIR_PLUS, len(b"not the store"))

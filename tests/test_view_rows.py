@@ -158,12 +158,34 @@ def test_a_failed_write_keeps_the_rows_recorded(deferred):
 
 def test_the_timer_writes_recorded_rows(tmp_path):
     ws, view = open_view(tmp_path, row_delay=0.01)
-    view.mkdir("/later", 0o755)
     timer = view._row_timer
-    assert timer is not None
-    timer.join()  # the timer thread has run (an event, not a sleep)
+    thread = timer._thread
+    assert not timer.armed and thread.is_alive()
+    view.mkdir("/later", 0o755)
+    assert timer.armed
+    assert timer.wait_fired(1, timeout=10)  # the timer has run (an event, not a sleep)
     assert rows(ws, view)[b"later"].kind == "dir"
-    assert view._row_timer is None
+    assert not timer.armed
+    # The next change arms the same thread again.
+    view.mkdir("/later2", 0o755)
+    view.chmod("/later2", 0o700)  # while armed: no second arming
+    assert timer.wait_fired(2, timeout=10)
+    assert timer._thread is thread and thread.is_alive()
+    assert rows(ws, view)[b"later2"].mode & 0o777 == 0o700
+    assert timer.fired == 2
+    view.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()  # close ends it
+    ws.close()
+
+
+def test_a_view_closed_while_the_timer_is_armed_writes_its_rows_once(tmp_path):
+    ws, view = open_view(tmp_path, row_delay=60)
+    view.mkdir("/pending", 0o755)
+    assert view._row_timer.armed
+    view.close()
+    assert not view._row_timer.armed
+    assert rows(ws, view)[b"pending"].kind == "dir"
     ws.close()
 
 

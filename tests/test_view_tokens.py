@@ -703,6 +703,41 @@ def test_tokens_inside_the_racy_window_carry_a_content_hash(ws, ov):
     assert not ov.still(token, "/x")
 
 
+@pytest.mark.parametrize("racy", [True, False])
+def test_a_read_only_open_records_the_token_of_the_file_it_reads(ws, ov, monkeypatch, racy):
+    """A read-only open takes its token from the descriptor it reads
+    (``fstat``, hashed through it in the racy window): the path's token
+    when nothing moved, and the old file's if the path is replaced right
+    after the open -- the reader then never saw the new version, so its
+    write-open is stale."""
+    if not racy:
+        monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
+    fh = ov.open("/x", RO, agent=A)
+    assert ov.handles[fh].token == ov.observed[A]["/x"] == ov.record_token("/x")
+    assert (tokens.HASH_SEP in ov.handles[fh].token) == racy
+    ov.release(fh)
+    real_open = ov.root.open
+
+    def open_then_replace(path, flags, mode=0o666):
+        fd = real_open(path, flags, mode)
+        if flags & os.O_ACCMODE == os.O_RDONLY and not flags & os.O_PATH:
+            _save_by_rename(os.path.join(ws.path, "x"))  # an editor saves just after the open
+        return fd
+
+    monkeypatch.setattr(ov.root, "open", open_then_replace)
+    fh = ov.open("/x", RO, agent=A)
+    monkeypatch.setattr(ov.root, "open", real_open)
+    try:
+        assert ov.read(fh, 100, 0) == b"version one\n"
+        token = ov.handles[fh].token
+        assert token.partition(tokens.HASH_SEP)[0] == tokens.from_stat(os.fstat(ov.handles[fh].fd))
+        assert token != ov.record_token("/x")
+    finally:
+        ov.release(fh)
+    with pytest.raises(Stale):
+        ov.open("/x", os.O_WRONLY, agent=A)
+
+
 def test_s3_save_by_rename_is_caught_without_the_hash(ws, ov, monkeypatch):
     """Outside the racy window the stat token alone decides: ``ino`` moves."""
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)

@@ -36,7 +36,7 @@ def reopen(view: Overlay) -> Overlay:
             os.close(h.fd)
     view.handles.clear()
     if view._row_timer is not None:
-        view._row_timer.cancel()
+        view._row_timer.stop()
     view._pending.clear()
     view.upper = None  # any further use of the dead view fails loudly
     return Overlay(view.ws, mountpoint=view.mountpoint, row_delay=view.row_delay)

@@ -64,7 +64,12 @@ Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
 whose checksum verifies is published again from the store (steps 2, 4 and 5:
 every new file rewritten from its object into a new temporary file and
-fsynced, every rename and directory fsync redone) and marked committed.  A
+fsynced, every rename and directory fsync redone) and marked committed,
+except the paths that hold neither the layer's before nor its after state
+(:func:`classify`): changed outside stepfs after the intent, they are left
+as they are, named in the log and recorded as ``outside-change`` conflicts
+in the transaction that marks the layer committed.  Nothing is overwritten
+that the layer did not capture or write.  A
 layer whose checksum does not verify (a torn, truncated or garbage intent)
 is marked ``void``: it never reached a consistent commit point, the
 workspace is left alone and the step's staged rows, never consumed, are
@@ -502,20 +507,41 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
     )
 
 
-def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None) -> None:
+def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None,
+              left: list[Entry] = ()) -> None:
     """Step 5: the layer is committed and its step's staged rows consumed.
 
     ``dir_sync``: the switch's last directory fsyncs, still running; the
     statements are run meanwhile and the COMMIT only once every one of them
     has ended (SQLite writes nothing of a transaction to the WAL as
     committed before its COMMIT).  If one failed, the transaction is rolled
-    back and the ``OSError`` raised: the layer stays pending."""
+    back and the ``OSError`` raised: the layer stays pending.
+
+    ``left``: entries recovery did not publish (:func:`classify`), each
+    recorded in the same transaction as an ``outside-change`` conflict of
+    the layer's mount holding the layer's after state (what ``stepfs
+    status`` lists and ``MOUNT/.stepfs/conflicts/PATH`` shows)."""
     with ws.db.write(durable=True) as conn:
         _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
             _CONSUME_STEP.execute(conn, {"s": step})
+        if left:
+            mount, agent = conn.execute(select(L.c.mount, L.c.agent).where(L.c.number == number)).one()
+            now = time.time_ns()
+            conn.execute(schema.conflicts.insert(), [dict(
+                created_ns=now, path=e.path, mount=mount, agent=agent, reason=OUTSIDE_CHANGE,
+                oid=e.after.oid if e.after.kind == "file" else None, mode=e.after.mode, token_mine="",
+                token_theirs=_token_now(ws, e.path),
+            ) for e in left])
         if dir_sync is not None:
             dir_sync.syncing.wait()
+
+
+def _token_now(ws: Workspace, path: bytes) -> str:
+    st = _lstat(ws, path)
+    if st is None:
+        return tokens.ABSENT
+    return tokens.from_stat(st, ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None)
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -617,7 +643,7 @@ def _temp_name(number: int, seq: int) -> bytes:
 SYNC_BATCH = 256
 
 
-def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> list[int]:
+def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None, keep: set[bytes] = frozenset()) -> list[int]:
     """Step 2: every new file, symlink, FIFO, device node, socket and hard
     link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
@@ -630,11 +656,13 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
     files of an interrupted one.  A hard link is made to the temporary file
     of the name it links to when that is in this layer, else to the
     workspace path (unchanged by the layer).  ``conn``: a transaction of
-    the caller to read the objects in (else one of its own).  Raises
-    ``OSError``."""
+    the caller to read the objects in (else one of its own).  ``keep``:
+    paths recovery leaves alone (:func:`classify`): no temporary file, and
+    a hard link of one is made as a copy of its after state (the path
+    itself holds something else).  Raises ``OSError``."""
     if conn is None:
         with ws.db.read() as own:
-            return _prepare(ws, number, entries, own)
+            return _prepare(ws, number, entries, own, keep)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -652,7 +680,7 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
         # Links last: the files they link to must exist first.
         for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
             e = entries[seq]
-            if e.after.kind not in LEAF_KINDS:
+            if e.after.kind not in LEAF_KINDS or e.path in keep:
                 continue
             tmp_name = _temp_name(number, seq)
             try:
@@ -660,7 +688,7 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
             except FileNotFoundError:
                 pass
             owner = _owner_for(ws, e.path, e.after)
-            if e.after_link is not None:
+            if e.after_link is not None and e.after_link not in keep:
                 if e.after_link in seq_of:
                     os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
                             dst_dir_fd=tmp_fd, follow_symlinks=False)
@@ -774,8 +802,12 @@ def _switch_prep(ws: Workspace, entries: list[Entry]) -> _Prepped | None:
     return prepped
 
 
+#: The mode the switch makes a new directory with; its own mode is set last.
+_NEW_DIR_MODE = 0o700
+
+
 def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
-            prepped: _Prepped | None = None) -> _DirSync | None:
+            prepped: _Prepped | None = None, keep: set[bytes] = frozenset()) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
@@ -790,6 +822,10 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
     over: its descriptors are closed here or handed to the result); the
     same durable calls then run in the same order on its descriptors.
+
+    ``keep``: paths left as they are (recovery: they hold something the
+    layer must not overwrite, :func:`classify`); the directories that hold
+    them are fsynced all the same.
     """
     if prepped is not None:
         return _switch_prepped(ws, number, entries, wait, prepped)
@@ -805,6 +841,11 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     # the layer is marked committed.
     dirs_to_sync: set[bytes] = {parent_of(e.path) for e in entries}
     dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
+    if keep:
+        entries_all, entries = entries, [e for e in entries if e.path not in keep]
+        seq_of = {id(e): seq for seq, e in enumerate(entries_all)}  # temporary names follow the whole list
+    else:
+        seq_of = None
 
     # 1. removals, deepest first
     for e in sorted(entries, key=lambda e: -_depth(e.path)):
@@ -827,7 +868,7 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
             continue
         pfd, name = root.parent(e.path)
         try:
-            durable.mkdir(name, 0o700, dir_fd=pfd)
+            durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
         finally:
             os.close(pfd)
 
@@ -838,6 +879,8 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
         for seq, e in enumerate(entries):
             if e.after.kind not in LEAF_KINDS:
                 continue
+            if seq_of is not None:
+                seq = seq_of[id(e)]
             pfd, name = root.parent(e.path)
             try:
                 # The replaced inode is freed after the commit, not inside the
@@ -971,17 +1014,19 @@ class _DirSync:
         self.fds = []
 
 
-def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
+def apply_entries(ws: Workspace, number: int, entries: list[Entry], left: dict[bytes, str] | None = None) -> None:
     """Steps 2 and 4 together: publish a layer whose intent is recorded
-    (recovery).  Idempotent.  Raises ``OSError``; the layer then stays
-    pending."""
-    fds = _prepare(ws, number, entries)
+    (recovery).  Idempotent.  ``left`` (:func:`classify`): paths not
+    touched (the directories holding them are fsynced all the same).
+    Raises ``OSError``; the layer then stays pending."""
+    keep = set(left or ())
+    fds = _prepare(ws, number, entries, keep=keep)
     try:
         durable.fsync_all(fds)
     finally:
         for fd in fds:
             os.close(fd)
-    _switch(ws, number, entries)
+    _switch(ws, number, entries, keep=keep)
 
 
 def _owner_for(ws: Workspace, path: bytes, state: State | None = None) -> tuple[int, int] | None:
@@ -1032,10 +1077,100 @@ def _recover_locked(ws: Workspace) -> list[int]:
                 conn.execute(update(L).where(L.c.number == number).values(state="void"))
             continue
         try:
-            apply_entries(ws, number, entries)
+            with ws.db.read() as conn:
+                left = classify(ws, conn, entries)
+            for path, why in sorted(left.items()):
+                log.warning("recovery of layer %d leaves %s alone: %s; the layer's version of it is kept as an "
+                            "'outside-change' conflict", number, os.fsdecode(path), why)
+            apply_entries(ws, number, entries, left)
         except OSError as exc:
             raise _pending_failure(number, exc) from None
-        _complete(ws, number, step)
+        _complete(ws, number, step, left=[e for e in entries if e.path in left])
         done.append(number)
     _remove_temps(ws)
     return done
+
+
+#: ``conflicts.reason`` of a path recovery left alone (see :func:`classify`).
+OUTSIDE_CHANGE = "outside-change"
+
+
+def classify(ws: Workspace, conn, entries: list[Entry]) -> dict[bytes, str]:
+    """The paths of a pending layer that recovery must leave alone, each
+    with why.  Recovery publishes a path only while it holds the entry's
+    *before* state, its *after* state (published again: the same bytes,
+    rewritten from the store and fsynced, as every recovery does), or a
+    state the switch itself passes through (absent between removing a path
+    and making it again as another kind; a new directory with the mode
+    ``mkdir`` gave it).  Any other state was made outside stepfs after the
+    intent (during the switch, or after it and before the layer was marked
+    committed) and MUST NOT be overwritten.
+
+    States are compared by kind, mode and content (file bytes against the
+    object, byte for byte; symlink target; device number), not by owner,
+    extended attributes or times.  A directory the layer removes is left
+    when it holds anything the layer does not remove; a path below a left
+    path that is no directory now is left too (it cannot be published)."""
+    paths = {e.path for e in entries}
+    left: dict[bytes, str] = {}
+    # Deepest first: the children of a directory are decided before it.
+    for e in sorted(entries, key=lambda e: -_depth(e.path)):
+        st = _lstat(ws, e.path)
+        kind = None if st is None else kind_of(st.st_mode)
+        if _holds(ws, conn, e.path, st, e.before):
+            if kind == "dir" and e.after.kind != "dir":
+                strays = [name for name, _k, _i in ws.root.listdir(e.path)
+                          if _child(e.path, name) not in paths or _child(e.path, name) in left]
+                if strays:
+                    left[e.path] = (f"it is a directory the layer removes, and holds {len(strays)} name(s) the "
+                                    f"layer does not remove ({os.fsdecode(sorted(strays)[0])}, ...)")
+            continue  # published as in any run
+        if _holds(ws, conn, e.path, st, e.after):
+            pass  # published again
+        elif kind is None and e.before.kind is not None and e.before.kind != e.after.kind:
+            pass  # removed by the switch, not yet made again as the other kind
+        elif kind == "dir" and e.after.kind == "dir" and e.before.kind != "dir" \
+                and stat_mod.S_IMODE(st.st_mode) == _NEW_DIR_MODE:
+            pass  # made by the switch, its mode not yet set
+        else:
+            left[e.path] = _neither(st, kind)
+    for e in sorted(entries, key=lambda e: _depth(e.path)):
+        parent = e.path.rpartition(b"/")[0]
+        while parent and e.path not in left:
+            if parent in left and _current_kind(ws, parent) != "dir":
+                left[e.path] = f"it is below {os.fsdecode(parent)}, which recovery leaves alone"
+            parent = parent.rpartition(b"/")[0]
+    return left
+
+
+def _child(parent: bytes, name: bytes) -> bytes:
+    return name if parent == b"." else parent + b"/" + name
+
+
+def _neither(st: os.stat_result | None, kind: str | None) -> str:
+    if kind is None:
+        return "it was removed outside stepfs"
+    return f"it holds a {kind} that is neither the layer's before nor its after state (changed outside stepfs)"
+
+
+def _holds(ws: Workspace, conn, path: bytes, st: os.stat_result | None, s: State) -> bool:
+    """Whether the workspace path (``st``: its ``lstat``, None if absent)
+    is in state ``s`` by kind, mode and content."""
+    if st is None or s.kind is None:
+        return st is None and s.kind is None
+    kind = kind_of(st.st_mode)
+    if s.kind == "special":  # a socket or device as older stores recorded it
+        return kind in NODE_KINDS
+    if kind != s.kind:
+        return False
+    if kind == "symlink":
+        return ws.root.readlink(path) == s.target
+    if stat_mod.S_IMODE(st.st_mode) != s.mode:
+        return False
+    if kind == "file":
+        fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return ws.objects.holds(conn, s.oid, fd)
+        finally:
+            os.close(fd)
+    return kind == "dir" or rdev_target(kind, st.st_rdev) == s.target

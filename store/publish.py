@@ -60,6 +60,17 @@ and made durable, with the intent or not at all.
    *Crash before it:* recovery publishes the layer again (idempotent) and
    then does this step.
 
+The caller holds the commit lock from step 1 to the end of step 5.  A mount
+daemon answers its caller between steps 4 and 5 (``on_published``: every
+rename done, the directory fsyncs and step 5 still running): past the
+intent a crash recovers to the layer anyway, so the answer promises
+nothing that is not on disk.  Until step 5 ends, the daemon writes no row
+of the step (step 5 deletes the step's rows: it would take a later row with
+it) and the commit lock keeps every other commit, recovery and
+``Workspace.open`` out, so none of them sees the layer pending.  A failure
+after the answer leaves the layer pending as below, and the daemon's mount
+read-only with its message (``overlayfs.view.Overlay.commit``).
+
 Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
 whose checksum verifies is published again from the store (steps 2, 4 and 5:
@@ -374,7 +385,8 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
                 meta: dict | None, consume_step: int | None, number: int | None = None,
-                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None) -> int | None:
+                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None,
+                on_published: Callable[[int], None] | None = None) -> int | None:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
     and has checked for conflicts.  ``number``: the layer's number if the
@@ -386,6 +398,14 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     transaction) or None for "nothing to record": the transaction then
     commits whatever the planner wrote and None is returned.  An exception
     from it rolls the transaction back.
+
+    ``on_published(number)``: called once the layer is published (intent
+    and new files durable, every rename done; a crash from here on
+    recovers to the layer), while the switch's directory fsyncs run and
+    before step 5 (``committed``), still under the caller's commit lock,
+    which is held until step 5 has ended: a mount daemon answers its
+    caller from it.  Whatever it raises is raised once step 5 has ended
+    (step 5 runs regardless; a failure of step 5 wins).
 
     Returns the layer number.  Raises :class:`PublishFailed` or
     :class:`StoreUnavailable`; the module docstring says what each leaves
@@ -450,13 +470,18 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     except OSError as exc:
         raise _pending_failure(number, exc) from None
     # The completion's transaction is built while the directories are
-    # fsynced; its COMMIT waits for them (_complete).
+    # fsynced; its COMMIT waits for them (_complete).  The caller may
+    # answer first: from here a crash recovers to this layer.
     try:
-        _complete(ws, number, consume_step, dir_sync)
-    except OSError as exc:
-        raise _pending_failure(number, exc) from None
+        if on_published is not None:
+            on_published(number)
     finally:
-        dir_sync.close()
+        try:
+            _complete(ws, number, consume_step, dir_sync)
+        except OSError as exc:
+            raise _pending_failure(number, exc) from None
+        finally:
+            dir_sync.close()
     return number
 
 
@@ -563,11 +588,16 @@ class _PendingFound(Exception):
 
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
-                known: dict[bytes, _Before] | None = None) -> int:
+                known: dict[bytes, _Before] | None = None,
+                on_published: Callable[[int], None] | None = None) -> int:
     """Commit open step ``step`` as the next layer and publish it.
+    Returns once the layer is committed.
 
     ``known``: before states captured ahead (:func:`precapture`), reused
-    for paths whose token has not changed since.
+    for paths whose token has not changed since.  ``on_published``: see
+    :func:`write_layer` (a daemon answers its caller from it; until this
+    returns, the commit lock stays held and the step's rows are not yet
+    consumed, so the caller MUST NOT write rows of ``step`` meanwhile).
 
     Raises :class:`NothingToCommit` (nothing staged, or everything staged
     equals the workspace already; no-op rows are dropped),
@@ -609,7 +639,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
             _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
             try:
                 number = write_layer(ws, [], kind="step", message=message, agent=agent, mount=mount, meta=meta,
-                                     consume_step=step, planner=planner)
+                                     consume_step=step, planner=planner, on_published=on_published)
             except _PendingFound:
                 _recover_locked(ws)  # may consume this step's rows: the planner reads them again
                 continue

@@ -420,7 +420,9 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     unsynced: list[int] = []
     try:
         try:
-            with ws.db.write(durable=True) as conn:
+            # No WAL checkpoint at the intent's COMMIT: step 5's COMMIT
+            # (after a daemon's answer) does it.
+            with ws.db.write(durable=True, checkpoint=False) as conn:
                 if planner is not None:
                     planned = planner(conn)
                     if planned is None:

@@ -1524,21 +1524,33 @@ class Overlay(ContentMixin):
                 self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
                 self.commit_idle.clear()
 
-                def published(number: int) -> None:
+                def settle_later() -> None:
+                    # The store completes the layer without the view's lock.
+                    nonlocal held
+                    self.settled.clear()
+                    held = False
+                    self.lock.release()
+
+                def published(number: int):
                     # Store side: the layer is published, its completion
                     # still to come (it needs nothing of the view).
-                    nonlocal held
                     try:
                         # The paths just committed have new tokens: nothing
                         # captured is of use any more.
                         self.precaptured.clear()
                         if on_committed is not None:
                             on_committed(number)
+                    except BaseException:
+                        settle_later()
+                        raise
+                    return bookkeeping
+
+                def bookkeeping() -> None:
+                    # While the directory fsyncs run.
+                    try:
                         self._after_commit(covered)
                     finally:
-                        self.settled.clear()
-                        held = False
-                        self.lock.release()
+                        settle_later()
 
                 try:
                     return publish.commit_step(

@@ -401,11 +401,13 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
 
     ``on_published(number)``: called once the layer is published (intent
     and new files durable, every rename done; a crash from here on
-    recovers to the layer), while the switch's directory fsyncs run and
+    recovers to the layer), before the switch's directory fsyncs begin and
     before step 5 (``committed``), still under the caller's commit lock,
     which is held until step 5 has ended: a mount daemon answers its
-    caller from it.  Whatever it raises is raised once step 5 has ended
-    (step 5 runs regardless; a failure of step 5 wins).
+    caller from it.  It may return a function, called once the fsyncs
+    have begun (work that need not delay them, nor the answer).  Whatever
+    either raises is raised once step 5 has ended (step 5 runs regardless;
+    a failure of step 5 wins).
 
     Returns the layer number.  Raises :class:`PublishFailed` or
     :class:`StoreUnavailable`; the module docstring says what each leaves
@@ -471,12 +473,18 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
         dir_sync = _switch(ws, number, entries, wait=False, prepped=_prepped(prep))
     except OSError as exc:
         raise _pending_failure(number, exc) from None
-    # The completion's transaction is built while the directories are
-    # fsynced; its COMMIT waits for them (_complete).  The caller may
-    # answer first: from here a crash recovers to this layer.
+    # The caller may answer first: from here a crash recovers to this
+    # layer.  The directory fsyncs begin once it has (started before, the
+    # pool's threads took the GIL from the answer), run while its
+    # continuation does, and the completion's transaction is built while
+    # they end; its COMMIT waits for them (_complete).
     try:
-        if on_published is not None:
-            on_published(number)
+        then = on_published(number) if on_published is not None else None
+        try:
+            dir_sync.start()
+        finally:
+            if then is not None:
+                then()
     finally:
         try:
             _complete(ws, number, consume_step, dir_sync)
@@ -561,7 +569,7 @@ def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync |
                 token_theirs=_token_now(ws, e.path),
             ) for e in left])
         if dir_sync is not None:
-            dir_sync.syncing.wait()
+            dir_sync.start().wait()
 
 
 def _token_now(ws: Workspace, path: bytes) -> str:
@@ -847,9 +855,9 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     at any point completes the same result.  Raises ``OSError`` on any
     failure, a failed fsync included, which is never retried here.
 
-    ``wait=False``: the last batch of directory fsyncs is begun and
-    returned (a :class:`_DirSync`) instead of waited for; the caller MUST
-    wait for it before it marks the layer committed, and close it.
+    ``wait=False``: the last batch of directory fsyncs is returned (a
+    :class:`_DirSync`, begun by its ``start``) instead of done; the caller
+    MUST wait for it before it marks the layer committed, and close it.
 
     ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
     over: its descriptors are closed here or handed to the result); the
@@ -1009,7 +1017,7 @@ def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
     """Step 4's directory fsyncs, on descriptors this call owns: every
     batch of :data:`SYNC_BATCH` but the last is fsynced and closed; the
     last is fsynced and closed too (``wait``) or returned still syncing as
-    a :class:`_DirSync` for :func:`_complete` to wait for.  Raises the
+    a :class:`_DirSync` (not yet begun) for :func:`_complete` to wait for.  Raises the
     first failed fsync's ``OSError``; every descriptor not handed over is
     closed either way."""
     try:
@@ -1028,19 +1036,26 @@ def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
 
 
 class _DirSync:
-    """The last batch of a switch's directory fsyncs, begun on the pool
-    (``durable.start_fsync_all``) and not yet waited for: the completion
-    builds its transaction meanwhile and waits for them before its COMMIT
-    (:func:`_complete`).  Owns the descriptors; :meth:`close` once done."""
+    """The last batch of a switch's directory fsyncs, not yet waited for:
+    begun on the pool (``durable.start_fsync_all``) by :meth:`start`, once
+    a daemon's answer is out (:func:`write_layer`), and waited for by the
+    completion before its COMMIT (:func:`_complete`), which builds its
+    transaction meanwhile.  Owns the descriptors; :meth:`close` once done."""
 
     def __init__(self, fds: list[int]):
         self.fds = fds
         #: ``.wait()``: every fsync has ended; raises the first failure
-        #: (never retried).
-        self.syncing = durable.start_fsync_all(fds)
+        #: (never retried).  None until :meth:`start`.
+        self.syncing: durable.Syncing | None = None
+
+    def start(self) -> durable.Syncing:
+        if self.syncing is None:
+            self.syncing = durable.start_fsync_all(self.fds)
+        return self.syncing
 
     def close(self) -> None:
-        self.syncing.abandon()  # nothing left to wait for once waited
+        if self.syncing is not None:
+            self.syncing.abandon()  # nothing left to wait for once waited
         for fd in self.fds:
             os.close(fd)
         self.fds = []

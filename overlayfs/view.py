@@ -40,8 +40,13 @@ later change without an earlier one.  (One transaction per change cost more
 than everything else ``tar -x`` does through the mount.)
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
-its whole duration.  The FUSE loop, the control thread (commits) and the
-row-flush timer are the only callers.  Nothing here blocks on another process.
+its whole duration, except :meth:`Overlay.commit`, which releases it once
+the layer is published and the view's bookkeeping is done, while the store
+completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
+staged rows and reads of history wait for it, still under the lock).  The
+FUSE loop, the control thread (commits), the auto-step thread and the
+row-flush timer are the only callers.  Nothing here blocks on another
+process.
 
 Caveats: mtime-only changes (``touch`` of an unchanged file) are shown in the
 mount but not committed; ownership changes are not staged yet.

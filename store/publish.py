@@ -386,7 +386,7 @@ def _entry_row(layer: int, e: Entry) -> dict:
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
                 meta: dict | None, consume_step: int | None, number: int | None = None,
                 planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None,
-                on_published: Callable[[int], None] | None = None) -> int | None:
+                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int | None:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
     and has checked for conflicts.  ``number``: the layer's number if the
@@ -599,7 +599,7 @@ class _PendingFound(Exception):
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
                 known: dict[bytes, _Before] | None = None,
-                on_published: Callable[[int], None] | None = None) -> int:
+                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int:
     """Commit open step ``step`` as the next layer and publish it.
     Returns once the layer is committed.
 

@@ -483,6 +483,7 @@ class ContentMixin:
                 d.dirty = False  # identical rewrite: same content, same token
                 return
             old_scratch = node.scratch if node is not None else None
+            self._await_settled(writing=True)  # a commit completing consumes this step's rows
             with self.ws.db.write() as conn:
                 if by_ref:
                     oid, size = None, st.st_size

@@ -19,9 +19,11 @@ Answers: ``{"ok": true, ...}`` or ``{"ok": false, "error": <class name>,
 
 The handler is called as ``handler(request, reply)`` and returns the
 answer's fields, or None after it called ``reply(fields)`` itself: a
-commit answers as soon as its layer is committed, and the daemon's own
-bookkeeping after that is no longer part of the caller's wait (an error
-raised after the answer went out is logged, not sent).
+commit answers as soon as its layer is published (``store.publish``:
+intent durable, renames done), and the daemon's own bookkeeping and the
+layer's completion after that are no longer part of the caller's wait (an
+error raised after the answer went out is logged, not sent; the daemon
+turns its mount read-only for it, so the next request reports it).
 
 Threading: the server runs in one daemon thread and handles one request at a
 time; each request takes the view's lock through the view's own methods.

@@ -18,6 +18,7 @@ import gc
 import logging
 import os
 import sys
+from typing import Callable
 
 from store import staging
 from store.db import Prepared
@@ -86,28 +87,10 @@ def lock_path(ws: Workspace, mountpoint: str) -> str:
     return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
 
 
-def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
-          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
-    from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
-
-    mountpoint = os.path.abspath(mountpoint)
-    ws = Workspace.open(workspace, create=True)
-    lock_fd = os.open(lock_path(ws, mountpoint), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"stepfs: another daemon already serves {mountpoint}.", file=sys.stderr)
-        return 9
-    os.ftruncate(lock_fd, 0)
-    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
-
-    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
-                   row_delay=ROW_DELAY)
-    kernel_cache = fuse_ops.KernelCache()
-    # Empty files made ahead, so a commit renames them into place instead
-    # of allocating inodes (store.spares): refilled after every commit
-    # (paused during one); the thread ends with ws.close().
-    ws.spares.start_filling()
+def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Callable[[dict], None]], dict | None]:
+    """The control channel's handler of a daemon serving ``view``
+    (``control.ControlServer``; ``kernel_cache``: the FUSE adapter's
+    ``KernelCache``).  Runs on the control thread, one request at a time."""
 
     def handle(req: dict, reply) -> dict | None:
         op = req.get("op")
@@ -115,9 +98,15 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
                     "listings_cached": kernel_cache.listings_cached}
         if op == "commit":
-            # Answered as soon as the layer is committed; the view finishes
-            # its bookkeeping after that, still holding its lock, so the
-            # caller's next request through the mount waits for it.
+            # Answered as soon as the layer is published (intent durable,
+            # renames done: a crash from here recovers to it).  The view
+            # then does its bookkeeping under its lock, so the caller's next
+            # request through the mount sees it done, and releases the lock
+            # while the directory fsyncs and the "committed" record end
+            # (this thread, the commit lock held: the next control request,
+            # and any other process's commit or open, comes after them).
+            # A failure there is logged, turns the mount read-only and
+            # fails the next step (view.commit).
             view.commit(
                 message=req.get("message", ""), meta=req.get("meta") or {},
                 allow_empty=bool(req.get("allow_empty")),
@@ -158,6 +147,34 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
             done = kernel_cache.invalidate(sorted(set(paths)), gone=True)
             return {"invalidated": done + kernel_cache.invalidate(parents)}
         raise ValueError(f"unknown op {op!r}")
+
+    return handle
+
+
+def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
+          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
+    from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+
+    mountpoint = os.path.abspath(mountpoint)
+    ws = Workspace.open(workspace, create=True)
+    lock_fd = os.open(lock_path(ws, mountpoint), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"stepfs: another daemon already serves {mountpoint}.", file=sys.stderr)
+        return 9
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
+                   row_delay=ROW_DELAY)
+    kernel_cache = fuse_ops.KernelCache()
+    # Empty files made ahead, so a commit renames them into place instead
+    # of allocating inodes (store.spares): refilled after every commit
+    # (paused during one); the thread ends with ws.close().
+    ws.spares.start_filling()
+
+    handle = handler(view, ws, kernel_cache)
 
     from .autostep import AutoStepper, parse as parse_auto_step
 

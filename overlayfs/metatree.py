@@ -131,6 +131,8 @@ class MetaTree:
     # -- lookup -------------------------------------------------------------
 
     def entry(self, path: str) -> MetaEntry:
+        if path.startswith((LAYERS, CONFLICTS)):
+            self.view._await_settled()  # history as of the last commit's answer
         if path == ROOT:
             return MetaEntry("dir", self.INO_BASE + 1)
         if path == ROOT + "/status":
@@ -149,6 +151,8 @@ class MetaTree:
 
     def children(self, path: str) -> list[tuple[str, str, int]]:
         """``[(name, kind, ino)]`` of a directory of the tree."""
+        if path.startswith((LAYERS, CONFLICTS)):
+            self.view._await_settled()
         if path == ROOT:
             return [("conflicts", "dir", self.INO_BASE + 5), ("layers", "dir", self.INO_BASE + 3),
                     ("status", "file", self.INO_BASE + 2)]

@@ -40,8 +40,13 @@ later change without an earlier one.  (One transaction per change cost more
 than everything else ``tar -x`` does through the mount.)
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
-its whole duration.  The FUSE loop, the control thread (commits) and the
-row-flush timer are the only callers.  Nothing here blocks on another process.
+its whole duration, except :meth:`Overlay.commit`, which releases it once
+the layer is published and the view's bookkeeping is done, while the store
+completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
+staged rows and reads of history wait for it, still under the lock).  The
+FUSE loop, the control thread (commits), the auto-step thread and the
+row-flush timer are the only callers.  Nothing here blocks on another
+process.
 
 Caveats: mtime-only changes (``touch`` of an unchanged file) are shown in the
 mount but not committed; ownership changes are not staged yet.
@@ -225,6 +230,12 @@ class Overlay(ContentMixin):
         #: commit ends, instead of taking turns at the GIL with it.
         self.commit_idle = threading.Event()
         self.commit_idle.set()
+        #: Clear while a commit that already published (and answered its
+        #: caller) completes without the view's lock: its directory fsyncs
+        #: and "committed" record (``commit``).  Writes of this step's rows
+        #: and reads of history wait for it (``_await_settled``).
+        self.settled = threading.Event()
+        self.settled.set()
         #: Workspace path -> its before state captured when this step first
         #: staged it (``ContentMixin._precapture``), for the commit to reuse
         #: while the path's token holds (``publish.precapture``).
@@ -423,6 +434,7 @@ class Overlay(ContentMixin):
         retired by-reference files can go too."""
         with self.lock:
             if self._pending:
+                self._await_settled(writing=True)
                 with self.ws.db.write() as conn:
                     self._write_pending(conn)
                 self._pending_written()
@@ -1547,57 +1559,114 @@ class Overlay(ContentMixin):
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
                overwrite: set[bytes] = frozenset(), on_committed=None) -> int:
         """Commit the open step as the next layer (see ``store.publish``).
+        Returns once the layer is committed (durably), or raises.
 
         Drafts still open for writing stay open and publish at their next
         close, against the new workspace state.
 
-        ``on_committed(number)``: called as soon as the layer is committed,
-        before the view's own bookkeeping (still under the view's lock, so
-        no request sees the view before it is done): the daemon answers
-        the caller of the step from it.
+        ``on_committed(number)``: called as soon as the layer is published
+        (its intent durable, every path renamed into place: a crash from
+        here on recovers to it), before the directory fsyncs and the
+        "committed" record have ended and before the view's own
+        bookkeeping: the daemon answers the caller of the step from it.
+
+        Locks: the view's lock is held until the layer is published and
+        the view has done its bookkeeping (in memory and scratch files,
+        nothing in the store), then released while the store completes
+        the layer (``publish.write_layer``'s ``on_published``), so requests
+        that need no store write go on at once.  Until the completion has
+        ended, :attr:`settled` is clear: writes of this step's rows wait
+        for it (a row written before the "committed" record would be
+        consumed with the layer it is not part of: that record deletes the
+        step's rows), and so do reads of history through ``.stepfs``.  A
+        completion that fails turns the view read-only (as any failure
+        past the commit point does) before ``settled`` is set, and is
+        raised from here; the caller was answered already.
         """
         # The spare filler (which also frees the inodes the commit retired)
-        # waits until the view is done too, not only the store's commit: its
-        # kernel work would compete with the view's own refresh below.
-        with self.lock, self.ws.spares.pausing():
-            if self.readonly_reason is not None:
-                raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
-                                       f"unmount and mount again once the cause is fixed.")
-            self.sync_rows()  # the commit reads the step's rows from the store
-            if any(n.ref is not None for n in self.upper.nodes.values()):
-                # Files staged by reference become objects first (the commit
-                # would import them too, but the nodes must learn the oids).
-                self._imported(publish.import_refs(self.ws, self.step))
-            covered = self._unstaged_over_rows()
-            # The names this commit is about to replace in the workspace keep
-            # their inode numbers in the view (``ino_alias``): the watcher must
-            # not take our own renames for outside replacements (that would
-            # answer ESTALE to an fstat of a file open across the step).
-            self.own_publishes.clear()
-            self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
-            self.commit_idle.clear()
+        # waits until the layer is complete, not only published: its
+        # kernel work would compete with the view's refresh and the fsyncs.
+        with self.ws.spares.pausing():
+            self.lock.acquire()
+            held = True
             try:
-                number = publish.commit_step(
-                    self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
-                    meta=meta, allow_empty=allow_empty, overwrite=overwrite, known=self.precaptured,
-                )
-            except NothingToCommit:
-                self.precaptured.clear()
-                self._after_commit(())  # the no-op rows were dropped from the store
-                raise
-            except PublishFailed as exc:
-                if exc.pending is not None:  # past the commit point: only recovery may finish it
-                    self._go_readonly(str(exc))
-                raise
+                self._await_settled()  # another thread's commit (auto-step) may still be completing
+                if self.readonly_reason is not None:
+                    raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
+                                           f"unmount and mount again once the cause is fixed.")
+                self.sync_rows()  # the commit reads the step's rows from the store
+                if any(n.ref is not None for n in self.upper.nodes.values()):
+                    # Files staged by reference become objects first (the commit
+                    # would import them too, but the nodes must learn the oids).
+                    self._imported(publish.import_refs(self.ws, self.step))
+                covered = self._unstaged_over_rows()
+                # The names this commit is about to replace in the workspace keep
+                # their inode numbers in the view (``ino_alias``): the watcher must
+                # not take our own renames for outside replacements (that would
+                # answer ESTALE to an fstat of a file open across the step).
+                self.own_publishes.clear()
+                self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
+                self.commit_idle.clear()
+
+                def settle_later() -> None:
+                    # The store completes the layer without the view's lock.
+                    nonlocal held
+                    self.settled.clear()
+                    held = False
+                    self.lock.release()
+
+                def published(number: int):
+                    # Store side: the layer is published, its completion
+                    # still to come (it needs nothing of the view).
+                    try:
+                        # The paths just committed have new tokens: nothing
+                        # captured is of use any more.
+                        self.precaptured.clear()
+                        if on_committed is not None:
+                            on_committed(number)
+                    except BaseException:
+                        settle_later()
+                        raise
+                    return bookkeeping
+
+                def bookkeeping() -> None:
+                    # While the directory fsyncs run.
+                    try:
+                        self._after_commit(covered)
+                    finally:
+                        settle_later()
+
+                try:
+                    return publish.commit_step(
+                        self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
+                        meta=meta, allow_empty=allow_empty, overwrite=overwrite, known=self.precaptured,
+                        on_published=published,
+                    )
+                except NothingToCommit:
+                    self.precaptured.clear()
+                    self._after_commit(())  # the no-op rows were dropped from the store
+                    raise
+                except PublishFailed as exc:
+                    if exc.pending is not None:  # past the commit point: only recovery may finish it
+                        self._go_readonly(str(exc))
+                    raise
+                finally:
+                    self.commit_idle.set()
             finally:
-                self.commit_idle.set()
-            # The paths just committed have new tokens: nothing captured is
-            # of use any more (it would only be skipped at the next commit).
-            self.precaptured.clear()
-            if on_committed is not None:
-                on_committed(number)
-            self._after_commit(covered)
-            return number
+                self.settled.set()
+                if held:
+                    self.lock.release()
+
+    def _await_settled(self, writing: bool = False) -> None:
+        """Wait until no commit of this view is completing (:attr:`settled`).
+        ``writing``: the caller writes this step's rows next, which a
+        read-only view refuses (a completion that failed made it so).
+        Called under the view's lock (the completion never takes it)."""
+        if self.settled.is_set():
+            return
+        self.settled.wait()
+        if writing and self.readonly_reason is not None:
+            raise ReadOnly(self.readonly_reason)
 
     def _unstaged_over_rows(self) -> list[str]:
         """Paths of created-but-unclosed nodes that replaced a staged row (a
@@ -1658,6 +1727,7 @@ class Overlay(ContentMixin):
         ``discarded`` conflict rows (``store.staging.discard``).  Drafts in
         use keep working and lose at their close (their version is gone)."""
         with self.lock:
+            self._await_settled(writing=True)
             dropped: list[str] = []
             with self.ws.db.write() as conn:
                 self._write_pending(conn)  # staging.discard reads the rows it drops
@@ -1704,7 +1774,9 @@ class Overlay(ContentMixin):
                     self._discard_draft(d)
 
     def close(self) -> None:
-        """Unmount: decide every open handle, then write the recorded rows."""
+        """Unmount: decide every open handle, then write the recorded rows
+        (once a commit still completing has ended: the store closes next)."""
+        self.settled.wait()
         with self.lock:
             super().close()
             if self._row_timer is not None:

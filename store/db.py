@@ -103,13 +103,18 @@ class Database:
     # -- transactions -------------------------------------------------------
 
     @contextmanager
-    def write(self, durable: bool = False) -> Iterator[Connection]:
+    def write(self, durable: bool = False, checkpoint: bool | None = None) -> Iterator[Connection]:
         """A writing transaction (``BEGIN IMMEDIATE``); commits on success,
         rolls back on any exception.  Raises :class:`StoreFull` /
-        :class:`StoreUnavailable` when SQLite cannot write."""
+        :class:`StoreUnavailable` when SQLite cannot write.  ``checkpoint``
+        (default: ``durable``): whether its COMMIT may checkpoint a WAL
+        past :data:`CHECKPOINT_PAGES` (see ``_install_sqlite_hooks``)."""
+        if checkpoint is None:
+            checkpoint = durable
         with self._translated(notify=True):
             with self.engine.connect() as conn:
-                conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable)
+                conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable,
+                                       stepfs_checkpoint=checkpoint)
                 trans = conn.begin()
                 try:
                     yield conn
@@ -307,7 +312,10 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
         # commit of a durable transaction, where the caller pays for
         # durability anyway, not at every close-write: a non-durable commit
         # checkpoints only once the WAL holds more than WAL_LIMIT_PAGES.
-        pages = CHECKPOINT_PAGES if durable else WAL_LIMIT_PAGES
+        # A step's intent does not either (checkpoint=False): a mount
+        # daemon answers after it, and the completion that follows, after
+        # the answer, checkpoints instead.
+        pages = CHECKPOINT_PAGES if opts.get("stepfs_checkpoint", durable) else WAL_LIMIT_PAGES
         if info.get("stepfs_autocheckpoint") != pages:
             run(f"PRAGMA wal_autocheckpoint={pages}")
             info["stepfs_autocheckpoint"] = pages

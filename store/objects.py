@@ -304,6 +304,24 @@ class ObjectStore:
     def read_all(self, conn: Connection, oid: str) -> bytes:
         return b"".join(self.iter_chunks(conn, oid))
 
+    def holds(self, conn: Connection, oid: str, fd: int) -> bool:
+        """Whether the open file ``fd`` holds exactly the content of object
+        ``oid``: its size first, then byte for byte against the stored
+        chunks (each verified, :class:`CorruptObject` on damage), never by
+        hash alone (crafted input can collide).  Reads the file with
+        ``pread``; the caller keeps it from changing meanwhile or accepts
+        the race."""
+        if os.fstat(fd).st_size != self.size(conn, oid):
+            return False
+
+        def stream() -> Iterator[bytes]:
+            offset = 0
+            while piece := os.pread(fd, 1 << 20, offset):
+                offset += len(piece)
+                yield piece
+
+        return _equal_streams(self.iter_chunks(conn, oid), stream())
+
     def write_to_fd(self, conn: Connection, oid: str, fd: int) -> int:
         """Write the object into the empty file ``fd``, leaving holes where it
         has zeros: all-zero chunks, and the zero runs a chunk starts or ends

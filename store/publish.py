@@ -60,11 +60,27 @@ and made durable, with the intent or not at all.
    *Crash before it:* recovery publishes the layer again (idempotent) and
    then does this step.
 
+The caller holds the commit lock from step 1 to the end of step 5.  A mount
+daemon answers its caller between steps 4 and 5 (``on_published``: every
+rename done, the directory fsyncs and step 5 still running): past the
+intent a crash recovers to the layer anyway, so the answer promises
+nothing that is not on disk.  Until step 5 ends, the daemon writes no row
+of the step (step 5 deletes the step's rows: it would take a later row with
+it) and the commit lock keeps every other commit, recovery and
+``Workspace.open`` out, so none of them sees the layer pending.  A failure
+after the answer leaves the layer pending as below, and the daemon's mount
+read-only with its message (``overlayfs.view.Overlay.commit``).
+
 Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
 whose checksum verifies is published again from the store (steps 2, 4 and 5:
 every new file rewritten from its object into a new temporary file and
-fsynced, every rename and directory fsync redone) and marked committed.  A
+fsynced, every rename and directory fsync redone) and marked committed,
+except the paths that hold neither the layer's before nor its after state
+(:func:`classify`): changed outside stepfs after the intent, they are left
+as they are, named in the log and recorded as ``outside-change`` conflicts
+in the transaction that marks the layer committed.  Nothing is overwritten
+that the layer did not capture or write.  A
 layer whose checksum does not verify (a torn, truncated or garbage intent)
 is marked ``void``: it never reached a consistent commit point, the
 workspace is left alone and the step's staged rows, never consumed, are
@@ -369,7 +385,8 @@ def _entry_row(layer: int, e: Entry) -> dict:
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
                 meta: dict | None, consume_step: int | None, number: int | None = None,
-                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None) -> int | None:
+                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None,
+                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int | None:
     """Steps 2-5: new files, intent record, switch, mark committed (and
     consume ``consume_step``'s staged rows).  Caller holds the commit lock
     and has checked for conflicts.  ``number``: the layer's number if the
@@ -381,6 +398,16 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     transaction) or None for "nothing to record": the transaction then
     commits whatever the planner wrote and None is returned.  An exception
     from it rolls the transaction back.
+
+    ``on_published(number)``: called once the layer is published (intent
+    and new files durable, every rename done; a crash from here on
+    recovers to the layer), before the switch's directory fsyncs begin and
+    before step 5 (``committed``), still under the caller's commit lock,
+    which is held until step 5 has ended: a mount daemon answers its
+    caller from it.  It may return a function, called once the fsyncs
+    have begun (work that need not delay them, nor the answer).  Whatever
+    either raises is raised once step 5 has ended (step 5 runs regardless;
+    a failure of step 5 wins).
 
     Returns the layer number.  Raises :class:`PublishFailed` or
     :class:`StoreUnavailable`; the module docstring says what each leaves
@@ -395,7 +422,9 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
     unsynced: list[int] = []
     try:
         try:
-            with ws.db.write(durable=True) as conn:
+            # No WAL checkpoint at the intent's COMMIT: step 5's COMMIT
+            # (after a daemon's answer) does it.
+            with ws.db.write(durable=True, checkpoint=False) as conn:
                 if planner is not None:
                     planned = planner(conn)
                     if planned is None:
@@ -444,14 +473,25 @@ def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str,
         dir_sync = _switch(ws, number, entries, wait=False, prepped=_prepped(prep))
     except OSError as exc:
         raise _pending_failure(number, exc) from None
-    # The completion's transaction is built while the directories are
-    # fsynced; its COMMIT waits for them (_complete).
+    # The caller may answer first: from here a crash recovers to this
+    # layer.  The directory fsyncs begin once it has (started before, the
+    # pool's threads took the GIL from the answer), run while its
+    # continuation does, and the completion's transaction is built while
+    # they end; its COMMIT waits for them (_complete).
     try:
-        _complete(ws, number, consume_step, dir_sync)
-    except OSError as exc:
-        raise _pending_failure(number, exc) from None
+        then = on_published(number) if on_published is not None else None
+        try:
+            dir_sync.start()
+        finally:
+            if then is not None:
+                then()
     finally:
-        dir_sync.close()
+        try:
+            _complete(ws, number, consume_step, dir_sync)
+        except OSError as exc:
+            raise _pending_failure(number, exc) from None
+        finally:
+            dir_sync.close()
     return number
 
 
@@ -502,20 +542,41 @@ def _pending_failure(number: int, exc: OSError) -> PublishFailed:
     )
 
 
-def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None) -> None:
+def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None,
+              left: list[Entry] = ()) -> None:
     """Step 5: the layer is committed and its step's staged rows consumed.
 
     ``dir_sync``: the switch's last directory fsyncs, still running; the
     statements are run meanwhile and the COMMIT only once every one of them
     has ended (SQLite writes nothing of a transaction to the WAL as
     committed before its COMMIT).  If one failed, the transaction is rolled
-    back and the ``OSError`` raised: the layer stays pending."""
+    back and the ``OSError`` raised: the layer stays pending.
+
+    ``left``: entries recovery did not publish (:func:`classify`), each
+    recorded in the same transaction as an ``outside-change`` conflict of
+    the layer's mount holding the layer's after state (what ``stepfs
+    status`` lists and ``MOUNT/.stepfs/conflicts/PATH`` shows)."""
     with ws.db.write(durable=True) as conn:
         _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
         if step is not None:
             _CONSUME_STEP.execute(conn, {"s": step})
+        if left:
+            mount, agent = conn.execute(select(L.c.mount, L.c.agent).where(L.c.number == number)).one()
+            now = time.time_ns()
+            conn.execute(schema.conflicts.insert(), [dict(
+                created_ns=now, path=e.path, mount=mount, agent=agent, reason=OUTSIDE_CHANGE,
+                oid=e.after.oid if e.after.kind == "file" else None, mode=e.after.mode, token_mine="",
+                token_theirs=_token_now(ws, e.path),
+            ) for e in left])
         if dir_sync is not None:
-            dir_sync.syncing.wait()
+            dir_sync.start().wait()
+
+
+def _token_now(ws: Workspace, path: bytes) -> str:
+    st = _lstat(ws, path)
+    if st is None:
+        return tokens.ABSENT
+    return tokens.from_stat(st, ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None)
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -537,11 +598,16 @@ class _PendingFound(Exception):
 
 def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
-                known: dict[bytes, _Before] | None = None) -> int:
+                known: dict[bytes, _Before] | None = None,
+                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int:
     """Commit open step ``step`` as the next layer and publish it.
+    Returns once the layer is committed.
 
     ``known``: before states captured ahead (:func:`precapture`), reused
-    for paths whose token has not changed since.
+    for paths whose token has not changed since.  ``on_published``: see
+    :func:`write_layer` (a daemon answers its caller from it; until this
+    returns, the commit lock stays held and the step's rows are not yet
+    consumed, so the caller MUST NOT write rows of ``step`` meanwhile).
 
     Raises :class:`NothingToCommit` (nothing staged, or everything staged
     equals the workspace already; no-op rows are dropped),
@@ -583,7 +649,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
             _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
             try:
                 number = write_layer(ws, [], kind="step", message=message, agent=agent, mount=mount, meta=meta,
-                                     consume_step=step, planner=planner)
+                                     consume_step=step, planner=planner, on_published=on_published)
             except _PendingFound:
                 _recover_locked(ws)  # may consume this step's rows: the planner reads them again
                 continue
@@ -617,7 +683,7 @@ def _temp_name(number: int, seq: int) -> bytes:
 SYNC_BATCH = 256
 
 
-def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> list[int]:
+def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None, keep: set[bytes] = frozenset()) -> list[int]:
     """Step 2: every new file, symlink, FIFO, device node, socket and hard
     link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
@@ -630,11 +696,13 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
     files of an interrupted one.  A hard link is made to the temporary file
     of the name it links to when that is in this layer, else to the
     workspace path (unchanged by the layer).  ``conn``: a transaction of
-    the caller to read the objects in (else one of its own).  Raises
-    ``OSError``."""
+    the caller to read the objects in (else one of its own).  ``keep``:
+    paths recovery leaves alone (:func:`classify`): no temporary file, and
+    a hard link of one is made as a copy of its after state (the path
+    itself holds something else).  Raises ``OSError``."""
     if conn is None:
         with ws.db.read() as own:
-            return _prepare(ws, number, entries, own)
+            return _prepare(ws, number, entries, own, keep)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -652,7 +720,7 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
         # Links last: the files they link to must exist first.
         for seq in sorted(range(len(entries)), key=lambda i: entries[i].after_link is not None):
             e = entries[seq]
-            if e.after.kind not in LEAF_KINDS:
+            if e.after.kind not in LEAF_KINDS or e.path in keep:
                 continue
             tmp_name = _temp_name(number, seq)
             try:
@@ -660,7 +728,7 @@ def _prepare(ws: Workspace, number: int, entries: list[Entry], conn=None) -> lis
             except FileNotFoundError:
                 pass
             owner = _owner_for(ws, e.path, e.after)
-            if e.after_link is not None:
+            if e.after_link is not None and e.after_link not in keep:
                 if e.after_link in seq_of:
                     os.link(_temp_name(number, seq_of[e.after_link]), tmp_name, src_dir_fd=tmp_fd,
                             dst_dir_fd=tmp_fd, follow_symlinks=False)
@@ -774,8 +842,12 @@ def _switch_prep(ws: Workspace, entries: list[Entry]) -> _Prepped | None:
     return prepped
 
 
+#: The mode the switch makes a new directory with; its own mode is set last.
+_NEW_DIR_MODE = 0o700
+
+
 def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
-            prepped: _Prepped | None = None) -> _DirSync | None:
+            prepped: _Prepped | None = None, keep: set[bytes] = frozenset()) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
@@ -783,13 +855,17 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     at any point completes the same result.  Raises ``OSError`` on any
     failure, a failed fsync included, which is never retried here.
 
-    ``wait=False``: the last batch of directory fsyncs is begun and
-    returned (a :class:`_DirSync`) instead of waited for; the caller MUST
-    wait for it before it marks the layer committed, and close it.
+    ``wait=False``: the last batch of directory fsyncs is returned (a
+    :class:`_DirSync`, begun by its ``start``) instead of done; the caller
+    MUST wait for it before it marks the layer committed, and close it.
 
     ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
     over: its descriptors are closed here or handed to the result); the
     same durable calls then run in the same order on its descriptors.
+
+    ``keep``: paths left as they are (recovery: they hold something the
+    layer must not overwrite, :func:`classify`); the directories that hold
+    them are fsynced all the same.
     """
     if prepped is not None:
         return _switch_prepped(ws, number, entries, wait, prepped)
@@ -805,6 +881,11 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     # the layer is marked committed.
     dirs_to_sync: set[bytes] = {parent_of(e.path) for e in entries}
     dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
+    if keep:
+        entries_all, entries = entries, [e for e in entries if e.path not in keep]
+        seq_of = {id(e): seq for seq, e in enumerate(entries_all)}  # temporary names follow the whole list
+    else:
+        seq_of = None
 
     # 1. removals, deepest first
     for e in sorted(entries, key=lambda e: -_depth(e.path)):
@@ -827,7 +908,7 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
             continue
         pfd, name = root.parent(e.path)
         try:
-            durable.mkdir(name, 0o700, dir_fd=pfd)
+            durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
         finally:
             os.close(pfd)
 
@@ -838,6 +919,8 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
         for seq, e in enumerate(entries):
             if e.after.kind not in LEAF_KINDS:
                 continue
+            if seq_of is not None:
+                seq = seq_of[id(e)]
             pfd, name = root.parent(e.path)
             try:
                 # The replaced inode is freed after the commit, not inside the
@@ -934,7 +1017,7 @@ def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
     """Step 4's directory fsyncs, on descriptors this call owns: every
     batch of :data:`SYNC_BATCH` but the last is fsynced and closed; the
     last is fsynced and closed too (``wait``) or returned still syncing as
-    a :class:`_DirSync` for :func:`_complete` to wait for.  Raises the
+    a :class:`_DirSync` (not yet begun) for :func:`_complete` to wait for.  Raises the
     first failed fsync's ``OSError``; every descriptor not handed over is
     closed either way."""
     try:
@@ -953,35 +1036,44 @@ def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
 
 
 class _DirSync:
-    """The last batch of a switch's directory fsyncs, begun on the pool
-    (``durable.start_fsync_all``) and not yet waited for: the completion
-    builds its transaction meanwhile and waits for them before its COMMIT
-    (:func:`_complete`).  Owns the descriptors; :meth:`close` once done."""
+    """The last batch of a switch's directory fsyncs, not yet waited for:
+    begun on the pool (``durable.start_fsync_all``) by :meth:`start`, once
+    a daemon's answer is out (:func:`write_layer`), and waited for by the
+    completion before its COMMIT (:func:`_complete`), which builds its
+    transaction meanwhile.  Owns the descriptors; :meth:`close` once done."""
 
     def __init__(self, fds: list[int]):
         self.fds = fds
         #: ``.wait()``: every fsync has ended; raises the first failure
-        #: (never retried).
-        self.syncing = durable.start_fsync_all(fds)
+        #: (never retried).  None until :meth:`start`.
+        self.syncing: durable.Syncing | None = None
+
+    def start(self) -> durable.Syncing:
+        if self.syncing is None:
+            self.syncing = durable.start_fsync_all(self.fds)
+        return self.syncing
 
     def close(self) -> None:
-        self.syncing.abandon()  # nothing left to wait for once waited
+        if self.syncing is not None:
+            self.syncing.abandon()  # nothing left to wait for once waited
         for fd in self.fds:
             os.close(fd)
         self.fds = []
 
 
-def apply_entries(ws: Workspace, number: int, entries: list[Entry]) -> None:
+def apply_entries(ws: Workspace, number: int, entries: list[Entry], left: dict[bytes, str] | None = None) -> None:
     """Steps 2 and 4 together: publish a layer whose intent is recorded
-    (recovery).  Idempotent.  Raises ``OSError``; the layer then stays
-    pending."""
-    fds = _prepare(ws, number, entries)
+    (recovery).  Idempotent.  ``left`` (:func:`classify`): paths not
+    touched (the directories holding them are fsynced all the same).
+    Raises ``OSError``; the layer then stays pending."""
+    keep = set(left or ())
+    fds = _prepare(ws, number, entries, keep=keep)
     try:
         durable.fsync_all(fds)
     finally:
         for fd in fds:
             os.close(fd)
-    _switch(ws, number, entries)
+    _switch(ws, number, entries, keep=keep)
 
 
 def _owner_for(ws: Workspace, path: bytes, state: State | None = None) -> tuple[int, int] | None:
@@ -1032,10 +1124,100 @@ def _recover_locked(ws: Workspace) -> list[int]:
                 conn.execute(update(L).where(L.c.number == number).values(state="void"))
             continue
         try:
-            apply_entries(ws, number, entries)
+            with ws.db.read() as conn:
+                left = classify(ws, conn, entries)
+            for path, why in sorted(left.items()):
+                log.warning("recovery of layer %d leaves %s alone: %s; the layer's version of it is kept as an "
+                            "'outside-change' conflict", number, os.fsdecode(path), why)
+            apply_entries(ws, number, entries, left)
         except OSError as exc:
             raise _pending_failure(number, exc) from None
-        _complete(ws, number, step)
+        _complete(ws, number, step, left=[e for e in entries if e.path in left])
         done.append(number)
     _remove_temps(ws)
     return done
+
+
+#: ``conflicts.reason`` of a path recovery left alone (see :func:`classify`).
+OUTSIDE_CHANGE = "outside-change"
+
+
+def classify(ws: Workspace, conn, entries: list[Entry]) -> dict[bytes, str]:
+    """The paths of a pending layer that recovery must leave alone, each
+    with why.  Recovery publishes a path only while it holds the entry's
+    *before* state, its *after* state (published again: the same bytes,
+    rewritten from the store and fsynced, as every recovery does), or a
+    state the switch itself passes through (absent between removing a path
+    and making it again as another kind; a new directory with the mode
+    ``mkdir`` gave it).  Any other state was made outside stepfs after the
+    intent (during the switch, or after it and before the layer was marked
+    committed) and MUST NOT be overwritten.
+
+    States are compared by kind, mode and content (file bytes against the
+    object, byte for byte; symlink target; device number), not by owner,
+    extended attributes or times.  A directory the layer removes is left
+    when it holds anything the layer does not remove; a path below a left
+    path that is no directory now is left too (it cannot be published)."""
+    paths = {e.path for e in entries}
+    left: dict[bytes, str] = {}
+    # Deepest first: the children of a directory are decided before it.
+    for e in sorted(entries, key=lambda e: -_depth(e.path)):
+        st = _lstat(ws, e.path)
+        kind = None if st is None else kind_of(st.st_mode)
+        if _holds(ws, conn, e.path, st, e.before):
+            if kind == "dir" and e.after.kind != "dir":
+                strays = [name for name, _k, _i in ws.root.listdir(e.path)
+                          if _child(e.path, name) not in paths or _child(e.path, name) in left]
+                if strays:
+                    left[e.path] = (f"it is a directory the layer removes, and holds {len(strays)} name(s) the "
+                                    f"layer does not remove ({os.fsdecode(sorted(strays)[0])}, ...)")
+            continue  # published as in any run
+        if _holds(ws, conn, e.path, st, e.after):
+            pass  # published again
+        elif kind is None and e.before.kind is not None and e.before.kind != e.after.kind:
+            pass  # removed by the switch, not yet made again as the other kind
+        elif kind == "dir" and e.after.kind == "dir" and e.before.kind != "dir" \
+                and stat_mod.S_IMODE(st.st_mode) == _NEW_DIR_MODE:
+            pass  # made by the switch, its mode not yet set
+        else:
+            left[e.path] = _neither(st, kind)
+    for e in sorted(entries, key=lambda e: _depth(e.path)):
+        parent = e.path.rpartition(b"/")[0]
+        while parent and e.path not in left:
+            if parent in left and _current_kind(ws, parent) != "dir":
+                left[e.path] = f"it is below {os.fsdecode(parent)}, which recovery leaves alone"
+            parent = parent.rpartition(b"/")[0]
+    return left
+
+
+def _child(parent: bytes, name: bytes) -> bytes:
+    return name if parent == b"." else parent + b"/" + name
+
+
+def _neither(st: os.stat_result | None, kind: str | None) -> str:
+    if kind is None:
+        return "it was removed outside stepfs"
+    return f"it holds a {kind} that is neither the layer's before nor its after state (changed outside stepfs)"
+
+
+def _holds(ws: Workspace, conn, path: bytes, st: os.stat_result | None, s: State) -> bool:
+    """Whether the workspace path (``st``: its ``lstat``, None if absent)
+    is in state ``s`` by kind, mode and content."""
+    if st is None or s.kind is None:
+        return st is None and s.kind is None
+    kind = kind_of(st.st_mode)
+    if s.kind == "special":  # a socket or device as older stores recorded it
+        return kind in NODE_KINDS
+    if kind != s.kind:
+        return False
+    if kind == "symlink":
+        return ws.root.readlink(path) == s.target
+    if stat_mod.S_IMODE(st.st_mode) != s.mode:
+        return False
+    if kind == "file":
+        fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return ws.objects.holds(conn, s.oid, fd)
+        finally:
+            os.close(fd)
+    return kind == "dir" or rdev_target(kind, st.st_rdev) == s.target

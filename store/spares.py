@@ -173,8 +173,13 @@ class Spares:
     def release(self) -> None:
         """A commit has made its renames: free what it retired, in the
         background thread when there is one (after the commit, see
-        :meth:`pausing`), else now."""
+        :meth:`pausing`), else now.  Inside :meth:`pausing` the thread is
+        not woken here (its end wakes it): woken in the middle of a
+        commit, it only took the GIL from the commit to find it paused."""
         if self._thread is not None:
+            with self._lock:
+                if self._commits:
+                    return
             self.refill()
         else:
             self.sweep()

@@ -40,6 +40,8 @@ def test_settle_compiles_every_prepared_statement(tmp_path, monkeypatch):
     statements compiled (each compile took 0.1-0.6 ms on their path)."""
     for prepared in Prepared.ALL:
         monkeypatch.setattr(prepared, "_by_dialect", {})  # as in a fresh daemon
+    # No spare filler runs here: settle's wait for one would only time out.
+    monkeypatch.setattr(daemon, "SPARES_WAIT", 0.0)
     (tmp_path / "ws").mkdir()
     ws = Workspace.open(str(tmp_path / "ws"), create=True)
     try:

@@ -111,7 +111,7 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
                 message=req.get("message", ""), meta=req.get("meta") or {},
                 allow_empty=bool(req.get("allow_empty")),
                 overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
-                on_committed=lambda number: reply({"number": number}),
+                on_published=lambda number: reply({"number": number}),
             )
             return None
         if op == "sync":  # before someone reads this step's rows from the store

@@ -1557,14 +1557,14 @@ class Overlay(ContentMixin):
             return out
 
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
-               overwrite: set[bytes] = frozenset(), on_committed=None) -> int:
+               overwrite: set[bytes] = frozenset(), on_published=None) -> int:
         """Commit the open step as the next layer (see ``store.publish``).
         Returns once the layer is committed (durably), or raises.
 
         Drafts still open for writing stay open and publish at their next
         close, against the new workspace state.
 
-        ``on_committed(number)``: called as soon as the layer is published
+        ``on_published(number)``: called as soon as the layer is published
         (its intent durable, every path renamed into place: a crash from
         here on recovers to it), before the directory fsyncs and the
         "committed" record have ended and before the view's own
@@ -1622,8 +1622,8 @@ class Overlay(ContentMixin):
                         # The paths just committed have new tokens: nothing
                         # captured is of use any more.
                         self.precaptured.clear()
-                        if on_committed is not None:
-                            on_committed(number)
+                        if on_published is not None:
+                            on_published(number)
                     except BaseException:
                         settle_later()
                         raise

@@ -80,7 +80,7 @@ def register(add) -> None:
 
 
 def cmd_completion(args) -> int:
-    from .main import build_parser
+    from stepfs.cli.main import build_parser
 
     script = bash_script(build_parser())
     if args.json:

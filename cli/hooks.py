@@ -123,9 +123,9 @@ def cmd_hooks(args) -> int:
 
 
 def cmd_hook_commit(args) -> int:
-    from overlayfs import hooks
+    from stepfs.overlayfs.client import hooks
 
-    from .main import _parse_meta
+    from stepfs.cli.main import _parse_meta
 
     meta = _parse_meta(args.meta)
     payload = hooks.parse_payload(sys.stdin.buffer.read())

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from . import exitcodes
+from stepfs.cli import exitcodes
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -47,7 +47,7 @@ def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, lis
 
 
 def _layer_number(text: str) -> int:
-    from store.errors import NoSuchLayer
+    from stepfs.store.errors import NoSuchLayer
 
     try:
         return int(text)
@@ -56,10 +56,10 @@ def _layer_number(text: str) -> int:
 
 
 def _auto_step(text: str) -> str:
-    from overlayfs.autostep import parse
+    from stepfs.overlayfs.client.manage import parse_auto_step
 
     try:
-        parse(text)
+        parse_auto_step(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
@@ -79,17 +79,13 @@ def _parse_meta(items: list[str]) -> dict:
 
 
 def cmd_mount(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     if args.foreground:
-        from overlayfs import daemon
-
-        manage.reclaim_dead_mount(args.workspace, args.mountpoint)
-        manage.check_mount_args(args.workspace, args.mountpoint)
         if args.allow_other and os.geteuid() != 0:
             _usage("--allow-other needs root: mount as root to let other users into the mount")
-        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                            auto_step=args.auto_step, allow_other=args.allow_other)
+        manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
+                                auto_step=args.auto_step, allow_other=args.allow_other)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                        auto_step=args.auto_step, allow_other=args.allow_other)
     mp = os.path.abspath(args.mountpoint)
@@ -99,7 +95,7 @@ def cmd_mount(args) -> int:
 
 
 def cmd_unmount(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     manage.unmount(args.mountpoint, force=args.force)
     _emit(args, {"message_type": "unmount", "mountpoint": os.path.abspath(args.mountpoint)},
@@ -108,7 +104,7 @@ def cmd_unmount(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     st = manage.status(manage.resolve(args.workspace))
     lines = [f"workspace {st['workspace']}  (head: layer {st['head']})"]
@@ -128,7 +124,7 @@ def cmd_status(args) -> int:
 
 
 def cmd_step(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     numbers = manage.step(manage.resolve(args.workspace), message=args.message or "",
                           meta=_parse_meta(args.meta), allow_empty=args.allow_empty,
@@ -139,7 +135,7 @@ def cmd_step(args) -> int:
 
 
 def cmd_discard(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     values = args.args
     ws_arg = None
@@ -154,8 +150,8 @@ def cmd_discard(args) -> int:
 
 def manage_is_target(path: str) -> bool:
     """Whether ``path`` names a workspace or mount (the optional leading WS)."""
-    from overlayfs import manage
-    from store.errors import WorkspaceError
+    from stepfs.overlayfs.client import manage
+    from stepfs.store.errors import WorkspaceError
 
     try:
         target = manage.resolve(path)
@@ -166,9 +162,9 @@ def manage_is_target(path: str) -> bool:
 
 
 def cmd_log(args) -> int:
-    from overlayfs import manage
-    from store import cards
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import cards
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws, ws.db.read() as conn:
         rows = cards.log(ws.objects, conn, limit=args.limit)
@@ -225,9 +221,9 @@ def card_text(card: dict) -> str:
 
 
 def cmd_show(args) -> int:
-    from overlayfs import manage
-    from store import cards
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import cards
+    from stepfs.store.workspace import Workspace
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
@@ -244,9 +240,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from overlayfs import manage
-    from store import diff, history
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import diff, history
+    from stepfs.store.workspace import Workspace
 
     values = list(args.args)
     ws_arg = None
@@ -256,7 +252,7 @@ def cmd_diff(args) -> int:
         raise SystemExit("stepfs: usage: stepfs diff [WS] N [M] [-- PATH...]")
     new = _layer_number(values[0])
     if len(values) == 1 and new == 0:
-        from store.errors import NoSuchLayer
+        from stepfs.store.errors import NoSuchLayer
 
         raise NoSuchLayer("layer 0 is the baseline and has no layer before it; name two layers: 'stepfs diff N M'.")
     old = _layer_number(values[1]) if len(values) == 2 else new - 1
@@ -281,12 +277,12 @@ def cmd_diff(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from overlayfs import manage
-    from store import verify
-    from store.errors import StoreDamaged
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import verify
+    from stepfs.store.errors import StoreDamaged
+    from stepfs.store.workspace import Workspace
 
-    from . import progress
+    from stepfs.cli import progress
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         with progress.for_args(args, "verifying chunks and objects") as bar:
@@ -306,9 +302,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_cat(args) -> int:
-    from overlayfs import manage
-    from store import history
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import history
+    from stepfs.store.workspace import Workspace
 
     ws_arg, (n, path) = _split_ws(args.args, 2, "stepfs cat [WS] N PATH")
     number = _layer_number(n)
@@ -331,7 +327,7 @@ def cmd_cat(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs rollback [WS] N [--path PATH...] [--dry-run]")
     number = _layer_number(n)
@@ -449,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from . import completion, hooks, run
+    from stepfs.cli import completion, hooks, run
 
     run.register(add)
     hooks.register(add)
@@ -505,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stepfs: interrupted.", file=sys.stderr)
         return 130
     except Exception as exc:
-        from store.errors import StepfsError
+        from stepfs.store.errors import StepfsError
 
         if os.environ.get("STEPFS_DEBUG"):
             raise

@@ -9,7 +9,7 @@ import logging
 import shlex
 import sys
 
-from . import progress
+from stepfs.cli import progress
 
 USAGE = "stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] -- COMMAND..."
 HELP = "Run COMMAND in a mount of the workspace and commit what it changed as one step."
@@ -82,11 +82,11 @@ def setup_logging(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from overlayfs import api, runner
-    from store.errors import StepfsError
+    from stepfs.overlayfs.client import api, runner
+    from stepfs.store.errors import StepfsError
 
-    from .main import _parse_meta
-    from .render import card_text
+    from stepfs.cli.main import _parse_meta
+    from stepfs.cli.render import card_text
 
     split_command(args)
     meta = _parse_meta(args.meta)
@@ -113,7 +113,7 @@ def cmd_run(args) -> int:
         raise
     finally:
         bar.close()
-    card = api.Workspace(result.workspace).card(result.number) if result.number is not None else None
+    card = api.WorkspaceClient(result.workspace).card(result.number) if result.number is not None else None
     if args.json:
         print(json.dumps({
             "message_type": "run", "command": result.command, "exit_code": result.exit_code,

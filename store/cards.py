@@ -15,9 +15,9 @@ import time
 
 from sqlalchemy.engine import Connection
 
-from . import diff, layers
-from .contained import DEVICE_KINDS, rdev_of
-from .objects import ObjectStore
+from stepfs.store import diff, layers
+from stepfs.store.contained import DEVICE_KINDS, rdev_of
+from stepfs.store.objects import ObjectStore
 
 #: Kept for callers of the old name: files above this size are not line-counted.
 LINE_COUNT_LIMIT = diff.TEXT_LIMIT

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .contained import NODE_KINDS
-from .history import committed_rows, require_layer, state_from_rows, under
-from .layers import Entry, State
-from .objects import ObjectStore
+from stepfs.store import schema
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
+from stepfs.store.layers import Entry, State
+from stepfs.store.objects import ObjectStore
 
 E, L = schema.entries, schema.layers
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .db import Prepared
-from .errors import NoSuchLayer
+from stepfs.store import schema
+from stepfs.store.db import Prepared
+from stepfs.store.errors import NoSuchLayer
 
 L, E = schema.layers, schema.entries
 

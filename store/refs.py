@@ -30,9 +30,9 @@ import xxhash
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .errors import MissingStagedContent
-from .objects import xxh3_hex
+from stepfs.store import schema
+from stepfs.store.errors import MissingStagedContent
+from stepfs.store.objects import xxh3_hex
 
 S = schema.staged
 

@@ -20,8 +20,8 @@ from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .db import Prepared
+from stepfs.store import schema
+from stepfs.store.db import Prepared
 
 S = schema.staged
 

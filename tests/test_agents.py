@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from overlayfs import agents
-from overlayfs.agents import DEFAULT, Agents
+from stepfs.overlayfs.core import agents
+from stepfs.overlayfs.core.agents import DEFAULT, Agents
 
 SLEEPER = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
 

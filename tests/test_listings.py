@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from overlayfs import listings
-from overlayfs.listings import RACY_COARSE_NS, RACY_NS, Listings, settled
+from stepfs.overlayfs.core import listings
+from stepfs.overlayfs.core.listings import RACY_COARSE_NS, RACY_NS, Listings, settled
 from viewkit import open_view
 
 S = 1_000_000_000

@@ -17,8 +17,8 @@ import mfusepy
 import pytest
 
 from conftest import sh, stepfs
-from overlayfs import fuse_ops
-from overlayfs.listings import settled
+from stepfs.overlayfs.daemon import fuse_ops
+from stepfs.overlayfs.core.listings import settled
 from viewkit import open_view
 
 # A minimal access ACL equal to mode 0644 (posix_acl_xattr format, version 2).

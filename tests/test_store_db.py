@@ -9,11 +9,11 @@ import threading
 import pytest
 from sqlalchemy import event, select, text
 
-from store import db as db_mod
-from store import schema, staging
-from store.db import Database
-from store.objects import ObjectStore
-from store.errors import StoreFormatError
+from stepfs.store import db as db_mod
+from stepfs.store import schema, staging
+from stepfs.store.db import Database
+from stepfs.store.objects import ObjectStore
+from stepfs.store.errors import StoreFormatError
 
 
 def meta_rows(db: Database) -> dict[str, str]:

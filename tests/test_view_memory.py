@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import os
 
-from overlayfs import content
-from store import refs, staging
+from stepfs.overlayfs.core import content
+from stepfs.store import refs, staging
 from viewkit import open_view, orphan_scratch, read_all, read_fh, write_file
 
 MAX = content.MEMORY_DRAFT_MAX

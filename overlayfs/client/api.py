@@ -4,7 +4,7 @@ A thin layer over ``overlayfs.manage`` and ``store``: the CLI and this API
 call the same functions, so both behave the same way and fail with the same
 one-sentence :class:`StepfsError` subclasses (re-exported here)::
 
-    from overlayfs import api
+    from stepfs.overlayfs.client import api
 
     ws = api.open_workspace("/home/me/project", create=True)
     with ws.mount() as m:                   # a private mountpoint, always unmounted
@@ -14,7 +14,7 @@ one-sentence :class:`StepfsError` subclasses (re-exported here)::
 
 Invariants:
 
-* A :class:`Workspace` holds no open store between calls: each method opens
+* A :class:`WorkspaceClient` holds no open store between calls: each method opens
   the store, does one thing and closes it.  Objects are cheap, may live as
   long as the harness, and may be used from several threads (the store and
   the daemons serialise the work).
@@ -23,7 +23,7 @@ Invariants:
   mount is busy), and removes the private mountpoint directory it made.  A
   reused mount (someone else's) is left alone.
 * Staged changes that were not committed are not lost at unmount: they stay
-  in the store as an open step; :meth:`Workspace.step` commits them later.
+  in the store as an open step; :meth:`WorkspaceClient.step` commits them later.
 """
 
 from __future__ import annotations
@@ -34,26 +34,26 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from store import cards, history, layers
+from stepfs.store import cards, history, layers
 
 if TYPE_CHECKING:
-    from . import runner
-from store.errors import (  # noqa: F401  (re-exported for harnesses)
+    from stepfs.overlayfs.client import runner
+from stepfs.store.errors import (  # noqa: F401  (re-exported for harnesses)
     CommitConflict, ContainmentError, CorruptObject, DaemonError, MountpointError, NoSuchLayer,
     NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
 )
-from store.workspace import Workspace as Store
-from store.workspace import is_workspace
+from stepfs.store.workspace import Workspace as Store
+from stepfs.store.workspace import is_workspace
 
-from . import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
 
 log = logging.getLogger("stepfs.api")
 
-#: Prefix of the private mountpoints made by :meth:`Workspace.mount`.
+#: Prefix of the private mountpoints made by :meth:`WorkspaceClient.mount`.
 PRIVATE_PREFIX = "stepfs-mnt-"
 
 
-def open_workspace(path: str | os.PathLike | None = None, create: bool = False) -> "Workspace":
+def open_workspace(path: str | os.PathLike | None = None, create: bool = False) -> "WorkspaceClient":
     """The workspace that ``path`` names: the workspace directory, one of its
     mountpoints, or a path inside either (default: the current directory).
 
@@ -69,11 +69,11 @@ def open_workspace(path: str | os.PathLike | None = None, create: bool = False) 
             raise
         ws_path = os.path.realpath(raw)
     Store.open(ws_path, create=create and not is_workspace(ws_path)).close()
-    return Workspace(ws_path)
+    return WorkspaceClient(ws_path)
 
 
 @dataclass(frozen=True)
-class Workspace:
+class WorkspaceClient:
     """A stepfs workspace, by its absolute real path."""
 
     path: str
@@ -172,7 +172,7 @@ class Workspace:
     def run(self, command: list[str], **kwargs) -> "runner.RunResult":
         """Run ``command`` in a mount of this workspace and commit what it
         changed as one step; see :func:`overlayfs.runner.run_command`."""
-        from . import runner
+        from stepfs.overlayfs.client import runner
 
         return runner.run_command(command, self, **kwargs)
 
@@ -184,7 +184,7 @@ class Mount:
     directory there (:meth:`map_path` maps workspace paths into it).
     """
 
-    def __init__(self, workspace: Workspace, path: str, pid: int | None, owned: bool, made_dir: bool = False):
+    def __init__(self, workspace: WorkspaceClient, path: str, pid: int | None, owned: bool, made_dir: bool = False):
         self.workspace = workspace
         self.path = path
         self.pid = pid
@@ -246,7 +246,7 @@ class Mount:
                 self.made_dir = False
 
 
-def relative_to_workspace(workspace: Workspace, path: str) -> str | None:
+def relative_to_workspace(workspace: WorkspaceClient, path: str) -> str | None:
     """``path`` relative to the workspace root if it lies in the workspace
     or in one of its live mounts (``""`` for the root itself), else None.
     Paths inside the store (``.stepfs``) count as outside."""
@@ -276,7 +276,7 @@ def _rmdir(path: str) -> None:
 
 
 __all__ = [
-    "open_workspace", "Workspace", "Mount", "relative_to_workspace",
+    "open_workspace", "WorkspaceClient", "Mount", "relative_to_workspace",
     "StepfsError", "WorkspaceError", "MountpointError", "NotMountedError", "StoreFormatError",
     "NothingToCommit", "CommitConflict", "DaemonError", "ContainmentError", "NoSuchLayer", "CorruptObject",
 ]

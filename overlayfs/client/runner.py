@@ -37,9 +37,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from store.errors import StepfsError
+from stepfs.store.errors import StepfsError
 
-from . import api, mounts
+from stepfs.overlayfs.client import api, mounts
 
 log = logging.getLogger("stepfs.run")
 
@@ -71,7 +71,7 @@ class RunResult:
     forwarded: list[int] = field(default_factory=list)
 
 
-def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLike | None" = None, *,
+def run_command(command: list[str], workspace: "api.WorkspaceClient | str | os.PathLike | None" = None, *,
                 message: str | None = None, meta: dict | None = None,
                 mountpoint: str | os.PathLike | None = None, private: bool = False,
                 cwd: str | os.PathLike | None = None, env: dict | None = None,
@@ -80,7 +80,7 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
                 on_phase: Callable[[str], None] | None = None) -> RunResult:
     """Run ``command`` in a mount of ``workspace`` and commit what it changed.
 
-    ``workspace``: a :class:`api.Workspace`, or a path (workspace, mount, or
+    ``workspace``: a :class:`api.WorkspaceClient`, or a path (workspace, mount, or
     a path inside either; a plain directory becomes a workspace); None means
     the one ``cwd`` is in.  ``cwd`` (default: the current directory) is
     mapped into the mount; outside the workspace the command runs at the
@@ -90,7 +90,7 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
 
     Raises :class:`StepfsError` if the mount or the commit fails; a failed
     commit carries the command's status as ``exc.command_exit_code`` (its
-    changes stay staged in the store, see :meth:`api.Workspace.step`).
+    changes stay staged in the store, see :meth:`api.WorkspaceClient.step`).
     """
     if not command:
         raise ValueError("run_command needs a command")
@@ -135,11 +135,11 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
     return result
 
 
-def _resolve(workspace, start_dir: str) -> tuple[api.Workspace, "api.Mount | None"]:
+def _resolve(workspace, start_dir: str) -> tuple[api.WorkspaceClient, "api.Mount | None"]:
     """The workspace, and the live mount of it that the caller named or
     stands in (to be reused), if any."""
     named = None
-    if isinstance(workspace, api.Workspace):
+    if isinstance(workspace, api.WorkspaceClient):
         ws = workspace
     else:
         named = os.path.abspath(os.path.expanduser(os.fspath(workspace))) if workspace is not None else None
@@ -151,7 +151,7 @@ def _resolve(workspace, start_dir: str) -> tuple[api.Workspace, "api.Mount | Non
     return ws, None
 
 
-def _map_cwd(ws: api.Workspace, m: api.Mount, start_dir: str) -> str:
+def _map_cwd(ws: api.WorkspaceClient, m: api.Mount, start_dir: str) -> str:
     rel = api.relative_to_workspace(ws, start_dir)
     if rel is None:
         return m.path

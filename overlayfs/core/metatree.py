@@ -44,17 +44,17 @@ from typing import TYPE_CHECKING
 import xxhash
 from sqlalchemy import select
 
-from store import layers as store_layers, schema
-from store.contained import NODE_KINDS
-from store.errors import NoSuchLayer
-from store.snapshot import Item, Snapshot
+from stepfs.store import layers as store_layers, schema
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.errors import NoSuchLayer
+from stepfs.store.snapshot import Item, Snapshot
 
-from .errors import Invalid, NotADirectory, NotFound
+from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound
 
 if TYPE_CHECKING:
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
-    from .view import Overlay
+    from stepfs.overlayfs.core.view import Overlay
 
 ROOT = "/.stepfs"
 LAYERS = ROOT + "/layers"

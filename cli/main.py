@@ -16,6 +16,7 @@ import os
 import sys
 
 from stepfs.cli import exitcodes
+from stepfs.cli.args import parse_meta, usage
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -32,18 +33,13 @@ def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
         print(text)
 
 
-def _usage(message: str) -> None:
-    print(f"stepfs: usage: {message}", file=sys.stderr)
-    raise SystemExit(exitcodes.USAGE)
-
-
 def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, list[str]]:
     """Commands shaped ``[WS] A B``: the optional leading workspace."""
     if len(values) == want:
         return None, values
     if len(values) == want + 1:
         return values[0], values[1:]
-    _usage(usage)
+    usage(usage)
 
 
 def _layer_number(text: str) -> int:
@@ -65,16 +61,6 @@ def _auto_step(text: str) -> str:
     return text
 
 
-def _parse_meta(items: list[str]) -> dict:
-    meta = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            _usage(f"--meta takes KEY=VALUE, got {item!r}")
-        meta[key] = value
-    return meta
-
-
 # -- commands -------------------------------------------------------------------------
 
 
@@ -83,7 +69,7 @@ def cmd_mount(args) -> int:
 
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
-            _usage("--allow-other needs root: mount as root to let other users into the mount")
+            usage("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                                 auto_step=args.auto_step, allow_other=args.allow_other)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
@@ -127,7 +113,7 @@ def cmd_step(args) -> int:
     from stepfs.overlayfs.client import manage
 
     numbers = manage.step(manage.resolve(args.workspace), message=args.message or "",
-                          meta=_parse_meta(args.meta), allow_empty=args.allow_empty,
+                          meta=parse_meta(args.meta), allow_empty=args.allow_empty,
                           overwrite=args.overwrite or [])
     _emit(args, {"message_type": "step", "number": numbers[-1], "numbers": numbers},
           "\n".join(str(n) for n in numbers))
@@ -449,7 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     run.register(add)
     hooks.register(add)
-    completion.register(add)
+    completion.register(add, build_parser)
     return p
 
 

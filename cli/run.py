@@ -1,5 +1,5 @@
 """``stepfs run``: argument parsing and output only (the work is
-``overlayfs.runner.run_command``)."""
+``overlayfs/client/api.py``: ``run_command``)."""
 
 from __future__ import annotations
 
@@ -82,14 +82,14 @@ def setup_logging(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from stepfs.overlayfs.client import api, runner
+    from stepfs.overlayfs.client import api
     from stepfs.store.errors import StepfsError
 
-    from stepfs.cli.main import _parse_meta
+    from stepfs.cli.args import parse_meta
     from stepfs.cli.render import card_text
 
     split_command(args)
-    meta = _parse_meta(args.meta)
+    meta = parse_meta(args.meta)
     setup_logging(args)
     bar = progress.for_args(args, "mounting")
 
@@ -101,7 +101,7 @@ def cmd_run(args) -> int:
             bar.phase(name)
 
     try:
-        result = runner.run_command(args.command, args.workspace, message=args.message, meta=meta,
+        result = api.run_command(args.command, args.workspace, message=args.message, meta=meta,
                                     mountpoint=args.mountpoint, private=args.private,
                                     forward_signals=True, on_phase=on_phase)
     except StepfsError as exc:

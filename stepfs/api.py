@@ -5,16 +5,15 @@
     ws = api.open_workspace("/home/me/project", create=True)
 
 This module only names what harnesses use; the code is in
-``overlayfs/client/api.py`` (workspaces and mounts) and
-``overlayfs/client/runner.py`` (``stepfs run`` as a call).
+``overlayfs/client/api.py`` (workspaces, mounts, ``stepfs run`` as a
+call).
 """
 
 from stepfs.overlayfs.client.api import (
     CommitConflict, ContainmentError, CorruptObject, DaemonError, Mount, MountpointError, NoSuchLayer,
     NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceClient, WorkspaceError,
-    open_workspace, relative_to_workspace,
+    RunResult, open_workspace, relative_to_workspace, run_command,
 )
-from stepfs.overlayfs.client.runner import RunResult, run_command
 
 __all__ = [
     "open_workspace", "WorkspaceClient", "Mount", "relative_to_workspace", "run_command", "RunResult",

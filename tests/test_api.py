@@ -1,4 +1,4 @@
-"""The Python API for harnesses (``overlayfs.api``), over real mounts —
+"""The Python API for harnesses (``stepfs.api``), over real mounts —
 including the complete example in docs/API.md, run exactly as written."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from conftest import ROOT
 from mountguard import mounts_under, private_tmp  # noqa: F401
-from stepfs.overlayfs.client import api, manage, mounts
+from stepfs import api
+from stepfs.overlayfs.client import manage, mounts
 
 pytestmark = pytest.mark.mount
 

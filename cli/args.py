@@ -8,7 +8,7 @@ import sys
 from stepfs.cli import exitcodes
 
 
-def usage(message: str) -> None:
+def usage_error(message: str) -> None:
     print(f"stepfs: usage: {message}", file=sys.stderr)
     raise SystemExit(exitcodes.USAGE)
 
@@ -18,6 +18,6 @@ def parse_meta(items: list[str]) -> dict:
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            usage(f"--meta takes KEY=VALUE, got {item!r}")
+            usage_error(f"--meta takes KEY=VALUE, got {item!r}")
         meta[key] = value
     return meta

@@ -16,7 +16,7 @@ import os
 import sys
 
 from stepfs.cli import exitcodes
-from stepfs.cli.args import parse_meta, usage
+from stepfs.cli.args import parse_meta, usage_error
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -39,7 +39,7 @@ def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, lis
         return None, values
     if len(values) == want + 1:
         return values[0], values[1:]
-    usage(usage)
+    usage_error(usage)
 
 
 def _layer_number(text: str) -> int:
@@ -69,7 +69,7 @@ def cmd_mount(args) -> int:
 
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
-            usage("--allow-other needs root: mount as root to let other users into the mount")
+            usage_error("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                                 auto_step=args.auto_step, allow_other=args.allow_other)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,

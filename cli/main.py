@@ -17,6 +17,7 @@ import sys
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
+from stepfs.cli.render import card_text
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -165,45 +166,6 @@ def cmd_log(args) -> int:
         lines.append(line)
     _emit(args, {"message_type": "log", "layers": rows}, "\n".join(lines))
     return 0
-
-
-def _file_line(f: dict) -> str:
-    op = f["op"]
-    if op == "renamed":
-        op_text = f"renamed   {f['from']} -> {f['path']}"
-    else:
-        op_text = f"{op:<9} {f['path']}"
-    if f.get("binary"):
-        detail = f"binary {f['bytes_before']} -> {f['bytes_after']} bytes"
-    elif f.get("binary") is None and "bytes_before" in f:
-        detail = f"too large to count lines, {f['bytes_before']} -> {f['bytes_after']} bytes"
-    elif "lines_added" in f:
-        detail = f"+{f['lines_added']} -{f['lines_removed']}"
-    else:
-        detail = f["kind"] or ""
-    if f["kind"] == "symlink":
-        target = (f["after"] if f["after"]["kind"] else f["before"]).get("target", "")
-        detail = f"symlink -> {target}"
-    b, a = f["before"], f["after"]
-    if b["kind"] == a["kind"] and b["mode"] is not None and a["mode"] is not None and b["mode"] != a["mode"]:
-        detail += f"  mode {b['mode']:o} -> {a['mode']:o}"
-    return f"  {op_text}  {detail}"
-
-
-def card_text(card: dict) -> str:
-    lines = [
-        f"layer {card['number']} ({card['kind']})  {card['time']}",
-        f"message: {card['message']}" if card["message"] else "message: (none)",
-    ]
-    if card["mount"] or card["agent"]:
-        lines.append(f"mount: {card['mount'] or '-'}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
-    for key, value in sorted(card["meta"].items()):
-        lines.append(f"meta: {key}={value}")
-    renamed = f" >{card['renamed']}" if card["renamed"] else ""
-    lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
-                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
-    lines += [_file_line(f) for f in card["files"]]
-    return "\n".join(lines)
 
 
 def cmd_show(args) -> int:

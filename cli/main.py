@@ -153,8 +153,8 @@ def cmd_log(args) -> int:
     from stepfs.store import cards
     from stepfs.store.workspace import Workspace
 
-    with Workspace.open(manage.resolve(args.workspace).workspace) as ws, ws.db.read() as conn:
-        rows = cards.log(ws.objects, conn, limit=args.limit)
+    with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
+        rows = cards.read_log(ws, limit=args.limit)
     lines = []
     for r in rows:
         who = f"  [{r['agent']}]" if r["agent"] else ""
@@ -175,9 +175,8 @@ def cmd_show(args) -> int:
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
-    with Workspace.open(manage.resolve(ws_arg).workspace) as ws, ws.db.read() as conn:
-        card = cards.card(ws.objects, conn, number)
-        patch = cards.layer_patch(ws.objects, conn, number) if args.patch else None
+    with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
+        card, patch = cards.read_card(ws, number, with_patch=args.patch)
     text = card_text(card)
     out = {"message_type": "show", **card}
     if patch is not None:
@@ -207,9 +206,7 @@ def cmd_diff(args) -> int:
     target = manage.resolve(ws_arg)
     with Workspace.open(target.workspace) as ws:
         rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in args.paths] or None
-        with ws.db.read() as conn:
-            changes = diff.changes_between(conn, old, new, rels)
-            patch = diff.patch(ws.objects, conn, changes)
+        changes, patch = diff.read_changes(ws, old, new, rels)
     obj = {
         "message_type": "diff", "old": old, "new": new,
         "changes": [{"path": os.fsdecode(c.path), "op": c.op,

@@ -95,6 +95,13 @@ def _counts():
     return added, deleted, total
 
 
+def committed_numbers(conn: Connection) -> list[int]:
+    """The numbers of the committed layers, oldest first."""
+    return conn.execute(
+        select(schema.layers.c.number).where(schema.layers.c.state == "committed").order_by(schema.layers.c.number)
+    ).scalars().all()
+
+
 def list_layers(conn: Connection, limit: int | None = None, number: int | None = None) -> list[Layer]:
     """Committed layers (or just ``number``), newest first, with counts of
     added / modified / deleted paths.  The layers are chosen first and only

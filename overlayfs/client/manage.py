@@ -321,9 +321,7 @@ def sync_rows(ws: Workspace, mountpoint: str | None = None) -> None:
 
 def status(target: Target) -> dict:
     """Mounts of the workspace, each open step's staged paths, the conflicts."""
-    from sqlalchemy import select as sql_select
-
-    from stepfs.store import layers, schema, staging
+    from stepfs.store import conflicts, layers, staging
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
@@ -345,7 +343,7 @@ def status(target: Target) -> dict:
                     "readonly": _readonly_reason(mp) if mp in live and pid else None,
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
-            for c in conn.execute(sql_select(schema.conflicts).order_by(schema.conflicts.c.id)):
+            for c in conflicts.listed(conn):
                 path = os.fsdecode(bytes(c.path))
                 out["conflicts"].append({
                     "id": c.id, "path": path, "reason": c.reason, "mount": c.mount,

@@ -541,4 +541,4 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
 
 
 __all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "rollback", "invalidate_mounts",
-           "abort_connection", "CommitConflict", "errno"]
+           "abort_connection"]

@@ -916,4 +916,4 @@ class ContentMixin:
         }
 
 
-__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy", "field"]
+__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy"]

@@ -1,6 +1,6 @@
 """The ``stepfs`` command: argument parsing and output only.
 
-Each command calls one library function (``overlayfs.manage``, ``store.*``)
+Each command calls one library function (``overlayfs.client.manage``, ``store.*``)
 and prints its result: human text by default, one JSON object with
 ``--json``.  Errors are one sentence on stderr prefixed ``stepfs:`` and exit
 with the code of their class (``cli/exitcodes.py``); a traceback is shown

@@ -1,4 +1,4 @@
-"""Agent identity of calling processes (overlayfs/agents.py), without a mount.
+"""Agent identity of calling processes (overlayfs/core/agents.py), without a mount.
 
 Real processes show the environment lookup, and that a process that
 exec()s with a new ``STEPFS_AGENT`` is the new agent at once; a fake

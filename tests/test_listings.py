@@ -1,4 +1,4 @@
-"""Reused workspace listings (overlayfs/listings.py) never hide a change:
+"""Reused workspace listings (overlayfs/core/listings.py) never hide a change:
 the view's readdir lists a workspace directory again whenever its stamp
 changed, and never keeps a listing of a directory that changed too
 recently for its ctime to tell a later change apart (no kernel)."""

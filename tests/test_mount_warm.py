@@ -1,6 +1,6 @@
 """What keeps a second ``ls -lR`` / ``git status`` cheap stays correct:
 the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL) and the view's reused
-workspace listings (overlayfs/listings.py) through a real mount, and the
+workspace listings (overlayfs/core/listings.py) through a real mount, and the
 adapter's direct stat fill (no kernel)."""
 
 from __future__ import annotations

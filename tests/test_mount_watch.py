@@ -1,4 +1,4 @@
-"""Outside edits reach a live mount at once (overlayfs/watch.py).
+"""Outside edits reach a live mount at once (overlayfs/daemon/watch.py).
 
 The kernel caches names and attributes for ``timeouts.ENTRY_TIMEOUT`` (60 s);
 an editor working in the workspace directly must still be seen promptly.

@@ -1,4 +1,4 @@
-"""Small drafts live in memory (``overlayfs/content.py``, ``MEMORY_DRAFT_MAX``):
+"""Small drafts live in memory (``overlayfs/core/content.py``, ``MEMORY_DRAFT_MAX``):
 no file is created on the workspace's filesystem for them, and the fast
 path keeps every semantic of a scratch-file draft: per-handle O_APPEND,
 POSIX visibility between one agent's handles, the move to a scratch file

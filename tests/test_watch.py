@@ -1,5 +1,5 @@
 """The workspace watcher without a mount: inotify events -> what the kernel
-is told to forget (overlayfs/watch.py).  A fake kernel cache records the
+is told to forget (overlayfs/daemon/watch.py).  A fake kernel cache records the
 calls; the real-mount behaviour is in test_mount_watch.py."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Python API for agent harnesses (no FUSE import).
 
-A thin layer over ``overlayfs.manage`` and ``store``: the CLI and this API
+A thin layer over ``overlayfs.client.manage`` and ``store``: the CLI and this API
 call the same functions, so both behave the same way and fail with the same
 one-sentence :class:`StepfsError` subclasses (re-exported here)::
 

@@ -27,7 +27,7 @@ Choices (measured or forced, see README "Architecture"):
   other names renews every name: :meth:`KernelCache.new_epoch`),
   rollback and discard call :meth:`KernelCache.invalidate`, and outside
   edits of the workspace are seen by the inotify :class:`Watcher`
-  (``overlayfs/watch.py``), which invalidates the changed names at once.
+  (``overlayfs/daemon/watch.py``), which invalidates the changed names at once.
   The trade-off: a change whose event was lost stays hidden until the
   timeout, so the timeout is long enough to span the gap between an
   agent's commands (the measured gain) and no longer.  A mount that cannot

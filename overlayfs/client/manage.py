@@ -132,6 +132,25 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
     return True
 
 
+def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other: bool) -> tuple[str, str]:
+    """What a mount does before its daemon starts: check the arguments
+    (refused before anything is touched), detach a dead mount at the same
+    place, create the store and run recovery.  The workspace's and the
+    mountpoint's absolute paths."""
+    from stepfs.store.workspace import Workspace
+
+    if allow_other and os.geteuid() != 0:
+        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
+    try:
+        parse_auto_step(auto_step)
+    except ValueError as exc:
+        raise InputError(f"{exc}.") from None
+    reclaim_dead_mount(workspace, mountpoint)
+    ws_path, mp = check_mount_args(workspace, mountpoint)
+    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    return ws_path, mp
+
+
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
           auto_step: str = "manual", allow_other: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
@@ -141,18 +160,7 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise.  ``allow_other`` lets users other than the mounter in (root
     only; the kernel then checks their permissions: default_permissions)."""
-    from stepfs.store.workspace import Workspace
-
-    if allow_other and os.geteuid() != 0:
-        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
-
-    try:
-        parse_auto_step(auto_step)
-    except ValueError as exc:
-        raise InputError(f"{exc}.") from None  # refused before anything is touched
-    reclaim_dead_mount(workspace, mountpoint)
-    ws_path, mp = check_mount_args(workspace, mountpoint)
-    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
@@ -205,17 +213,7 @@ def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, requi
     """``stepfs mount --foreground``: check the arguments as :func:`mount`
     does, then become the daemon (exec, same pid), attached to this terminal
     until unmounted."""
-    from stepfs.store.workspace import Workspace
-
-    if allow_other and os.geteuid() != 0:
-        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
-    try:
-        parse_auto_step(auto_step)
-    except ValueError as exc:
-        raise InputError(f"{exc}.") from None
-    reclaim_dead_mount(workspace, mountpoint)
-    ws_path, mp = check_mount_args(workspace, mountpoint)
-    Workspace.open(ws_path, create=True).close()  # format and recovery errors are reported by the CLI
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
     sys.stdout.flush()
     sys.stderr.flush()
     cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other)

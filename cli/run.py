@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shlex
 import sys
 
-from stepfs.cli import progress
 
 USAGE = "stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] -- COMMAND..."
 HELP = "Run COMMAND in a mount of the workspace and commit what it changed as one step."
@@ -77,6 +75,8 @@ def _usage(why: str) -> None:
 
 def setup_logging(args) -> None:
     """Library log lines (warnings, "command not found") as ``stepfs: ...`` on stderr."""
+    import logging  # here: the other commands' start-up never needs it
+
     logging.basicConfig(format="stepfs: %(message)s",
                         level=logging.ERROR if getattr(args, "quiet", False) else logging.WARNING)
 
@@ -90,6 +90,8 @@ def cmd_run(args) -> int:
 
     split_command(args)
     meta = parse_meta(args.meta)
+    from stepfs.cli import progress  # here: the other commands' start-up never needs it
+
     setup_logging(args)
     bar = progress.for_args(args, "mounting")
 

@@ -134,3 +134,18 @@ def test_without_a_live_mount_reads_open_the_store(workspace):
     done, names = _imported("log", workspace)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert "sqlalchemy" in names
+
+
+def test_one_command_parser_still_knows_every_command():
+    """The CLI builds only the parser of the command it runs; a mistyped
+    command and the top-level help still get the whole one."""
+    wrong = stepfs("stpe", "x")
+    assert wrong.returncode == 2
+    assert b"invalid choice: 'stpe'" in wrong.stderr and b"'hook-commit'" in wrong.stderr
+    top = stepfs("--help")
+    assert top.returncode == 0 and b"hook-commit" in top.stdout and b"rollback" in top.stdout
+    sub = stepfs("step", "--help")
+    assert sub.returncode == 0 and b"--allow-empty" in sub.stdout
+    assert stepfs("step", "--bogus").returncode == 2
+    version = stepfs("--version")
+    assert version.returncode == 0 and version.stdout.startswith(b"stepfs ")

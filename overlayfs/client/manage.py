@@ -23,7 +23,8 @@ from stepfs.store.errors import (
 from stepfs.store.paths import STORE_DIR, check_directory, is_workspace
 
 from stepfs.overlayfs.client import control, mounts
-from stepfs.overlayfs.client.reads import daemon_for, status, sync_rows  # noqa: F401  (this module's API: status, sync_rows)
+# status and sync_rows are this module's API too (callers name manage.status).
+from stepfs.overlayfs.client.reads import daemon_for, status, sync_rows  # noqa: F401
 from stepfs.overlayfs.daemon.protocol import daemon_alive, daemon_alive_settled, log_path, parse_auto_step
 
 if TYPE_CHECKING:

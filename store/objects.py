@@ -117,7 +117,7 @@ def chunk_bytes(conn: Connection, cid: str, data, codec_: int, size: int, base: 
     try:
         return codec.decode(codec_, data, size, base_raw)
     except ValueError as exc:
-        raise CorruptObject(f"chunk {cid} cannot be decoded ({exc}); run 'stepfs verify' for a full report.") from None
+        raise CorruptObject(f"chunk {cid} is corrupt: it cannot be decoded ({exc}); run 'stepfs verify' for a full report.") from None
 
 
 def _new_chunk_row(cid: str, piece) -> dict:

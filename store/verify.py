@@ -97,6 +97,7 @@ def _chunks(conn, report: Report, hasher, state: dict) -> None:
     for cid, size, data, how, base in conn.execute(select(C.c.cid, C.c.size, C.c.data, C.c.codec, C.c.base)):
         n += 1
         _tick(state)
+        state["chunk_sizes"][cid] = size
         try:
             # A delta is decoded with its base: both are checked by the hash.
             data = chunk_bytes(conn, cid, data, how, size, base)

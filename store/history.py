@@ -118,7 +118,9 @@ def require_layer(conn, number: int) -> None:
     if number < 0 or conn.execute(
         select(L.c.number).where(L.c.number == number, L.c.state == "committed")
     ).first() is None:
-        raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+        from .layers import missing
+
+        raise missing(conn, number)
 
 
 def state_at(conn, path: bytes, number: int) -> State | None:

@@ -168,6 +168,7 @@ def manage_is_target(path: str) -> bool:
 def cmd_log(args) -> int:
     from overlayfs import manage
     from store import cards
+    from store.du import human
     from store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws, ws.db.read() as conn:
@@ -177,7 +178,8 @@ def cmd_log(args) -> int:
         who = f"  [{r['agent']}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
+                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
+                f"{who}  {r['message']}")
         if r["meta"]:
             line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
         lines.append(line)
@@ -209,6 +211,8 @@ def _file_line(f: dict) -> str:
 
 
 def card_text(card: dict) -> str:
+    from store.du import human
+
     lines = [
         f"layer {card['number']} ({card['kind']})  {card['time']}",
         f"message: {card['message']}" if card["message"] else "message: (none)",
@@ -218,8 +222,9 @@ def card_text(card: dict) -> str:
     for key, value in sorted(card["meta"].items()):
         lines.append(f"meta: {key}={value}")
     renamed = f" >{card['renamed']}" if card["renamed"] else ""
+    stored = f"   stored: +{human(card['stored_bytes'])}" if "stored_bytes" in card else ""
     lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
-                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
+                 f"lines: +{card['lines_added']} -{card['lines_removed']}{stored}")
     lines += [_file_line(f) for f in card["files"]]
     return "\n".join(lines)
 
@@ -449,9 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from . import completion, hooks, run
+    from . import completion, hooks, retention, run
 
     run.register(add)
+    retention.register(add)
     hooks.register(add)
     completion.register(add)
     return p

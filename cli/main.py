@@ -80,6 +80,12 @@ def _parse_meta(items: list[str]) -> dict:
 
 def cmd_mount(args) -> int:
     from overlayfs import manage
+    from store.errors import InputError
+    from store.prune import parse_size
+
+    if args.keep_last is not None and args.keep_last < 1:
+        raise InputError("--keep-last must be at least 1: the newest layer is always kept.")
+    warn_size = parse_size(args.warn_size) if args.warn_size else None
 
     if args.foreground:
         from overlayfs import daemon
@@ -89,9 +95,11 @@ def cmd_mount(args) -> int:
         if args.allow_other and os.geteuid() != 0:
             _usage("--allow-other needs root: mount as root to let other users into the mount")
         return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                            auto_step=args.auto_step, allow_other=args.allow_other)
+                            auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                            warn_size=warn_size)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                       auto_step=args.auto_step, allow_other=args.allow_other)
+                       auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                       warn_size=warn_size)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -393,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="refuse (EACCES) writing an existing file the agent never read")
     sp.add_argument("--allow-other", action="store_true",
                     help="let other users into the mount, with the kernel checking file modes (root only)")
+    sp.add_argument("--keep-last", type=int, metavar="N",
+                    help="after each step, prune all but the newest N layers (gc runs every 10 steps)")
+    sp.add_argument("--warn-size", metavar="SIZE",
+                    help="warn (stderr of 'stepfs step', MOUNT/.stepfs/status) once the store is over SIZE (2G)")
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")

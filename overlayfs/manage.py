@@ -133,7 +133,8 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-          auto_step: str = "manual", allow_other: bool = False) -> int:
+          auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
+          warn_size: int | None = None) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
@@ -167,6 +168,10 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
             cmd += ["--auto-step", auto_step]
         if allow_other:
             cmd.append("--allow-other")
+        if keep_last is not None:  # prune after each step (overlayfs/retention.py)
+            cmd += ["--keep-last", str(keep_last)]
+        if warn_size is not None:
+            cmd += ["--warn-size", str(warn_size)]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},
@@ -388,7 +393,10 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
                "overwrite": [os.fsdecode(p) for p in over]}
     if target.mountpoint is not None:
-        return [control.request(target.mountpoint, payload)["number"]]
+        answer = control.request(target.mountpoint, payload)
+        for warning in answer.get("warnings", []):  # the store over the size set at mount
+            print(f"stepfs: warning: {warning}", file=sys.stderr)
+        return [answer["number"]]
     numbers = _step_live_mounts(target.workspace, payload)
     if numbers:
         return numbers

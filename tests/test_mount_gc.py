@@ -116,3 +116,24 @@ def test_prune_and_rollback_through_a_live_mount(workspace, mount):
     assert m.path(".stepfs", "layers", "5", "n5").read_text() == "new 5\n"
     with Workspace.open(str(workspace)) as ws:
         assert verify.verify(ws).ok
+
+
+def test_mount_keep_last_prunes_after_each_step_and_warns_over_the_size(workspace, mount):
+    (workspace / "f.txt").write_text("v0\n")
+    m = mount(workspace, keep_last=3, warn_size=1)  # any store is over 1 byte
+    stderr = b""
+    for i in range(1, 6):
+        m.path("f.txt").write_text(f"v{i}\n")
+        r = stepfs("step", m.mountpoint, "-m", f"s{i}")
+        assert r.returncode == 0, r.stderr.decode()
+        stderr = r.stderr
+    assert b"warning: store size" in stderr and b"over the 1 B set at mount" in stderr
+    assert "warning: store size" in m.path(".stepfs", "status").read_text()
+    r = stepfs("log", m.mountpoint, "--json")
+    assert [layer["number"] for layer in json.loads(r.stdout)["layers"]] == [5, 4, 3]
+    r = stepfs("cat", m.mountpoint, "1", "f.txt")
+    assert r.returncode == 11 and b"layer 1 was pruned; the oldest layer kept is 3" in r.stderr
+    r = stepfs("cat", m.mountpoint, "3", "f.txt")
+    assert r.returncode == 0 and r.stdout == b"v3\n"
+    r = stepfs("mount", workspace, workspace.parent / "other", "--keep-last", "0")
+    assert r.returncode == 13 and b"--keep-last must be at least 1" in r.stderr

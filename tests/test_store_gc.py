@@ -245,3 +245,37 @@ def test_verify_names_a_delta_whose_base_is_damaged(tmp_path):
     assert any(base in p for p in problems)
     assert sum("is corrupt" in p for p in problems) >= 2  # the base and the delta made from it
     ws.close()
+
+
+def test_an_older_store_gives_space_back_after_one_full_vacuum(tmp_path):
+    """A store made before format 6 has auto_vacuum NONE: gc frees pages
+    for reuse and says so; --full-vacuum rewrites it into incremental mode."""
+    import sqlite3
+
+    ws = open_workspace(tmp_path / "ws")
+    db_path = ws.db.label
+    ws.close()
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA auto_vacuum=NONE")
+    raw.execute("VACUUM")
+    assert raw.execute("PRAGMA auto_vacuum").fetchone() == (0,)
+    raw.close()
+    from store.workspace import Workspace
+
+    ws = Workspace.open(str(tmp_path / "ws"))
+    s = Stager(ws)
+    for i in range(20):
+        s.file(f"t{i}", os.urandom(100_000))
+    with ws.db.write() as conn:
+        for i in range(20):
+            staging.remove(conn, s.step, b"t%d" % i)
+    gc.give_back(ws)
+    report = gc.collect(ws)
+    assert report.objects == 20 and report.vacuum == "none" and "--full-vacuum" in report.notes[0]
+    big = gc.store_bytes(ws)
+    report = gc.collect(ws, full_vacuum=True)
+    assert report.vacuum == "full" and gc.store_bytes(ws) < big - 1_500_000
+    with ws.db.read() as conn:
+        assert conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2
+    check(ws)
+    ws.close()

@@ -342,6 +342,9 @@ class ObjectStore:
                 raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
             lo = max(offset - row.offset, 0)
             out.append(data[lo:end - row.offset])
+        if not out and not _OBJECT_SIZE.execute(conn, {"oid": oid}):
+            # Past the end, or no such object (collected by gc): never a silent EOF.
+            raise CorruptObject(f"object {oid} is missing; run 'stepfs verify' for a full report.")
         return b"".join(out)
 
     def read_all(self, conn: Connection, oid: str) -> bytes:

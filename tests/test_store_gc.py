@@ -279,3 +279,14 @@ def test_an_older_store_gives_space_back_after_one_full_vacuum(tmp_path):
         assert conn.exec_driver_sql("PRAGMA auto_vacuum").scalar() == 2
     check(ws)
     ws.close()
+
+
+def test_a_read_of_a_collected_object_is_an_error_not_an_empty_file(tmp_path):
+    from store.errors import CorruptObject
+
+    ws = open_workspace(tmp_path / "ws")
+    oid = _put(ws, text(8))
+    gc.collect(ws)
+    with ws.db.read() as conn, pytest.raises(CorruptObject, match="missing"):
+        ws.objects.read_range(conn, oid, 0, 100)
+    ws.close()

@@ -111,7 +111,9 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
                 message=req.get("message", ""), meta=req.get("meta") or {},
                 allow_empty=bool(req.get("allow_empty")),
                 overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
-                on_published=lambda number: reply({"number": number, "warnings": list(view.warnings)}),
+                # Warnings only when there are some (the store over --warn-size).
+                on_published=lambda number: reply({"number": number,
+                                                   **({"warnings": list(view.warnings)} if view.warnings else {})}),
             )
             return None
         if op == "sync":  # before someone reads this step's rows from the store

@@ -289,10 +289,13 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
         try:
             cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             # Free pages go back to the file system in place (gc's
-            # incremental_vacuum): takes effect on a new, empty file only
-            # (hence before the WAL header is written), or at the next
-            # VACUUM of an older store (``store/gc.py``).
-            cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            # incremental_vacuum): set on a new, empty file only (before the
+            # WAL header is written); on an existing one the pragma waits
+            # for the write lock, which would make every new connection wait
+            # for a running commit.  An older store gets it at its one
+            # VACUUM (``store/gc.py``).
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             if wal:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")

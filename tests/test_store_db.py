@@ -416,3 +416,25 @@ def test_big_staging_writes_leave_checkpoints_to_the_next_durable_commit(tmp_pat
         assert path.stat().st_size > main_size + 2000 * 4096
     finally:
         db.close()
+
+
+def test_a_new_connection_does_not_wait_for_a_running_writer(tmp_path):
+    """The connection set-up's pragmas never need the write lock (setting
+    auto_vacuum on an existing file would wait for it: the busy timeout)."""
+    import time
+
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    other = None
+    try:
+        with db.write() as conn:
+            conn.execute(schema.meta.insert().values(key="probe", value="held"))
+            started = time.monotonic()
+            other = Database.open(path, create=False)  # connects while the write lock is held
+            with other.read() as c2:
+                c2.execute(select(schema.meta.c.value)).all()
+            assert time.monotonic() - started < 5
+    finally:
+        if other is not None:
+            other.close()
+        db.close()

@@ -39,6 +39,7 @@ from typing import Callable
 
 from sqlalchemy import select, text
 
+from . import durable as durable_calls
 from . import schema
 from .objects import generation
 from .workspace import Workspace
@@ -185,19 +186,30 @@ def collect(ws: Workspace, dry_run: bool = False, quiesce: Callable[[], None] | 
     return report
 
 
-#: Free pages given back per transaction of ``incremental_vacuum``.
-VACUUM_BATCH = 4096
+#: Free pages given back per transaction of ``incremental_vacuum`` (64 MiB).
+VACUUM_BATCH = 16384
+#: A store at least half free whose live pages are at most this big is
+#: rewritten with VACUUM instead (it holds the write lock while it runs).
+VACUUM_LIVE_MAX = 256 << 20
 
 
 def give_back(ws: Workspace, full: bool = False) -> str:
     """Return SQLite's free pages to the file system: ``incremental`` (a
     format-6 store: pages moved into the holes, the file truncated, in
     transactions of :data:`VACUUM_BATCH` pages), ``full`` (``VACUUM``:
-    rewrites the file; turns an older store's auto_vacuum on), or
-    ``none``.  Then checkpoints and truncates the WAL, if no reader holds
+    rewrites the file; asked for, turns an older store's auto_vacuum on;
+    chosen when most pages are free and the rest is small), or ``none``.  Then checkpoints and truncates the WAL, if no reader holds
     it."""
     with ws.db.read() as conn:
         mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar()
+        pages = conn.exec_driver_sql("PRAGMA page_count").scalar()
+        free = conn.exec_driver_sql("PRAGMA freelist_count").scalar()
+        live = (pages - free) * conn.exec_driver_sql("PRAGMA page_size").scalar()
+    # Mostly free and small once rewritten: VACUUM copies only what lives
+    # (1.8 s where incremental_vacuum took 19 s for 180 of 200 MiB free),
+    # and is short enough for writers waiting on the busy timeout.
+    if mode == 2 and free * 2 >= pages and live <= VACUUM_LIVE_MAX:
+        full = True
     how = "none"
     if full or mode != 2:
         if full:
@@ -207,21 +219,35 @@ def give_back(ws: Workspace, full: bool = False) -> str:
                 raw.execute("VACUUM").close()
             how = "full"
     else:
-        while True:
-            with ws.db.write() as conn:
-                free = conn.exec_driver_sql("PRAGMA freelist_count").scalar()
-                # One page per statement: Python's driver steps a pragma once.
-                for _ in range(min(free, VACUUM_BATCH)):
-                    conn.exec_driver_sql("PRAGMA incremental_vacuum(1)")
-            how = "incremental"
-            if free <= VACUUM_BATCH:
-                break
+        while _vacuum_batch(ws) > VACUUM_BATCH:
+            pass
+        how = "incremental"
     with ws.db.engine.connect() as conn:
         try:
             conn.connection.dbapi_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").close()
         except Exception as exc:  # a busy reader: the WAL is reused instead
             log.info("WAL not truncated after gc: %s", exc)
     return how
+
+
+def _vacuum_batch(ws: Workspace) -> int:
+    """One transaction of ``incremental_vacuum`` (up to :data:`VACUUM_BATCH`
+    pages), committed through the durable seam; returns the free pages
+    there were.  Run with ``executescript``: Python's driver steps a
+    statement that declares no columns only once, and this pragma frees
+    one page per step."""
+    with ws.db._translated(notify=True), ws.db.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        free = raw.execute("PRAGMA freelist_count").fetchone()[0]
+        if not free:
+            return 0
+        raw.executescript(f"BEGIN IMMEDIATE; PRAGMA incremental_vacuum({VACUUM_BATCH});")
+        try:
+            durable_calls.commit(lambda: raw.execute("COMMIT").close(), False)
+        finally:
+            if raw.in_transaction:
+                raw.execute("ROLLBACK").close()
+        return free
 
 
 def drop_conflicts(ws: Workspace, ids: list[int] | None) -> int:

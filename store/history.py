@@ -18,7 +18,7 @@ import stat as stat_mod
 from sqlalchemy import select
 
 from . import schema
-from .errors import ContainmentError, NoSuchLayer, NoSuchPath
+from .errors import ContainmentError, NoSuchPath
 from .layers import State, entry_from_row
 from .workspace import STORE_DIR, Workspace
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from conftest import manifest
-from store import gc, history, prune, publish, rollback, schema, snapshot, verify
+from store import gc, history, prune, publish, rollback, schema, verify
 from store.errors import InputError, LayerPruned, NothingToRollBack
 from store.workspace import Workspace
 from store_kit import Stager, open_workspace

@@ -20,15 +20,18 @@ from . import schema
 from .workspace import Workspace
 
 E, L, C, OC = schema.entries, schema.layers, schema.chunks, schema.object_chunks
+#: Object ids per ``IN`` list.
+_BATCH = 5000
 
 
 def _chunks_of(conn, oids: set[str]) -> dict[str, list[str]]:
     """``{oid: [cid, ...]}`` with each delta's base listed after it."""
     out: dict[str, list[str]] = {}
-    if not oids:
-        return out
-    rows = conn.execute(select(OC.c.oid, OC.c.cid, C.c.base).join(C, C.c.cid == OC.c.cid)
-                        .where(OC.c.oid.in_(sorted(oids)))).all()
+    ordered = sorted(oids)
+    rows = []
+    for i in range(0, len(ordered), _BATCH):  # SQLite bounds the variables of one statement
+        rows += conn.execute(select(OC.c.oid, OC.c.cid, C.c.base).join(C, C.c.cid == OC.c.cid)
+                             .where(OC.c.oid.in_(ordered[i:i + _BATCH]))).all()
     for oid, cid, base in rows:
         out.setdefault(oid, []).append(cid)
         if base is not None:

@@ -296,3 +296,25 @@ def test_a_read_of_a_collected_object_is_an_error_not_an_empty_file(tmp_path):
     with ws.db.read() as conn, pytest.raises(CorruptObject, match="missing"):
         ws.objects.read_range(conn, oid, 0, 100)
     ws.close()
+
+
+def test_du_counts_each_chunk_once_for_the_layer_that_added_it(tmp_path, monkeypatch):
+    from store import du
+
+    monkeypatch.setattr(du, "_BATCH", 3)  # several IN lists, as a big history needs
+    ws = open_workspace(tmp_path / "ws")
+    s = Stager(ws)
+    for i in range(7):
+        s.file(f"f{i}", text(20 + i))
+    commit(ws, s)
+    s.file("f0", text(20))  # the same bytes again: nothing new
+    s.file("g", text(40))
+    commit(ws, s)
+    usage = du.usage(ws)
+    with ws.db.read() as conn:
+        added = du.added_bytes(conn)
+        stored = conn.execute(select(func.sum(func.length(schema.chunks.c.data)))).scalar()
+    assert added[2] > 0 and added[1] > added[2]
+    assert usage["history_bytes"] == sum(added.values()) == stored
+    assert usage["garbage_bytes"] == 0 and usage["layers"] == {str(k): v for k, v in added.items() if v}
+    ws.close()

@@ -27,8 +27,10 @@ RAW, ZSTD, DELTA = 0, 1, 2
 #: zstd level of chunks compressed at put (on the close-write path): level 1
 #: keeps most of the ratio of text at several times level 3's speed.
 PUT_LEVEL = 1
-#: Level of deltas (made off the hot path, by gc): small inputs, best ratio.
-DELTA_LEVEL = 9
+#: Level of deltas (made by gc).  Measured on a one-line edit of a 52 KB
+#: chunk: level 3 stored 175 bytes, level 9 7,897 (its match finder skipped
+#: most of the dictionary), level 19 37 bytes at many times the time.
+DELTA_LEVEL = 3
 #: An encoding is kept only if it saves at least this fraction of the bytes.
 MIN_SAVING = 0.1
 #: Chunks smaller than this stay raw (a zstd frame's overhead eats the gain).

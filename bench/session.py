@@ -85,9 +85,9 @@ def seed(root: Path) -> None:
 
 
 def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
-    from overlayfs import manage
-    from store import gc, prune
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import gc, prune
+    from stepfs.store.workspace import Workspace
 
     from bench.targets import stepfs_mount
 

@@ -59,19 +59,19 @@ def _emit(args, obj: dict, text: str) -> None:
 
 def _quiesce(ws):
     """Ask every live mount of ``ws`` to write the staged rows it holds."""
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     return lambda: manage.sync_rows(ws)
 
 
 def run_gc(ws, dry_run: bool = False, full_vacuum: bool = False):
-    from store import gc
+    from stepfs.store import gc
 
     return gc.collect(ws, dry_run=dry_run, quiesce=_quiesce(ws), full_vacuum=full_vacuum)
 
 
 def gc_text(r) -> str:
-    from store.du import human
+    from stepfs.store.du import human
 
     verb = "would free" if r.dry_run else "freed"
     lines = [f"gc {verb}: {r.objects} objects ({human(r.object_bytes)} of content), "
@@ -89,8 +89,8 @@ def gc_text(r) -> str:
 
 
 def cmd_gc(args) -> int:
-    from overlayfs import manage
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         r = run_gc(ws, args.dry_run, args.full_vacuum)
@@ -99,9 +99,9 @@ def cmd_gc(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    from overlayfs import manage
-    from store import prune
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import prune
+    from stepfs.store.workspace import Workspace
 
     within = prune.parse_duration(args.keep_within) if args.keep_within else None
     size = prune.parse_size(args.max_size) if args.max_size else None
@@ -127,9 +127,9 @@ def cmd_prune(args) -> int:
 
 
 def cmd_du(args) -> int:
-    from overlayfs import manage
-    from store import du
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import du
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         u = du.usage(ws)
@@ -147,10 +147,10 @@ def cmd_du(args) -> int:
 
 
 def cmd_conflicts(args) -> int:
-    from overlayfs import manage
-    from store import gc
-    from store.errors import InputError
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import gc
+    from stepfs.store.errors import InputError
+    from stepfs.store.workspace import Workspace
 
     values = list(args.args)
     ws_arg = None

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
-from . import codec, schema
-from .objects import chunk_bytes
-from .workspace import Workspace
+from stepfs.store import codec, schema
+from stepfs.store.objects import chunk_bytes
+from stepfs.store.workspace import Workspace
 
 C, OC, E, L = schema.chunks, schema.object_chunks, schema.entries, schema.layers
 

@@ -16,8 +16,8 @@ import os
 
 from sqlalchemy import select
 
-from . import schema
-from .workspace import Workspace
+from stepfs.store import schema
+from stepfs.store.workspace import Workspace
 
 E, L, C, OC = schema.entries, schema.layers, schema.chunks, schema.object_chunks
 #: Object ids per ``IN`` list.
@@ -77,7 +77,7 @@ def added_bytes(conn, numbers: list[int] | None = None) -> dict[int, int]:
 def usage(ws: Workspace) -> dict:
     """The store's bytes: on disk, by layer, by top-level directory, staged,
     conflicts, garbage, free pages."""
-    from . import gc
+    from stepfs.store import gc
 
     with ws.db.read() as conn:
         sizes = _stored(conn)

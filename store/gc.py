@@ -39,10 +39,10 @@ from typing import Callable
 
 from sqlalchemy import select, text
 
-from . import durable as durable_calls
-from . import schema
-from .objects import generation
-from .workspace import Workspace
+from stepfs.store import durable as durable_calls
+from stepfs.store import schema
+from stepfs.store.objects import generation
+from stepfs.store.workspace import Workspace
 
 log = logging.getLogger("stepfs.store")
 
@@ -171,7 +171,7 @@ def collect(ws: Workspace, dry_run: bool = False, quiesce: Callable[[], None] | 
             conn.exec_driver_sql("DROP TABLE temp.gc_chunks")
     # 4. deltas of what layers modified
     if deltas:
-        from . import delta
+        from stepfs.store import delta
 
         report.deltas, report.delta_saved = delta.deltify(ws)
     # 5. the free pages back to the file system
@@ -254,7 +254,7 @@ def drop_conflicts(ws: Workspace, ids: list[int] | None) -> int:
     """Delete conflict rows (``ids``, or every one for None); their bytes
     go at the next gc.  Returns how many rows went.  Unknown ids raise
     :class:`InputError` naming them, and nothing is deleted."""
-    from .errors import InputError
+    from stepfs.store.errors import InputError
 
     C = schema.conflicts
     with ws.db.write(durable=True) as conn:

@@ -17,10 +17,10 @@ import stat as stat_mod
 
 from sqlalchemy import select
 
-from . import schema
-from .errors import ContainmentError, NoSuchPath
-from .layers import State, entry_from_row
-from .workspace import STORE_DIR, Workspace
+from stepfs.store import schema
+from stepfs.store.errors import ContainmentError, NoSuchPath
+from stepfs.store.layers import State, entry_from_row
+from stepfs.store.workspace import STORE_DIR, Workspace
 
 L, E = schema.layers, schema.entries
 
@@ -118,7 +118,7 @@ def require_layer(conn, number: int) -> None:
     if number < 0 or conn.execute(
         select(L.c.number).where(L.c.number == number, L.c.state == "committed")
     ).first() is None:
-        from .layers import missing
+        from stepfs.store.layers import missing
 
         raise missing(conn, number)
 

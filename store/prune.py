@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from . import schema
-from .errors import InputError
-from .layers import Entry, entry_from_row
-from .workspace import Workspace
+from stepfs.store import schema
+from stepfs.store.errors import InputError
+from stepfs.store.layers import Entry, entry_from_row
+from stepfs.store.workspace import Workspace
 
 L, E, M = schema.layers, schema.entries, schema.meta
 
@@ -147,7 +147,7 @@ def prune(ws: Workspace, keep_last: int | None = None, keep_within_ns: int | Non
     """Drop the layers the rules do not keep, folding them into the oldest
     kept one (module doc).  Runs under the commit lock; recovery has run
     (``Workspace.open``), so no layer is pending."""
-    from .publish import _entry_row, intent_checksum
+    from stepfs.store.publish import _entry_row, intent_checksum
 
     if keep_last is None and keep_within_ns is None and max_size is None:
         raise InputError("say what to keep: --keep-last N, --keep-within DURATION or --max-size SIZE.")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from conftest import stepfs
-from store import publish, staging
+from stepfs.store import publish, staging
 from store_kit import Stager, open_workspace
 
 

@@ -9,8 +9,8 @@ import shutil
 import pytest
 
 from crashkit import Counter, KillAt, fast_tmp, fork_run  # noqa: F401  (fast_tmp is a fixture)
-from store import durable, gc, history, prune, publish, staging, verify
-from store.workspace import Workspace
+from stepfs.store import durable, gc, history, prune, publish, staging, verify
+from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
 
 

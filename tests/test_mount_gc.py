@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from cli.retention import run_gc
+from stepfs.cli.retention import run_gc
 from conftest import manifest, stepfs
-from store import verify
-from store.workspace import Workspace
+from stepfs.store import verify
+from stepfs.store.workspace import Workspace
 
 pytestmark = pytest.mark.mount
 

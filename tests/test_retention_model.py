@@ -15,8 +15,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import pytest
 
-from store import gc, history, prune, publish, rollback, verify
-from store.errors import LayerPruned, NothingToRollBack
+from stepfs.store import gc, history, prune, publish, rollback, verify
+from stepfs.store.errors import LayerPruned, NothingToRollBack
 from store_kit import Stager, open_workspace
 
 PATHS = ["a.txt", "b.txt", "c.bin"]

@@ -7,8 +7,8 @@ import os
 import pytest
 from sqlalchemy import func, select
 
-from store import codec, gc, publish, schema, staging, verify
-from store.layers import entries as load_entries
+from stepfs.store import codec, gc, publish, schema, staging, verify
+from stepfs.store.layers import entries as load_entries
 from store_kit import Stager, open_workspace
 
 
@@ -120,7 +120,7 @@ def test_conflicts_are_kept_counted_and_dropped(tmp_path):
     assert report.objects == 0 and report.conflict_objects == 1 and report.conflict_bytes == len(text(3))
     with ws.db.read() as conn:
         [cid] = conn.execute(select(schema.conflicts.c.id)).scalars().all()
-    from store.errors import InputError
+    from stepfs.store.errors import InputError
 
     with pytest.raises(InputError, match="no conflict #999"):
         gc.drop_conflicts(ws, [cid, 999])
@@ -266,7 +266,7 @@ def test_an_older_store_gives_space_back_after_one_full_vacuum(tmp_path):
     raw.execute("VACUUM")
     assert raw.execute("PRAGMA auto_vacuum").fetchone() == (0,)
     raw.close()
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     ws = Workspace.open(str(tmp_path / "ws"))
     s = Stager(ws)
@@ -288,7 +288,7 @@ def test_an_older_store_gives_space_back_after_one_full_vacuum(tmp_path):
 
 
 def test_a_read_of_a_collected_object_is_an_error_not_an_empty_file(tmp_path):
-    from store.errors import CorruptObject
+    from stepfs.store.errors import CorruptObject
 
     ws = open_workspace(tmp_path / "ws")
     oid = _put(ws, text(8))
@@ -299,7 +299,7 @@ def test_a_read_of_a_collected_object_is_an_error_not_an_empty_file(tmp_path):
 
 
 def test_du_counts_each_chunk_once_for_the_layer_that_added_it(tmp_path, monkeypatch):
-    from store import du
+    from stepfs.store import du
 
     monkeypatch.setattr(du, "_BATCH", 3)  # several IN lists, as a big history needs
     ws = open_workspace(tmp_path / "ws")

@@ -8,9 +8,9 @@ import pytest
 from sqlalchemy import select
 
 from conftest import manifest
-from store import gc, history, prune, publish, rollback, schema, verify
-from store.errors import InputError, LayerPruned, NothingToRollBack
-from store.workspace import Workspace
+from stepfs.store import gc, history, prune, publish, rollback, schema, verify
+from stepfs.store.errors import InputError, LayerPruned, NothingToRollBack
+from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
 
 

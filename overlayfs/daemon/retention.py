@@ -3,9 +3,9 @@
 the store passes the size the user set (``--warn-size``).
 
 Runs after a commit has completed (``view.commit`` returned), on the thread
-that committed; gc runs on a thread of its own, one at a time, and asks
-every live mount (this one included, over its control socket, whose
-thread is free by then) to write its staged rows first (``store/gc.py``).
+that committed; gc runs as a ``stepfs gc`` process started from a thread of
+its own, one at a time, which asks every live mount (this one included) to
+write its staged rows first (``store/gc.py``).
 """
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from __future__ import annotations
 import logging
 import threading
 
-from store import gc, prune
-from store.du import human
-from store.errors import StepfsError
+from stepfs.store import gc, prune
+from stepfs.store.du import human
+from stepfs.store.errors import StepfsError
 
 log = logging.getLogger("stepfs.retention")
 
 #: Steps between two background gc runs when pruning drops layers.
 GC_EVERY = 10
+#: Seconds a background gc may take.
+GC_TIMEOUT = 600
 
 
 class AfterStep:
@@ -65,13 +67,19 @@ class AfterStep:
         self._gc.start()
 
     def _run_gc(self) -> None:
-        from .manage import sync_rows
-
+        # As a separate ``stepfs gc``: it asks every live mount of the
+        # workspace (this one too, over the control socket, whose thread is
+        # free by now) to write its staged rows before the sweep, which a
+        # daemon cannot do itself (it does not import the client).
+        cmd = [sys.executable, "-m", "stepfs.cli.main", "gc", self.ws.path, "--json"]
         try:
-            report = gc.collect(self.ws, quiesce=lambda: sync_rows(self.ws))
-            log.info("gc: %d objects, %s stored freed", report.objects, human(report.chunk_bytes))
-        except Exception:
-            log.exception("background gc failed")
+            result = subprocess.run(cmd, capture_output=True, timeout=GC_TIMEOUT, stdin=subprocess.DEVNULL)
+            if result.returncode != 0:
+                log.warning("background gc failed: %s", result.stderr.decode(errors="replace").strip())
+            else:
+                log.info("background gc: %s", result.stdout.decode(errors="replace").strip())
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("background gc did not run: %s", exc)
         self.check_size()
 
     def check_size(self) -> None:

@@ -22,7 +22,7 @@ numbers stay; a pruned number answers "pruned" (exit 11)."""
 DU_HELP = "Show where the store's bytes go: by layer, by top-level directory, staged, conflicts, garbage."
 DU_EXAMPLE = "stepfs du ~/project --json"
 CONFLICTS_HELP = "Drop kept conflict bytes (losing writers' copies); 'stepfs status' lists them."
-CONFLICTS_EXAMPLE = "stepfs conflicts drop 3 4   |   stepfs conflicts drop --all ~/project"
+CONFLICTS_EXAMPLE = "stepfs conflicts drop 3 4   |   stepfs conflicts drop ~/project --all"
 
 
 def register(add) -> None:
@@ -157,7 +157,7 @@ def cmd_conflicts(args) -> int:
     if values and not values[0].isdigit():
         ws_arg = values.pop(0)
     if args.all == bool(values):
-        print("stepfs: usage: conflicts drop [WS] ID... or conflicts drop --all [WS]", file=sys.stderr)
+        print("stepfs: usage: conflicts drop [WS] ID... or conflicts drop [WS] --all", file=sys.stderr)
         raise SystemExit(2)
     try:
         ids = None if args.all else [int(v) for v in values]

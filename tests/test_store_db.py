@@ -14,6 +14,7 @@ from stepfs.store import chunking, schema, staging
 from stepfs.store.db import Database
 from stepfs.store.objects import ObjectStore
 from stepfs.store.errors import StoreFormatError
+from store_kit import drop_format_6
 
 
 def meta_rows(db: Database) -> dict[str, str]:
@@ -75,19 +76,10 @@ def test_newer_format_is_refused(tmp_path):
 
 
 def as_version_5(path: str) -> None:
-    """Turn a new store into what format 5 looked like: chunks without
-    codec and base (the table rebuilt: a column in a foreign key cannot be
-    dropped), objects without gen, no auto_vacuum."""
+    """Turn a new store into what format 5 looked like (store_kit.drop_format_6)."""
     raw = sqlite3.connect(path)
     try:
-        raw.execute("PRAGMA foreign_keys=OFF")
-        raw.execute("DROP INDEX chunks_base")
-        raw.execute("CREATE TABLE chunks_v5 (cid VARCHAR(48) NOT NULL PRIMARY KEY, size INTEGER NOT NULL, "
-                    "data BLOB NOT NULL)")
-        raw.execute("INSERT INTO chunks_v5 SELECT cid, size, data FROM chunks WHERE codec = 0")
-        raw.execute("DROP TABLE chunks")
-        raw.execute("ALTER TABLE chunks_v5 RENAME TO chunks")
-        raw.execute("ALTER TABLE objects DROP COLUMN gen")
+        drop_format_6(raw)
         raw.execute("UPDATE meta SET value = '5' WHERE key = 'format_version'")
         raw.commit()
     finally:

@@ -7,6 +7,13 @@ with its working directory mapped into the mount (``WS/sub`` becomes
 (message: the command line; meta ``exit_code``), and unmounts what it
 mounted, whatever happened.  A command that changed nothing makes no layer.
 
+With ``confine`` (a :class:`client.confine.Policy` without its mountpoint,
+which is filled in) the command runs under Landlock (``client/confine.py``):
+the kernel is checked before anything is mounted, and the command starts
+through the trampoline, so only it and its children are restricted.  Every
+command started is registered with the mount's daemon, confined or not, so
+``MOUNT/.stepfs/status`` can say which.
+
 Caveat: a reused mount commits its whole open step, including what other
 writers staged there before the command started; ``private=True`` always
 mounts afresh.
@@ -40,6 +47,7 @@ from typing import Callable, Iterator
 from store.errors import StepfsError
 
 from . import api, mounts
+from .client import confine as confine_mod
 
 log = logging.getLogger("stepfs.run")
 
@@ -69,6 +77,8 @@ class RunResult:
     #: command (one from the terminal reaches the command directly).
     signals: list[int] = field(default_factory=list)
     forwarded: list[int] = field(default_factory=list)
+    #: How the command was confined (``Plan.describe``), None if it was not.
+    confined: dict | None = None
 
 
 def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLike | None" = None, *,
@@ -77,7 +87,8 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
                 cwd: str | os.PathLike | None = None, env: dict | None = None,
                 stdin=None, stdout=None, stderr=None,
                 forward_signals: bool = False,
-                on_phase: Callable[[str], None] | None = None) -> RunResult:
+                on_phase: Callable[[str], None] | None = None,
+                confine: "confine_mod.Policy | None" = None) -> RunResult:
     """Run ``command`` in a mount of ``workspace`` and commit what it changed.
 
     ``workspace``: a :class:`api.Workspace`, or a path (workspace, mount, or
@@ -98,6 +109,10 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
     phase = on_phase or (lambda _name: None)
     start_dir = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
     ws, standing_in = _resolve(workspace, start_dir)
+    if confine is not None:
+        confine.workspace = ws.path
+        confine_mod.check(confine)
+        confine_mod.require(confine)  # before mounting: refuse early where the kernel cannot
     with _Signals(forward_signals) as sig:
         phase("mounting")
         if mountpoint is not None:
@@ -115,9 +130,9 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
                 result.started = False
                 result.exit_code = 128 + sig.received[0]
             else:
-                phase("running")
-                result.exit_code, result.started = sig.run(
-                    command, cwd=run_cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr)
+                result.exit_code, result.started, result.confined = _run_in(
+                    m.path, command, confine, sig, phase, cwd=run_cwd, env=child_env, stdin=stdin,
+                    stdout=stdout, stderr=stderr)
             result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
             if result.started:
                 phase("committing")
@@ -132,6 +147,58 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
             if m.owned:
                 phase("unmounting")
                 m.unmount()
+    return result
+
+
+def _run_in(mountpoint: str, command: list[str], policy, sig: "_Signals", phase, *, env: dict,
+            **popen) -> tuple[int, bool, dict | None]:
+    """Start ``command`` in the mount (confined by ``policy`` if given),
+    register it with the daemon, wait; (status, started, confinement)."""
+    confinement = None
+    if policy is not None:
+        policy.mountpoint = mountpoint
+        confinement = confine_mod.prepare(policy)
+    try:
+        argv = confinement.argv(command) if confinement else command
+        if confinement:
+            env = {**env, **confinement.env()}
+            popen["pass_fds"] = confinement.pass_fds
+        phase("running")
+        code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
+            mountpoint, pid, command, confinement), **popen)
+        return code, started, confinement.describe() if confinement else None
+    finally:
+        if confinement:
+            confinement.close()
+
+
+def run_confined(mountpoint: str | os.PathLike, command: list[str], policy: "confine_mod.Policy", *,
+                 cwd: str | os.PathLike | None = None, env: dict | None = None, stdin=None, stdout=None,
+                 stderr=None, forward_signals: bool = False) -> RunResult:
+    """``stepfs confine``: run ``command`` confined to an existing mount
+    (which a harness manages: nothing is mounted, committed or unmounted).
+    ``cwd`` defaults to the current directory if it is inside the mount,
+    else the mount's root."""
+    from store.errors import NotMountedError
+
+    mp = os.path.abspath(os.fspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        raise NotMountedError(f"{mp} is not a stepfs mount; mount the workspace there first ('stepfs mount WS {mp}').")
+    policy.mountpoint, policy.workspace = mp, entry.workspace
+    confine_mod.check(policy)
+    confine_mod.require(policy)
+    here = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    run_cwd = here if here == mp or here.startswith(mp.rstrip("/") + "/") else mp
+    command = [os.fspath(c) for c in command]
+    result = RunResult(command, 0, None, mp, reused=True, cwd=run_cwd, workspace=entry.workspace)
+    child_env = {**os.environ, **(env or {}), "STEPFS_WORKSPACE": entry.workspace, "STEPFS_MOUNT": mp,
+                 "PWD": run_cwd}
+    with _Signals(forward_signals) as sig:
+        result.exit_code, result.started, result.confined = _run_in(
+            mp, command, policy, sig, lambda _name: None, cwd=run_cwd, env=child_env, stdin=stdin,
+            stdout=stdout, stderr=stderr)
+        result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
     return result
 
 
@@ -189,13 +256,15 @@ class _Signals:
     def _record(self, signum, _frame) -> None:
         self.received.append(signum)
 
-    def run(self, command: list[str], **popen) -> tuple[int, bool]:
+    def run(self, command: list[str], on_start: Callable[[int], None] = lambda _pid: None,
+            **popen) -> tuple[int, bool]:
         """Start the command, wait for it (forwarding signals); returns
-        (exit status, started)."""
+        (exit status, started).  ``on_start`` gets the child's pid."""
         if not self.enabled:
             proc = _start(command, **popen)
             if proc is None:
                 return _not_started(command), False
+            on_start(proc.pid)
             try:
                 return _status(proc.wait()), True
             except BaseException:
@@ -209,6 +278,7 @@ class _Signals:
                           **popen)
             if proc is None:
                 return _not_started(command), False
+            on_start(proc.pid)
             wanted = {*self.signals, signal.SIGCHLD}
             while proc.poll() is None:
                 info = signal.sigtimedwait(wanted, 1.0)  # SIGCHLD wakes us when the command ends

@@ -108,11 +108,12 @@ def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLik
     command = [os.fspath(c) for c in command]
     phase = on_phase or (lambda _name: None)
     start_dir = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    if confine is not None:
+        confine_mod.require(confine)  # first: where the kernel cannot, touch nothing
     ws, standing_in = _resolve(workspace, start_dir)
     if confine is not None:
         confine.workspace = ws.path
-        confine_mod.check(confine)
-        confine_mod.require(confine)  # before mounting: refuse early where the kernel cannot
+        confine_mod.check(confine)  # before mounting
     with _Signals(forward_signals) as sig:
         phase("mounting")
         if mountpoint is not None:

@@ -89,16 +89,22 @@ def require(policy: Policy) -> int:
         abi, reason = ll.abi_version(), ""
     except ll.LandlockError as exc:
         abi, reason = 0, ll.unavailable_reason(exc.errno)
+    check_abi(policy, abi, reason)
+    return abi
+
+
+def check_abi(policy: Policy, abi: int, reason: str = "") -> None:
+    """Refuse ``policy`` on Landlock ABI ``abi`` (0: none, for ``reason``)
+    if that ABI cannot enforce it."""
     if abi < 1:
         raise ConfinementUnavailable(
-            f"--confine needs Linux Landlock and this system has none ({reason}); run on Linux 5.13 or "
-            f"later with Landlock enabled, or run without --confine knowing that writes outside the mount "
-            f"are not prevented.")
+            f"--confine needs Linux Landlock and this system has none ({reason or 'no Landlock ABI'}); run on "
+            f"Linux 5.13 or later with Landlock enabled, or run without --confine knowing that writes outside "
+            f"the mount are not prevented.")
     if policy.restricts_network and abi < MIN_ABI_NETWORK:
         raise ConfinementUnavailable(
             f"--no-network and --allow-connect need Landlock ABI {MIN_ABI_NETWORK} (Linux 6.7) and this kernel "
             f"has ABI {abi}; drop those options or run on a newer kernel.")
-    return abi
 
 
 def _existing(path: str, option: str) -> str:
@@ -141,6 +147,7 @@ def _code_roots() -> list[str]:
 def plan(policy: Policy, abi: int, tmpdir: str) -> Plan:
     """The rules of ``policy`` on ABI ``abi`` (kernel-free)."""
     check(policy)
+    check_abi(policy, abi)
     fs_all = ll.fs_rights(abi)
     handled_net = ll.net_rights(abi) if policy.restricts_network else 0
     mount = os.path.realpath(policy.mountpoint)

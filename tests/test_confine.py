@@ -19,6 +19,7 @@ import pytest
 
 from conftest import ROOT, stepfs
 from mountguard import private_tmp  # noqa: F401
+from overlayfs import manage
 from store import layers
 from store.workspace import Workspace
 
@@ -145,13 +146,18 @@ def test_status_says_whether_a_run_is_confined(workspace, mount, tmp_path):
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.02)
 
-    def mount_status() -> dict:
-        r = stepfs("status", "--json", m.mountpoint)
-        assert r.returncode == 0, r.stderr
-        (entry,) = json.loads(r.stdout)["mounts"]
+    def mount_status(cli: bool = False) -> dict:
+        if cli:  # the command's JSON once; the library call behind it otherwise (no interpreter start)
+            r = stepfs("status", "--json", m.mountpoint)
+            assert r.returncode == 0, r.stderr
+            st = json.loads(r.stdout)
+        else:
+            st = manage.status(manage.resolve(str(m.mountpoint)))
+        (entry,) = st["mounts"]
         return entry
 
-    assert mount_status()["confined"] is None and mount_status()["runs"] == []
+    entry = mount_status()
+    assert entry["confined"] is None and entry["runs"] == []
     assert "confined: unknown" in m.path(".stepfs", "status").read_text()
     for confined, name in ((True, "c"), (False, "u")):
         args = ("confine", m.mountpoint) if confined else ("run", m.mountpoint)
@@ -161,7 +167,7 @@ def test_status_says_whether_a_run_is_confined(workspace, mount, tmp_path):
             env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=m.mountpoint)
         try:
             wait_for(m.path(f"{name}.status"))
-            entry = mount_status()
+            entry = mount_status(cli=confined)
             assert entry["confined"] is confined
             (run,) = entry["runs"]
             assert run["confined"] is confined and run["command"][:2] == ["sh", "-c"]

@@ -112,3 +112,15 @@ def test_ruleset_on_this_kernel(tree):
         assert c.argv(["true"])[-2:] == ["--", "true"]
         tmpdir = c.tmpdir
     assert not os.path.exists(tmpdir), "the private TMPDIR goes with the confinement"
+
+
+def test_cli_refuses_confine_options_without_confine_and_a_non_mount(tmp_path):
+    from conftest import stepfs
+
+    r = stepfs("run", tmp_path, "--allow-write", tmp_path, "--", "true")
+    assert r.returncode == 2 and b"add --confine" in r.stderr, r.stderr
+    assert not (tmp_path / ".stepfs").exists(), "nothing was touched"
+    r = stepfs("confine", tmp_path, "--", "true")
+    assert r.returncode == 8 and b"is not a stepfs mount" in r.stderr, r.stderr
+    r = stepfs("confine", tmp_path, "true")
+    assert r.returncode == 2 and b"put -- before the command" in r.stderr, r.stderr

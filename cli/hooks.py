@@ -19,7 +19,9 @@ HOOKS_EXAMPLE = """stepfs hooks claude-code > .claude/settings.local.json
 
 claude-code  settings JSON for Claude Code: a PostToolUse hook that pipes
              each tool call's payload into 'stepfs hook-commit' (merge the
-             "hooks" key into an existing settings file)
+             "hooks" key into an existing settings file); start the agent
+             confined so it cannot write outside the mount:
+             stepfs run --confine --allow-write ~/.claude --allow-write ~/.claude.json -- claude
 shell        a wrapper script for shell harnesses: 'stepfs-tool COMMAND...'
              runs one tool call through 'stepfs run' and tags the layer with
              $STEPFS_TOOL_CALL_ID (save it, chmod +x, call it per tool call)"""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -207,6 +208,28 @@ def test_confined_agent_with_hooks_steps_per_tool_call(workspace, private_tmp):
     assert (workspace / "app.py").read_text() == "print('v2')\n"
     assert (workspace / "notes.txt").read_text() == "notes\n"
     assert _last_json(r.stdout)["number"] is None, "everything was committed by the hooks"
+
+
+def test_narrowed_reads_and_network(workspace, mount, tmp_path):
+    """--allow-read narrows reads to the system, the mount and the named
+    paths; --allow-connect denies every TCP connect and bind but its port."""
+    (tmp_path / "readable").mkdir()
+    (tmp_path / "readable" / "ok.txt").write_text("ok")
+    (tmp_path / "secret.txt").write_text("secret")
+    m = mount(workspace)
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    try:
+        ports = [s.getsockname()[1] for s in listeners]
+        r = stepfs("confine", m.mountpoint, "--allow-read", tmp_path / "readable", "--allow-connect", ports[0],
+                   "--", sys.executable, PROGS / "narrow.py", tmp_path / "readable" / "ok.txt",
+                   tmp_path / "secret.txt", *ports)
+    finally:
+        for s in listeners:
+            s.close()
+    assert r.returncode == 0, r.stderr.decode()
+    assert json.loads(r.stdout) == {
+        "read_allowed": "ok", "read_denied": "EACCES", "read_system": "ok", "write_mount": "ok",
+        "connect_allowed": "ok", "connect_denied": "EACCES", "bind": "EACCES"}
 
 
 def test_confine_refuses_without_landlock(workspace, mount, private_tmp):

@@ -164,6 +164,10 @@ def _run_in(mountpoint: str, command: list[str], policy, sig: "_Signals", phase,
         if confinement:
             env = {**env, **confinement.env()}
             popen["pass_fds"] = confinement.pass_fds
+            if _missing(command[0], env.get("PATH", os.defpath), popen.get("cwd")):
+                # The trampoline always starts; say "not started" as an unconfined run would.
+                log.error("%s: command not found", command[0])
+                return 127, False, confinement.describe()
         phase("running")
         code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
             mountpoint, pid, command, confinement), **popen)
@@ -333,6 +337,14 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _missing(name: str, path: str, cwd: str | None) -> bool:
+    import shutil
+
+    if "/" in name:
+        return not os.path.exists(os.path.join(cwd or os.getcwd(), name))
+    return shutil.which(name, path=path) is None
 
 
 def _not_started(command: list[str]) -> int:

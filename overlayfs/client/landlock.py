@@ -34,6 +34,7 @@ import ctypes
 import errno
 import os
 import platform
+import stat
 import sys
 
 #: ``landlock_create_ruleset``, ``landlock_add_rule``, ``landlock_restrict_self``:
@@ -152,7 +153,7 @@ class Ruleset:
         if ``path`` is not a directory) beneath ``path``."""
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
         try:
-            if not os.path.isdir(f"/proc/self/fd/{fd}"):
+            if not stat.S_ISDIR(os.fstat(fd).st_mode):
                 access &= FS_FILE_RIGHTS
             access &= self.handled_fs
             if access:

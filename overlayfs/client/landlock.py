@@ -195,10 +195,12 @@ def trampoline_argv(ruleset_fd: int, command: list[str]) -> list[str]:
     """The argv that runs ``command`` restricted by the ruleset at
     ``ruleset_fd`` (which the child must inherit: ``pass_fds``).
 
-    ``-E -s -B``: the trampoline itself ignores PYTHON* variables, the user
-    site and bytecode writing; the command still gets the whole environment.
+    ``-I -B``: the trampoline itself ignores PYTHON* variables, the user
+    site, its own directory on ``sys.path`` (no neighbour module can shadow
+    the standard library here) and bytecode writing; the command still
+    gets the whole environment.
     """
-    return [sys.executable, "-E", "-s", "-B", os.path.abspath(__file__), "--ruleset-fd", str(ruleset_fd),
+    return [sys.executable, "-I", "-B", os.path.abspath(__file__), "--ruleset-fd", str(ruleset_fd),
             "--", *command]
 
 

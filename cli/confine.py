@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from . import run as run_cli
+from stepfs.cli import run as run_cli
 
 USAGE = ("stepfs confine MOUNTPOINT [--allow-write PATH]... [--allow-read PATH]... [--no-network] "
          "[--allow-connect PORT]... -- COMMAND...")
@@ -50,7 +50,7 @@ def _usage(why: str) -> None:
 
 
 def cmd_confine(args) -> int:
-    from overlayfs import runner
+    from stepfs.overlayfs.client import api
 
     rest = list(args.rest)
     if "--" not in rest:
@@ -62,7 +62,7 @@ def cmd_confine(args) -> int:
     args.mountpoint = None
     _head_parser().parse_args(head, namespace=args)
     run_cli.setup_logging(args)
-    result = runner.run_confined(args.mountpoint, command, run_cli.policy_of(args, args.mountpoint),
+    result = api.run_confined(args.mountpoint, command, run_cli.policy_of(args, args.mountpoint),
                                  forward_signals=True)
     if args.json:
         print(json.dumps({"message_type": "confine", "command": result.command, "exit_code": result.exit_code,

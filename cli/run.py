@@ -1,5 +1,5 @@
 """``stepfs run``: argument parsing and output only (the work is
-``overlayfs.runner.run_command``)."""
+``overlayfs/client/api.py``: ``run_command``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import shlex
 import sys
 
-from . import progress
+from stepfs.cli import progress
 
 USAGE = ("stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] "
          "[--confine [--allow-write PATH]... [--allow-read PATH]... [--no-network] [--allow-connect PORT]...] "
@@ -65,7 +65,7 @@ def confine_options(p: argparse.ArgumentParser) -> None:
 
 def policy_of(args, mountpoint: str = ""):
     """The confinement policy the options ask for."""
-    from overlayfs.client.confine import Policy
+    from stepfs.overlayfs.client.confine import Policy
 
     return Policy(mountpoint=mountpoint, allow_write=list(args.allow_write or []),
                   allow_read=list(args.allow_read) if args.allow_read else None,
@@ -116,14 +116,14 @@ def setup_logging(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from overlayfs import api, runner
-    from store.errors import StepfsError
+    from stepfs.overlayfs.client import api
+    from stepfs.store.errors import StepfsError
 
-    from .main import _parse_meta
-    from .render import card_text
+    from stepfs.cli.args import parse_meta
+    from stepfs.cli.render import card_text
 
     split_command(args)
-    meta = _parse_meta(args.meta)
+    meta = parse_meta(args.meta)
     asked = [o for o, v in (("--allow-write", args.allow_write), ("--allow-read", args.allow_read),
                             ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
     if asked and not args.confine:
@@ -139,7 +139,7 @@ def cmd_run(args) -> int:
             bar.phase(name)
 
     try:
-        result = runner.run_command(args.command, args.workspace, message=args.message, meta=meta,
+        result = api.run_command(args.command, args.workspace, message=args.message, meta=meta,
                                     mountpoint=args.mountpoint, private=args.private,
                                     forward_signals=True, on_phase=on_phase,
                                     confine=policy_of(args) if args.confine else None)
@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
         raise
     finally:
         bar.close()
-    card = api.Workspace(result.workspace).card(result.number) if result.number is not None else None
+    card = api.WorkspaceClient(result.workspace).card(result.number) if result.number is not None else None
     if args.json:
         print(json.dumps({
             "message_type": "run", "command": result.command, "exit_code": result.exit_code,

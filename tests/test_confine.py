@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, stepfs
+from conftest import stepfs
 from mountguard import private_tmp  # noqa: F401
-from overlayfs import manage
-from store import layers
-from store.workspace import Workspace
+from stepfs.overlayfs.client import manage
+from stepfs.store import layers
+from stepfs.store.workspace import Workspace
 
 pytestmark = pytest.mark.mount
 PROGS = Path(__file__).parent / "confine_progs"
@@ -163,9 +163,9 @@ def test_status_says_whether_a_run_is_confined(workspace, mount, tmp_path):
     for confined, name in ((True, "c"), (False, "u")):
         args = ("confine", m.mountpoint) if confined else ("run", m.mountpoint)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", *map(str, args), "--", "sh", "-c",
+            [sys.executable, "-m", "stepfs.cli.main", *map(str, args), "--", "sh", "-c",
              f"cat .stepfs/status > {name}.status; read line < {fifo}"],
-            env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=m.mountpoint)
+            cwd=m.mountpoint)
         try:
             wait_for(m.path(f"{name}.status"))
             entry = mount_status(cli=confined)
@@ -235,8 +235,8 @@ def test_narrowed_reads_and_network(workspace, mount, tmp_path):
 def test_confine_refuses_without_landlock(workspace, mount, private_tmp):
     """Landlock made really unavailable: a seccomp filter fails its system
     calls with ENOSYS for stepfs and everything it starts."""
-    launcher = [sys.executable, str(Path(__file__).parent / "nolandlock.py"), sys.executable, "-m", "cli.main"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = [sys.executable, str(Path(__file__).parent / "nolandlock.py"), sys.executable, "-m", "stepfs.cli.main"]
+    env = dict(os.environ)
 
     def under_filter(*args) -> subprocess.CompletedProcess:
         return subprocess.run([*launcher, *map(str, args)], capture_output=True, env=env, timeout=60)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, stepfs
-from overlayfs import manage
+from conftest import stepfs
+from stepfs.overlayfs.client import manage
 
 pytestmark = pytest.mark.mount
 PROGS = Path(__file__).parent / "confine_progs"
@@ -86,8 +86,7 @@ def test_predicate_matrix(tmp_path, mount, confined):
     if confined:
         r = stepfs("confine", m.mountpoint, "--", *prog, timeout=90)
     else:
-        r = subprocess.run(prog, cwd=m.mountpoint, capture_output=True, timeout=90,
-                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+        r = subprocess.run(prog, cwd=m.mountpoint, capture_output=True, timeout=90)
     assert r.returncode == 0, r.stderr.decode()
     got = json.loads(r.stdout)
     want = expected(confined)

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from overlayfs.client import confine, landlock as ll
-from store.errors import ConfinementUnavailable, ContainmentError, InputError
+from stepfs.overlayfs.client import confine, landlock as ll
+from stepfs.store.errors import ConfinementUnavailable, ContainmentError, InputError
 
 WRITE_BITS = (ll.FS_WRITE_FILE | ll.FS_REMOVE_DIR | ll.FS_REMOVE_FILE | ll.FS_MAKE_DIR | ll.FS_MAKE_REG
               | ll.FS_MAKE_SYM | ll.FS_TRUNCATE | ll.FS_REFER)

@@ -25,15 +25,18 @@ go through the mount, where they are staged.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from store.errors import ConfinementUnavailable, ContainmentError, InputError
+from stepfs.store.errors import ConfinementUnavailable, ContainmentError, InputError
 
-from . import landlock as ll
+from stepfs.overlayfs.client import landlock as ll
+
+log = logging.getLogger("stepfs.run")
 
 #: Devices a program needs to run at all, opened for writing (a shell's
 #: ``2>/dev/null``, a terminal's prompts, a pseudo-terminal for ``script``).
@@ -135,13 +138,14 @@ def check(policy: Policy) -> None:
 
 
 def _code_roots() -> list[str]:
-    """Where the Python running stepfs lives (for ``stepfs hook-commit``
-    from inside a run with ``--allow-read``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    package_root = here
-    for _ in __name__.split(".")[:-1]:
-        package_root = os.path.dirname(package_root)
-    return [sys.prefix, sys.base_prefix, package_root]
+    """Where the Python running stepfs and stepfs's own code live (for
+    ``stepfs hook-commit`` from inside a run with ``--allow-read``): three
+    levels above this file is the checkout, or ``site-packages/stepfs``
+    when installed; either holds every stepfs package."""
+    code = os.path.abspath(__file__)
+    for _ in range(3):
+        code = os.path.dirname(code)
+    return [sys.prefix, sys.base_prefix, code]
 
 
 def plan(policy: Policy, abi: int, tmpdir: str) -> Plan:
@@ -226,15 +230,12 @@ def register_run(mountpoint: str, pid: int, command: list[str], confinement: Con
     """Tell the mount's daemon that process ``pid`` runs ``command`` there,
     and whether it is confined (``MOUNT/.stepfs/status``, ``stepfs status``).
     A daemon that does not answer only loses this line of its status."""
-    import logging
-
-    from store.errors import StepfsError
-
-    from .. import control
+    from stepfs.overlayfs.client import control
+    from stepfs.store.errors import StepfsError
 
     detail = confinement.describe() if confinement is not None else {"confined": False}
     try:
         control.request(mountpoint, {"op": "run", "pid": pid, "command": command, "confinement": detail},
                         timeout=5.0)
     except StepfsError as exc:
-        logging.getLogger("stepfs.run").warning("the mount %s could not record the run: %s", mountpoint, exc)
+        log.warning("the mount %s could not record the run: %s", mountpoint, exc)

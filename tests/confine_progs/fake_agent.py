@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 decoy = sys.argv[1]
-hook = [sys.executable, "-m", "cli.main", "hook-commit"]
+hook = [sys.executable, "-m", "stepfs.cli.main", "hook-commit"]
 out = {"hooks": []}
 
 

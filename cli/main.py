@@ -22,7 +22,7 @@ from stepfs.cli.render import card_text
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
-              "16 store cannot write, 17 publish failed, 141 output closed, 1 bug"
+              "16 store cannot write, 17 publish failed, 18 cannot confine, 141 output closed, 1 bug"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -110,6 +110,10 @@ def cmd_status(args) -> int:
         lines.append(f"mount {m['mountpoint']}  ({state}, {len(m['staged'])} staged)")
         if m.get("readonly"):
             lines.append(f"  read-only: {m['readonly']}")
+        for r in m.get("runs", []):
+            how = (f"confined (Landlock ABI {r.get('abi')}, writes only beneath {', '.join(r.get('writable', []))})"
+                   if r["confined"] else "not confined")
+            lines.append(f"  run pid {r['pid']}: {' '.join(r['command'])[:80]}  {how}")
         lines += [f"  {s['op']} {s['path']}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
@@ -404,9 +408,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from stepfs.cli import completion, hooks, retention, run
+    from stepfs.cli import completion, confine, hooks, retention, run
 
     run.register(add)
+    confine.register(add)
     retention.register(add)
     hooks.register(add)
     completion.register(add, build_parser)

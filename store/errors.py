@@ -78,6 +78,11 @@ class MissingStagedContent(CorruptObject):
     reference, ``store/refs.py``) is gone or no longer holds what was closed."""
 
 
+class ConfinementUnavailable(StepfsError):
+    """``--confine`` was asked for where the kernel cannot confine (no
+    Landlock, or an ABI too old for an option); nothing was started."""
+
+
 class InputError(StepfsError):
     """Data a command reads (a hook payload on stdin) is not in the form it
     expects."""

@@ -105,7 +105,10 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         payload = json.dumps({"cwd": str(mp), "tool_name": "Write", "tool_use_id": "t1"}).encode()
         seen["hook-commit"] = _obj(stepfs("hook-commit", "--json", input=payload), "hook-commit")
         seen["run"] = _obj(stepfs("run", "--json", mp, "--", "sh", "-c", "echo d > d.txt"), "run", last_line=True)
-        assert seen["run"]["reused"] is True
+        assert seen["run"]["reused"] is True and seen["run"]["confined"] is None
+        seen["confine"] = _obj(stepfs("confine", "--json", mp, "--", "sh", "-c", "echo e > e2.txt"), "confine",
+                               last_line=True)
+        assert seen["confine"]["confined"]["confined"] is True and seen["confine"]["exit_code"] == 0
         seen["hooks"] = _obj(stepfs("hooks", "--json", "claude-code"), "hooks")
         assert _obj(stepfs("hooks", "--json", "shell"), "hooks")["script"].startswith("#!")
         seen["completion"] = _obj(stepfs("completion", "--json", "bash"), "completion")

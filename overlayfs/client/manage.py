@@ -345,7 +345,7 @@ def status(target: Target) -> dict:
                     continue
                 out["mounts"].append({
                     "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
-                    "readonly": _readonly_reason(mp) if mp in live and pid else None,
+                    **_daemon_state(mp, mp in live and pid),
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
             for c in conflicts.listed(conn):
@@ -360,13 +360,20 @@ def status(target: Target) -> dict:
         return out
 
 
-def _readonly_reason(mountpoint: str) -> str | None:
-    """Why a live mount went read-only, asked of its daemon (which keeps the
-    reason in memory: the disk may be too full to write it anywhere)."""
-    try:
-        return control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("readonly")
-    except DaemonError:
-        return None
+def _daemon_state(mountpoint: str, alive) -> dict:
+    """Asked of a live mount's daemon: why it went read-only (kept in memory:
+    the disk may be too full to write it anywhere), the runs started in it
+    and whether they are confined (``runs.py``): ``confined`` is True if
+    every live run is, False if one is not, None if no run is live."""
+    answer = {}
+    if alive:
+        try:
+            answer = control.request(mountpoint, {"op": "ping"}, timeout=5.0)
+        except DaemonError:
+            pass
+    runs = answer.get("runs") or []
+    return {"readonly": answer.get("readonly"), "runs": runs,
+            "confined": all(r.get("confined") for r in runs) if runs else None}
 
 
 def discard(target: Target, paths: list[str]) -> list[str]:

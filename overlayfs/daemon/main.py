@@ -95,7 +95,10 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
         op = req.get("op")
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
-                    "listings_cached": kernel_cache.listings_cached}
+                    "listings_cached": kernel_cache.listings_cached, "runs": view.runs.live()}
+        if op == "run":  # a command started in this mount, and its confinement (runs.py)
+            confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}
+            return {"recorded": view.runs.add(int(req["pid"]), list(req.get("command") or []), confinement)}
         if op == "commit":
             # Answered as soon as the layer is published (intent durable,
             # renames done: a crash from here recovers to it).  The view

@@ -78,13 +78,20 @@ def _sync(workspace: str, mountpoint: str | None, skip: str | None = None) -> No
             logging.getLogger("stepfs.manage").warning("could not sync the staged rows of %s: %s", mp, exc)
 
 
-def readonly_reason(mountpoint: str) -> str | None:
-    """Why a live mount went read-only, asked of its daemon (which keeps the
-    reason in memory: the disk may be too full to write it anywhere)."""
-    try:
-        return control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("readonly")
-    except DaemonError:
-        return None
+def daemon_state(mountpoint: str, alive) -> dict:
+    """Asked of a live mount's daemon: why it went read-only (kept in memory:
+    the disk may be too full to write it anywhere), the runs started in it
+    and whether they are confined (``runs.py``): ``confined`` is True if
+    every live run is, False if one is not, None if no run is live."""
+    answer = {}
+    if alive:
+        try:
+            answer = control.request(mountpoint, {"op": "ping"}, timeout=5.0)
+        except DaemonError:
+            pass
+    runs = answer.get("runs") or []
+    return {"readonly": answer.get("readonly"), "runs": runs,
+            "confined": all(r.get("confined") for r in runs) if runs else None}
 
 
 def status(target) -> dict:
@@ -112,7 +119,7 @@ def status(target) -> dict:
             continue
         out["mounts"].append({
             "mountpoint": mp, "mounted": live, "pid": pid, "step": step["step"],
-            "readonly": readonly_reason(mp) if live and pid else None, "staged": step["staged"],
+            **daemon_state(mp, live and pid), "staged": step["staged"],
         })
     return out
 

@@ -450,8 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
     from . import completion, hooks, run
+    from .web import command as web_command
 
     run.register(add)
+    web_command.register(add)
     hooks.register(add)
     completion.register(add)
     return p

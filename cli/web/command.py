@@ -1,0 +1,44 @@
+"""``stepfs serve``: its arguments and what it prints (CLI side)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def cmd_serve(args) -> int:
+    from overlayfs import manage
+
+    from .app import create_app
+    from .security import new_token
+    from .server import Server, is_local
+
+    target = manage.resolve(args.workspace)
+    token = new_token()
+    app = create_app(target.workspace, token, read_only=args.read_only)
+    server = Server(app, args.host, args.port)
+    if not is_local(args.host):
+        print(f"stepfs: warning: listening on {args.host}, which is not a local address: anyone who can reach it "
+              f"and learns the token can read this workspace's history{'' if args.read_only else ' and roll it back'}.",
+              file=sys.stderr)
+    url = server.url(token)
+    print(f"serving the history of {target.workspace}{' (read-only)' if args.read_only else ''}", flush=True)
+    print(f"open {url}", flush=True)
+    if args.open:
+        import webbrowser
+
+        webbrowser.open(url)
+    server.run()
+    return 0
+
+
+def register(add) -> None:
+    sp = add("serve", cmd_serve,
+             "Serve a local web page of the history: timeline, change cards with diffs, files as of any layer, "
+             "live state and undo. Prints a URL with a secret token; every request needs it.",
+             "stepfs serve ~/project --port 8765")
+    sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
+    sp.add_argument("--port", type=int, default=8765, help="TCP port (default 8765; 0 picks a free one)")
+    sp.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (default 127.0.0.1; anything else prints a warning)")
+    sp.add_argument("--read-only", action="store_true", help="no undo: the page can only look")
+    sp.add_argument("--open", action="store_true", help="open the page in a web browser")

@@ -103,7 +103,8 @@ def file_diff_page(request: Request):
         if c is None:
             raise errors.NoSuchPath(f"layer {number} did not change {shown(rel)}; its card lists what it changed.")
         view = change_view(site, conn, c, side, FULL_DIFF_ROWS)
-    return site.page(request, "filediff.html", number=number, path=shown(rel), change=c, view=view, side=side,
+        head = layers.head(conn)
+    return site.page(request, "filediff.html", number=number, head=head, path=shown(rel), change=c, view=view, side=side,
                      old_path=shown(c.old_path if c.old_path is not None else c.path))
 
 

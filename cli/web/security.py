@@ -85,7 +85,7 @@ class Guard:
                 headers = list(message.get("headers", []))
                 names = {k.lower() for k, _ in headers}
                 extra = {b"content-security-policy": _csp(nonce).encode(), b"x-content-type-options": b"nosniff",
-                         b"referrer-policy": b"no-referrer", b"x-frame-options": b"DENY",
+                         b"referrer-policy": b"same-origin", b"x-frame-options": b"DENY",
                          b"cache-control": b"no-store"}
                 headers += [(k, v) for k, v in extra.items() if k not in names]
                 message = {**message, "headers": headers}

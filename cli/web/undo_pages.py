@@ -64,7 +64,8 @@ def preview_page(request: Request):
     site = _site(request)
     number = _number(request.query_params.get("to"), "to")
     paths = [p for p in request.query_params.getlist("path") if p]
-    return site.page(request, "undo.html", preview=_preview(site, number, paths), number=number, paths=paths)
+    preview = _preview(site, number, paths)
+    return site.page(request, "undo.html", preview=preview, number=number, paths=paths, head=preview["head_before"])
 
 
 def _same_origin(request: Request) -> bool:
@@ -97,7 +98,7 @@ async def undo(request: Request):
     except errors.HeadMoved as exc:
         fresh = await run_in_threadpool(_preview, site, number, paths)
         return site.page(request, "undo.html", status_code=409, preview=fresh, number=number, paths=paths,
-                         refused=str(exc))
+                         refused=str(exc), head=fresh["head_before"])
     return RedirectResponse(f"/layer/{res['layer']}", status_code=303)
 
 

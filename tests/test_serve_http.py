@@ -8,13 +8,24 @@ from __future__ import annotations
 
 import os
 import re
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
 
+import httpx2 as httpx
 import pytest
 from starlette.testclient import TestClient
 
 from cli.web.app import create_app
 from cli.web.security import csrf_token
+from conftest import ROOT, stepfs
 from store import publish
+from store.workspace import Workspace
 from store_kit import Stager, open_workspace
 
 TOKEN = "t0k3n-for-the-tests"
@@ -251,10 +262,18 @@ def test_live_page_and_event_stream(client):
 # -- undo ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    """A closed workspace the undo tests each get a copy of (building one
+    takes seconds; copying it, with its store, a fraction of that)."""
+    root = tmp_path_factory.mktemp("serve-template") / "ws"
+    build(root).close()
+    return root
+
+
 @pytest.fixture
-def own(tmp_path):
-    ws = build(tmp_path / "ws")
-    ws.close()
+def own(template, tmp_path):
+    shutil.copytree(template, tmp_path / "ws", symlinks=True)
     with client_for(tmp_path / "ws") as c:
         yield tmp_path / "ws", c
 
@@ -324,3 +343,84 @@ def test_read_only_has_no_state_changing_route(shared):
         assert "undo this" not in c.get("/layer/2").text
         assert "restore this file" not in c.get("/file/2", params={"path": "src/app.py"}).text
         assert "read-only" in c.get("/").text
+
+
+def test_undo_commits_staged_changes_first_and_keeps_the_head_check(own):
+    root, c = own
+    form = _form(c, "/undo?to=1&path=src%2Fapp.py")
+    ws = Workspace.open(str(root))
+    try:
+        st = Stager(ws)  # an open step with a change, as a mount whose daemon is gone leaves one
+        st.file("notes.txt", b"staged\n")
+    finally:
+        ws.close()
+    r = c.post("/undo", data=form, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/layer/6"
+    assert (root / "notes.txt").read_bytes() == b"staged\n"  # committed as layer 5, never thrown away
+    assert "staged changes, committed before rollback" in c.get("/layer/5").text
+    assert (root / "src" / "app.py").read_text() == APP_PY_1
+
+
+def _read_line(proc, prefix: str, timeout: float = 30.0) -> str:
+    """The first line of ``proc``'s output starting with ``prefix`` (read in
+    a thread: a buffered pipe and select do not mix)."""
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in iter(proc.stdout.readline, "")] + [lines.put("")],
+                     daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        if line.startswith(prefix):
+            return line
+        if not line:
+            break
+    raise AssertionError(f"stepfs serve printed no line starting with {prefix!r} within {timeout} s")
+
+
+def test_the_stepfs_serve_command_prints_a_token_url_and_warns_off_loopback(shared):
+    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", str(shared), "--port", "0", "--host", "0.0.0.0",
+                             "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        url = _read_line(proc, "open ").split()[1]
+        port = int(re.search(r":(\d+)/", url).group(1))
+        token = url.split("token=")[1]
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as h:
+            assert h.get("/").status_code == 403
+            r = h.get(f"/?token={token}", follow_redirects=True)
+            assert r.status_code == 200 and "read-only" in r.text
+            assert h.get("/undo", params={"to": 1}).status_code == 404
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+    assert "warning: listening on 0.0.0.0, which is not a local address" in proc.stderr.read()
+
+
+def test_stepfs_serve_refuses_a_port_in_use_with_a_sentence(shared):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = stepfs("serve", str(shared), "--port", str(port))
+    assert r.returncode == 13
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr.decode() and "--port" in r.stderr.decode()
+
+
+def test_a_large_preview_shows_some_diffs_then_names(own, monkeypatch):
+    from cli.web import undo_pages
+
+    _root, c = own
+    monkeypatch.setattr(undo_pages, "PREVIEW_PATHS", 100)
+    text = c.get("/undo", params={"to": 3}).text  # layer 4's 451 paths go away
+    assert text.count('<details class="file"') == 50
+    assert text.count('<li><span class="op op-deleted">') == 100
+    assert "and 301 more path(s)" in text
+    assert "roll back (451 path(s))" in text

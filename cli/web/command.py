@@ -27,7 +27,11 @@ def cmd_serve(args) -> int:
         import webbrowser
 
         webbrowser.open(url)
-    server.run()
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a server is stopped: uvicorn has shut down cleanly by now
+    print("stopped", flush=True)
     return 0
 
 

@@ -29,6 +29,9 @@ from .history_pages import INLINE_DIFF_ROWS, change_view
 from .security import check_csrf
 from .site import Site
 
+#: A preview shows this many paths with their diffs, then names this many more.
+PREVIEW_DIFFS = 50
+PREVIEW_PATHS = 1000
 FORGED_TEXT = "403 forbidden: this form did not come from this stepfs page (no valid CSRF token); nothing was changed.\n"
 
 
@@ -42,14 +45,18 @@ def _state(d: dict) -> State:
 
 
 def _preview(site: Site, number: int, paths: list[str]) -> dict:
-    """The dry run of a rollback, with each file's diff."""
+    """The dry run of a rollback: the first :data:`PREVIEW_DIFFS` paths with
+    their diffs, then up to :data:`PREVIEW_PATHS` more by name, then a count."""
     res = manage.rollback(site.target, number, paths, dry_run=True)
+    files = res["card"]["files"]
     views = []
     with site.ws.db.read() as conn:
-        for f in res["card"]["files"]:
+        for f in files[:PREVIEW_DIFFS]:
             c = diff.Change(os.fsencode(f["path"]), _state(f["before"]), _state(f["after"]))
             views.append(change_view(site, conn, c, False, INLINE_DIFF_ROWS))
-    res["views"] = list(zip(res["card"]["files"], views))
+    res["views"] = list(zip(files, views))
+    res["listed"] = files[PREVIEW_DIFFS:PREVIEW_DIFFS + PREVIEW_PATHS]
+    res["unlisted"] = max(0, len(files) - PREVIEW_DIFFS - PREVIEW_PATHS)
     return res
 
 

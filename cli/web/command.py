@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 
@@ -21,8 +22,13 @@ def cmd_serve(args) -> int:
               f"and learns the token can read this workspace's history{'' if args.read_only else ' and roll it back'}.",
               file=sys.stderr)
     url = server.url(token)
-    print(f"serving the history of {target.workspace}{' (read-only)' if args.read_only else ''}", flush=True)
-    print(f"open {url}", flush=True)
+    if args.json:
+        print(json.dumps({"message_type": "serve", "url": url, "host": args.host, "port": server.port,
+                          "workspace": target.workspace, "read_only": args.read_only}, sort_keys=True), flush=True)
+    else:
+        print(f"serving the history of {target.workspace}{' (read-only)' if args.read_only else ''}; "
+              f"Ctrl-C stops it", flush=True)
+        print(f"open {url}", flush=True)
     if args.open:
         import webbrowser
 
@@ -31,7 +37,8 @@ def cmd_serve(args) -> int:
         server.run()
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a server is stopped: uvicorn has shut down cleanly by now
-    print("stopped", flush=True)
+    if not args.json:
+        print("stopped", flush=True)
     return 0
 
 

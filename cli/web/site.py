@@ -9,6 +9,7 @@ as the CLI does.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -88,6 +89,7 @@ class Site:
         env.globals.update(url=url, human_bytes=human_bytes, when=when, read_only=read_only, csrf=self.csrf,
                            workspace=self.ws.path)
         env.filters["oct"] = lambda m: "-" if m is None else f"{m:o}"
+        env.filters["metavalue"] = lambda v: v if isinstance(v, str) else json.dumps(v)
 
     def close(self) -> None:
         self.stopping.set()

@@ -424,3 +424,27 @@ def test_a_large_preview_shows_some_diffs_then_names(own, monkeypatch):
     assert text.count('<li><span class="op op-deleted">') == 100
     assert "and 301 more path(s)" in text
     assert "roll back (451 path(s))" in text
+
+
+def test_a_conflict_shows_the_losing_bytes_next_to_the_winner(own):
+    from overlayfs import manage
+
+    root, c = own
+    ws = Workspace.open(str(root))
+    try:
+        st = Stager(ws)
+        st.file("src/app.py", b"def greet(name):\n    return 'the loser wrote this'\n")
+    finally:
+        ws.close()
+    assert manage.discard(manage.Target(str(root)), ["src/app.py"]) == ["src/app.py"]  # kept as a conflict
+    live = c.get("/live").text
+    number = re.search(r'<a href="/conflict/(\d+)">src/app.py</a>', live).group(1)
+    assert "discarded" in live
+    page = c.get(f"/conflict/{number}")
+    assert page.status_code == 200
+    assert "the loser wrote this" in page.text and "Say hello." in page.text  # loser beside the winner
+    assert 'class="diff hl split"' in page.text
+    raw = c.get(f"/conflict/{number}/raw")
+    assert raw.content == b"def greet(name):\n    return 'the loser wrote this'\n"
+    assert raw.headers["content-security-policy"].startswith("sandbox")
+    assert c.get("/conflict/999").status_code == 404

@@ -34,7 +34,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = ROOT / "docs" / "screenshots"
 #: How long a page may take to show what the test waits for (ms).
-WAIT_MS = 15_000
+WAIT_MS = 30_000
 
 
 def _browser_problem() -> tuple[str | None, bool]:

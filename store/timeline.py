@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select, union_all
 from sqlalchemy.engine import Connection
 
-from . import cards, diff, layers, schema
-from .history import require_layer
-from .objects import ObjectStore
+from stepfs.store import cards, diff, layers, schema
+from stepfs.store.history import require_layer
+from stepfs.store.objects import ObjectStore
 
 L, E, O = schema.layers, schema.entries, schema.objects
 
@@ -172,7 +172,7 @@ def activity(conn: Connection) -> tuple:
     """A value that changes whenever the head, an open step's number of
     staged rows or the list of conflicts changes (what a live view polls;
     cheap: three indexed aggregates)."""
-    from . import staging
+    from stepfs.store import staging
 
     steps = tuple((s["id"], s["staged"]) for s in staging.list_steps(conn))
     conflicts = conn.execute(select(func.count(), func.max(schema.conflicts.c.id))).one()

@@ -7,15 +7,18 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import subprocess
+import sys
+import threading
 
 import pytest
 
-from cli import exitcodes, main, progress
-from cli.completion import bash_script, subcommands
+from stepfs.cli import exitcodes, main, progress
+from stepfs.cli.completion import bash_script, subcommands
 from conftest import ROOT, stepfs
 from mountguard import private_tmp  # noqa: F401
-from store import errors
+from stepfs.store import errors
 
 COMMANDS = subcommands(main.build_parser())
 
@@ -66,7 +69,7 @@ def test_exit_code_table_matches_readme_and_help():
 
 
 def test_usage_errors_exit_2(tmp_path):
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(tmp_path), create=True).close()
     for args in (("show", tmp_path, "1", "2", "3"), ("step", tmp_path, "--meta", "novalue"), ("nosuchcommand",)):
@@ -82,6 +85,30 @@ def _obj(result, expected: str, last_line: bool = False) -> dict:
     text = result.stdout.decode()
     obj = json.loads(text.strip().splitlines()[-1] if last_line else text)
     assert isinstance(obj, dict) and obj.get("message_type") == expected, obj
+    return obj
+
+
+def _serve_json(workspace) -> dict:
+    """``stepfs serve --json``'s object: its first line, printed once it
+    listens; then Ctrl-C stops it (a watchdog kills it if it never prints)."""
+    proc = subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "serve", "--json", "--port", "0",
+                             str(workspace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, proc.stderr.read().decode()
+    obj = json.loads(line)
+    assert obj.get("message_type") == "serve", obj
     return obj
 
 
@@ -118,6 +145,9 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         if "discard" in COMMANDS:
             (mp / "e.txt").write_text("e\n")
             seen["discard"] = _obj(stepfs("discard", "--json", mp, "e.txt"), "discard")
+        if "serve" in COMMANDS:
+            seen["serve"] = _serve_json(workspace)
+            assert seen["serve"]["url"].startswith("http://127.0.0.1:") and "?token=" in seen["serve"]["url"]
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

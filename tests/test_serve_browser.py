@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, sh
-from cli.web.app import create_app
-from cli.web.security import new_token
-from cli.web.server import Server
-from overlayfs import manage
+from stepfs.cli.web.app import create_app
+from stepfs.cli.web.security import new_token
+from stepfs.cli.web.server import Server
+from stepfs.overlayfs.client import manage
 
 pytestmark = pytest.mark.mount
 

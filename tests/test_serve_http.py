@@ -21,11 +21,11 @@ import httpx2 as httpx
 import pytest
 from starlette.testclient import TestClient
 
-from cli.web.app import create_app
-from cli.web.security import csrf_token
-from conftest import ROOT, stepfs
-from store import publish
-from store.workspace import Workspace
+from stepfs.cli.web.app import create_app
+from stepfs.cli.web.security import csrf_token
+from conftest import stepfs
+from stepfs.store import publish
+from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
 
 TOKEN = "t0k3n-for-the-tests"
@@ -381,9 +381,9 @@ def _read_line(proc, prefix: str, timeout: float = 30.0) -> str:
 
 
 def test_the_stepfs_serve_command_prints_a_token_url_and_warns_off_loopback(shared):
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "serve", str(shared), "--port", "0", "--host", "0.0.0.0",
-                             "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "serve", str(shared), "--port", "0",
+                             "--host", "0.0.0.0", "--read-only"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         url = _read_line(proc, "open ").split()[1]
         port = int(re.search(r":(\d+)/", url).group(1))
@@ -415,7 +415,7 @@ def test_stepfs_serve_refuses_a_port_in_use_with_a_sentence(shared):
 
 
 def test_a_large_preview_shows_some_diffs_then_names(own, monkeypatch):
-    from cli.web import undo_pages
+    from stepfs.cli.web import undo_pages
 
     _root, c = own
     monkeypatch.setattr(undo_pages, "PREVIEW_PATHS", 100)
@@ -427,7 +427,7 @@ def test_a_large_preview_shows_some_diffs_then_names(own, monkeypatch):
 
 
 def test_a_conflict_shows_the_losing_bytes_next_to_the_winner(own):
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     root, c = own
     ws = Workspace.open(str(root))

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import layers, publish, rollback, timeline
-from store.errors import HeadMoved, NoSuchLayer
+from stepfs.store import layers, publish, rollback, timeline
+from stepfs.store.errors import HeadMoved, NoSuchLayer
 from store_kit import Stager, open_workspace
 
 

@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 
-from store.errors import StepfsError
+from stepfs.store.errors import StepfsError
 
-from . import history_pages, live_pages, undo_pages
-from .security import Guard
-from .site import HERE, Site
+from stepfs.cli.web import history_pages, live_pages, undo_pages
+from stepfs.cli.web.security import Guard
+from stepfs.cli.web.site import HERE, Site
 
 
 def create_app(workspace: str, token: str, read_only: bool = False) -> Starlette:

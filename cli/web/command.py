@@ -7,11 +7,11 @@ import sys
 
 
 def cmd_serve(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
-    from .app import create_app
-    from .security import new_token
-    from .server import Server, is_local
+    from stepfs.cli.web.app import create_app
+    from stepfs.cli.web.security import new_token
+    from stepfs.cli.web.server import Server, is_local
 
     target = manage.resolve(args.workspace)
     token = new_token()

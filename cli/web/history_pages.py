@@ -16,11 +16,11 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from store import diff, errors, history, layers, timeline
-from store.snapshot import Snapshot
+from stepfs.store import diff, errors, history, layers, timeline
+from stepfs.store.snapshot import Snapshot
 
-from . import chart, diffs
-from .site import Site, int_param, shown, url
+from stepfs.cli.web import chart, diffs
+from stepfs.cli.web.site import Site, int_param, shown, url
 
 PAGE_LAYERS = 50
 PAGE_FILES = 50

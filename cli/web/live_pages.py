@@ -18,13 +18,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from overlayfs import manage
-from store import diff, errors, history, timeline
-from store.errors import NoSuchPath
+from stepfs.overlayfs.client import manage
+from stepfs.store import diff, errors, history, timeline
+from stepfs.store.errors import NoSuchPath
 
-from . import diffs
-from .history_pages import DIFF_BYTES, FULL_DIFF_ROWS
-from .site import Site
+from stepfs.cli.web import diffs
+from stepfs.cli.web.history_pages import DIFF_BYTES, FULL_DIFF_ROWS
+from stepfs.cli.web.site import Site
 
 POLL_SECONDS = 0.3
 #: A comment line this often keeps proxies and the browser from timing out.

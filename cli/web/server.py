@@ -18,7 +18,7 @@ import time
 
 import uvicorn
 
-from store.errors import InputError
+from stepfs.store.errors import InputError
 
 STOP_TIMEOUT = 10.0
 

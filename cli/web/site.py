@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.templating import Jinja2Templates
 
-from overlayfs import manage
-from store import errors, history
-from store.workspace import Workspace
+from stepfs.overlayfs.client import manage
+from stepfs.store import errors, history
+from stepfs.store.workspace import Workspace
 
-from .security import csrf_token
+from stepfs.cli.web.security import csrf_token
 
 HERE = Path(__file__).resolve().parent
 

@@ -21,13 +21,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse
 from starlette.routing import Route
 
-from overlayfs import manage
-from store import diff, errors
-from store.layers import State
+from stepfs.overlayfs.client import manage
+from stepfs.store import diff, errors
+from stepfs.store.layers import State
 
-from .history_pages import INLINE_DIFF_ROWS, change_view
-from .security import check_csrf
-from .site import Site
+from stepfs.cli.web.history_pages import INLINE_DIFF_ROWS, change_view
+from stepfs.cli.web.security import check_csrf
+from stepfs.cli.web.site import Site
 
 #: A preview shows this many paths with their diffs, then names this many more.
 PREVIEW_DIFFS = 50

@@ -6,7 +6,8 @@ Covers what only a browser shows: the pages render and link up, a diff
 expands, undo goes through its preview and form, the timeline and the live
 view refresh by themselves (server-sent events, no reload), and the guard
 refuses a browser without the token and a forged form.  Screenshots of the
-main pages go to ``docs/screenshots/``.
+main pages go to the test's temp dir, or to ``docs/screenshots/`` when
+``STEPFS_SCREENSHOTS=1`` (so a plain test run leaves the checkout clean).
 
 Skipped only where chromium is absent, and never under CI (``CI`` set):
 there a missing browser is a failure.
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.mount
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = ROOT / "docs" / "screenshots"
+DOC_SHOTS = ROOT / "docs" / "screenshots"
 #: How long a page may take to show what the test waits for (ms).
 WAIT_MS = 30_000
 
@@ -95,8 +96,14 @@ def served():
 
 
 def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    if os.environ.get("STEPFS_SCREENSHOTS") == "1":
+        shots = DOC_SHOTS
+    else:
+        shots = Path(os.environ.get("TMPDIR", "/tmp")) / "stepfs-screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    path = shots / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    assert path.stat().st_size > 0, f"the screenshot {path} is empty"
 
 
 APP_V1 = 'def greet(name):\n    return "hi " + name\n'

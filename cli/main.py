@@ -445,10 +445,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
     from stepfs.cli import completion, confine, hooks, retention, run
+    from stepfs.cli.web import command as web_command
 
     run.register(add)
     confine.register(add)
     retention.register(add)
+    web_command.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
     if only is not None and only not in registered:

@@ -143,6 +143,10 @@ def evaluate(w: dict) -> list[Goal]:
         r = _ratio(w, "checkpoint", "stepfs/shadow-git")
         goals.append(Goal("checkpoint cost >= 50x lower than shadow-git (shadow-git/stepfs)",
                           None if not r else 1 / r, 50, ">="))
+    for name, wl in w.items():
+        if name.startswith("cli_") and "target_ratio" in wl:
+            goals.append(Goal(f"'stepfs {name[4:].replace('_', '-')}': <= {wl['target_ratio']:g}x 'python -c pass' "
+                              f"(paired median)", wl.get("paired_ratio"), wl["target_ratio"], "<="))
     if "close_write_4k" in w:
         guard = w["close_write_4k"].get("guard_added_p95")
         goals.append(Goal("close-write guard adds < 2 ms p95 for a 4 KiB file", guard, 0.002, "<=", unit="s",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import sys
 
 #: Claude Code tools that can change files.  Read, Grep, Glob, WebFetch... cannot,
@@ -58,6 +57,8 @@ def register(add) -> None:
 def stepfs_command() -> str:
     """The absolute path of the running ``stepfs`` (hooks run with another
     PATH), or plain ``stepfs``."""
+    import shutil  # here: its archive modules are not part of every start-up
+
     argv0 = sys.argv[0] if sys.argv else ""
     if os.path.basename(argv0) == "stepfs" and os.path.isfile(argv0):
         return os.path.abspath(argv0)

@@ -17,7 +17,6 @@ import sys
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
-from stepfs.cli.render import card_text
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -161,13 +160,10 @@ def manage_is_target(path: str) -> bool:
 
 
 def cmd_log(args) -> int:
-    from stepfs.overlayfs.client import manage
-    from stepfs.store import cards
-    from stepfs.store.du import human
-    from stepfs.store.workspace import Workspace
+    from stepfs.overlayfs.client import manage, reads
+    from stepfs.store.units import human
 
-    with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
-        rows = cards.read_log(ws, limit=args.limit)
+    rows = reads.log(manage.resolve(args.workspace), limit=args.limit)
     lines = []
     for r in rows:
         who = f"  [{r['agent']}]" if r["agent"] else ""
@@ -183,14 +179,13 @@ def cmd_log(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from stepfs.overlayfs.client import manage
-    from stepfs.store import cards
-    from stepfs.store.workspace import Workspace
+    from stepfs.overlayfs.client import manage, reads
+
+    from stepfs.cli.render import card_text
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
-    with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
-        card, patch = cards.read_card(ws, number, with_patch=args.patch)
+    card, patch = reads.card(manage.resolve(ws_arg), number, with_patch=args.patch)
     text = card_text(card)
     out = {"message_type": "show", **card}
     if patch is not None:
@@ -303,6 +298,8 @@ def cmd_rollback(args) -> int:
     else:
         lines.append(f"rolled back to layer {number} as layer {res['layer']} "
                      f"(undo with 'stepfs rollback {res['head_before']}')")
+    from stepfs.cli.render import card_text
+
     for c in res["skipped"]:
         lines.append(f"skipped (conflict): {c['path']}: {c['reason']}")
     for mp in res["unreachable"]:
@@ -315,15 +312,54 @@ def cmd_rollback(args) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked
+    (importlib.metadata is slower to import than the rest of a step)."""
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import stepfs
+
+        print(f"stepfs {stepfs.__version__}")
+        parser.exit()
+
+
+class _Unbuilt:
+    """Stands in for the subparser of a command that is not being run:
+    argparse builds a help formatter for every argument it adds, and
+    building every command's parser was a real share of a ``stepfs step``
+    start-up.  Accepts and drops whatever a command adds to it."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: self
+
+
+def _command_word(argv: list[str]) -> str | None:
+    """The command a command line runs, if its parser alone can parse it:
+    the first word, with no top-level option before it (``-h``,
+    ``--version`` and a mistyped command need the whole parser)."""
+    return argv[0] if argv and not argv[0].startswith("-") else None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole CLI's parser, or with ``only`` one that knows the other
+    commands' names and help lines but not their arguments (the whole one
+    if ``only`` names no command)."""
+    registered: set[str] = set()
     p = argparse.ArgumentParser(
         prog="stepfs",
         description="Stage an agent's writes in a FUSE mount and commit them to the workspace as numbered layers.",
         epilog=EPILOG_EXIT,
     )
+    p.add_argument("--version", action=_Version, help="print stepfs's version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, func, help_, example):
+        registered.add(name)
+        if only is not None and name != only:
+            return _Unbuilt()
         sp = sub.add_parser(name, help=help_, description=help_, epilog=f"example: {example}",
                             formatter_class=argparse.RawDescriptionHelpFormatter)
         sp.set_defaults(func=func)
@@ -417,6 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     web_command.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
+    if only is not None and only not in registered:
+        return build_parser()  # a mistyped command: argparse lists the real ones
     return p
 
 
@@ -444,8 +482,8 @@ def _stdout_closed() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv, paths = _split_paths(list(sys.argv[1:] if argv is None else argv))
+    parser = build_parser(only=_command_word(argv))
     args = parser.parse_args(argv)
     if paths:
         args.paths = paths

@@ -30,7 +30,7 @@ def _file_line(f: dict) -> str:
 def card_text(card: dict) -> str:
     """A change card (``store.cards.card``) as ``stepfs show`` prints it:
     renames, symlink targets and mode changes included."""
-    from stepfs.store.du import human
+    from stepfs.store.units import human
 
     lines = [
         f"layer {card['number']} ({card['kind']})  {card['time']}",

@@ -71,7 +71,7 @@ def run_gc(ws, dry_run: bool = False, full_vacuum: bool = False):
 
 
 def gc_text(r) -> str:
-    from stepfs.store.du import human
+    from stepfs.store.units import human
 
     verb = "would free" if r.dry_run else "freed"
     lines = [f"gc {verb}: {r.objects} objects ({human(r.object_bytes)} of content), "

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import shlex
 import sys
 
-from stepfs.cli import progress
 
 USAGE = ("stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] "
          "[--confine [--allow-write PATH]... [--allow-read PATH]... [--no-network] [--allow-connect PORT]...] "
@@ -111,6 +109,8 @@ def _usage(why: str) -> None:
 
 def setup_logging(args) -> None:
     """Library log lines (warnings, "command not found") as ``stepfs: ...`` on stderr."""
+    import logging  # here: the other commands' start-up never needs it
+
     logging.basicConfig(format="stepfs: %(message)s",
                         level=logging.ERROR if getattr(args, "quiet", False) else logging.WARNING)
 
@@ -128,6 +128,8 @@ def cmd_run(args) -> int:
                             ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
     if asked and not args.confine:
         _usage(f"{asked[0]} restricts a confined command; add --confine")
+    from stepfs.cli import progress  # here: the other commands' start-up never needs it
+
     setup_logging(args)
     bar = progress.for_args(args, "mounting")
 

@@ -7,9 +7,17 @@ folders ``store/``, ``overlayfs/`` and ``cli/`` are ``stepfs.store``,
 pyproject.toml).  The Python API for agent harnesses is :mod:`stepfs.api`.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("stepfs")
-except PackageNotFoundError:  # imported from a checkout that was never installed
-    __version__ = "0+unknown"
+def __getattr__(name: str) -> str:
+    # ``__version__`` is looked up on first use: importlib.metadata costs
+    # more than the rest of a ``stepfs step`` start-up, which never asks.
+    if name != "__version__":
+        raise AttributeError(f"module 'stepfs' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("stepfs")
+    except PackageNotFoundError:  # imported from a checkout that was never installed
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value

@@ -17,6 +17,7 @@ import os
 from sqlalchemy import select
 
 from stepfs.store import schema
+from stepfs.store.units import human  # noqa: F401  (its callers' name for it)
 from stepfs.store.workspace import Workspace
 
 E, L, C, OC = schema.entries, schema.layers, schema.chunks, schema.object_chunks
@@ -118,11 +119,3 @@ def usage(ws: Workspace) -> dict:
         "top_level": dict(sorted(by_dir.items(), key=lambda kv: -kv[1])),
         "staged_bytes": staged_bytes, "conflict_bytes": conflict_bytes, "garbage_bytes": garbage,
     }
-
-
-def human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"

@@ -4,6 +4,7 @@ mount only talks to its daemon, so it must not import the database layer
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -65,3 +66,86 @@ def test_step_of_a_workspace_with_live_mounts_commits_each_through_its_daemon(mo
     # Nothing left: the same command reports it with its exit code.
     again = stepfs("step", str(workspace))
     assert again.returncode == 6, again.stderr
+
+
+# -- the import budget of a harness's per-tool-call commands ----------------------------
+
+#: Modules a command answered by a live mount's daemon must not load: the
+#: database layer, FUSE, and the store's hashing and chunking (the daemon
+#: has them; loading them is most of a start-up).  Checked by name, from
+#: ``python -X importtime``, not by time.
+HEAVY = ("sqlalchemy", "mfusepy", "xxhash", "pyfastcdc", "stepfs.store.workspace", "stepfs.store.db")
+
+
+def _imported(*args: str, input: bytes | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """Run ``stepfs ARGS`` under ``-X importtime``; its result and the names
+    of every module it imported."""
+    env = {k: v for k, v in os.environ.items() if k != "STEPFS_DIRECT"}
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "stepfs.cli.main", *map(str, args)],
+                          capture_output=True, timeout=60, env=env, input=input)
+    names = {line.rsplit("|", 1)[1].strip() for line in done.stderr.decode().splitlines()
+             if line.startswith("import time:") and "|" in line}
+    assert "stepfs.cli" in names, done.stderr.decode()[-2000:]  # runpy runs main as __main__
+    return done, names
+
+
+def _heavy(names: set[str]) -> list[str]:
+    return sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in HEAVY))
+
+
+@pytest.mark.parametrize("args", [("--help",), ("--version",), ("step", "--help")])
+def test_help_and_version_import_nothing_heavy(args):
+    done, names = _imported(*args)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert _heavy(names) == []
+    assert "importlib.metadata" not in names or args == ("--version",)
+
+
+@pytest.mark.mount
+def test_commands_through_a_live_mount_import_nothing_heavy(mount, workspace):
+    m = mount(workspace)
+    (m.mountpoint / "a.txt").write_text("a\n")
+    payload = json.dumps({"cwd": str(m.mountpoint), "tool_name": "Edit", "tool_use_id": "t1"}).encode()
+    runs = [
+        (("step", m.mountpoint, "--allow-empty", "-m", "first"), None),
+        (("hook-commit",), payload),
+        (("status", m.mountpoint), None),
+        (("status", m.workspace, "--json"), None),
+        (("log", m.mountpoint), None),
+        (("show", m.workspace, "1", "--patch"), None),
+        (("discard", m.mountpoint, "nothing-staged-here"), None),
+        (("step", m.mountpoint, "--allow-empty"), None),
+    ]
+    for args, stdin in runs:
+        done, names = _imported(*args, input=stdin)
+        assert done.returncode == 0, (args, done.stderr.decode()[-2000:])
+        assert _heavy(names) == [], args
+    log = json.loads(stepfs("log", m.workspace, "--json").stdout)
+    # The hook's tool call changed nothing: no layer between the two steps.
+    assert [layer["message"] for layer in log["layers"]][:2] == ["", "first"]
+
+
+def test_without_a_live_mount_reads_open_the_store(workspace):
+    """The other side of the budget: no daemon to ask, so the CLI opens the
+    store itself (the import check above is not vacuous)."""
+    from stepfs.store.workspace import Workspace
+
+    Workspace.open(str(workspace), create=True).close()
+    done, names = _imported("log", workspace)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert "sqlalchemy" in names
+
+
+def test_one_command_parser_still_knows_every_command():
+    """The CLI builds only the parser of the command it runs; a mistyped
+    command and the top-level help still get the whole one."""
+    wrong = stepfs("stpe", "x")
+    assert wrong.returncode == 2
+    assert b"invalid choice: 'stpe'" in wrong.stderr and b"'hook-commit'" in wrong.stderr
+    top = stepfs("--help")
+    assert top.returncode == 0 and b"hook-commit" in top.stdout and b"rollback" in top.stdout
+    sub = stepfs("step", "--help")
+    assert sub.returncode == 0 and b"--allow-empty" in sub.stdout
+    assert stepfs("step", "--bogus").returncode == 2
+    version = stepfs("--version")
+    assert version.returncode == 0 and version.stdout.startswith(b"stepfs ")

@@ -6,7 +6,11 @@ the daemon's address are in ``daemon/protocol.py``; the requests in
 from __future__ import annotations
 
 import json
-import socket
+
+# The C module under ``socket``: the client needs a Unix stream socket and
+# nothing else, and socket.py's enum set-up was a real share of a
+# `stepfs step` start-up.  Its timeout is the builtin TimeoutError.
+import _socket
 
 from stepfs.overlayfs.daemon.protocol import address, recv_line, send
 from stepfs.store import errors as store_errors
@@ -16,7 +20,7 @@ def request(mountpoint: str, payload: dict, timeout: float = 600.0) -> dict:
     """Send one request to the daemon of ``mountpoint``; raises
     :class:`stepfs.store.errors.DaemonError` if nobody answers, and re-raises the
     daemon's domain error by class name."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     sock.settimeout(timeout)
     try:
         try:
@@ -27,7 +31,7 @@ def request(mountpoint: str, payload: dict, timeout: float = 600.0) -> dict:
             ) from None
         send(sock, payload)
         line = recv_line(sock)
-    except socket.timeout:
+    except TimeoutError:
         raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} did not answer within {timeout:.0f} s.") from None
     finally:
         sock.close()

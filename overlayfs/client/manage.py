@@ -8,17 +8,13 @@ inside either (default: the current directory).
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
-import select
-import shutil
-import subprocess
 import sys
-import time
-from dataclasses import dataclass
+from collections import namedtuple
 
-from typing import TYPE_CHECKING, NoReturn
+# typing itself is not imported: its import was a real share of a
+# `stepfs step` start-up, and the hints below are only read by checkers.
+TYPE_CHECKING = False
 
 from stepfs.store.errors import (
     InputError,
@@ -27,26 +23,32 @@ from stepfs.store.errors import (
 from stepfs.store.paths import STORE_DIR, check_directory, is_workspace
 
 from stepfs.overlayfs.client import control, mounts
+# status and sync_rows are this module's API too (callers name manage.status).
+from stepfs.overlayfs.client.reads import daemon_for, status, sync_rows  # noqa: F401
 from stepfs.overlayfs.daemon.protocol import daemon_alive, daemon_alive_settled, log_path, parse_auto_step
 
 if TYPE_CHECKING:
+    from typing import NoReturn
+
     from stepfs.store import staging
     from stepfs.store.workspace import Workspace
 
 # The store and the database layer (SQLAlchemy: most of a CLI start-up) are
 # imported inside the functions that open the store: a `stepfs step` or
-# `stepfs unmount` of a mountpoint only talks to the daemon.
-
-log = logging.getLogger("stepfs.manage")
+# `stepfs unmount` of a mountpoint only talks to the daemon.  So are
+# subprocess, select, shutil and logging, which only mounting, unmounting
+# and the store's paths use: a step through a live mount costs about a bare
+# interpreter's start-up (tests/test_cli_startup.py).
 
 READY_TIMEOUT = 30.0
 EXIT_TIMEOUT = 30.0
 
 
-@dataclass(frozen=True)
-class Target:
-    workspace: str
-    mountpoint: str | None = None
+class Target(namedtuple("Target", "workspace mountpoint", defaults=(None,))):
+    """A workspace and, if the command named one, its mountpoint (a named
+    tuple: no dataclasses import on the CLI's light path)."""
+
+    __slots__ = ()
 
 
 def resolve(arg: str | None = None) -> Target:
@@ -108,6 +110,9 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
     connection so no client stays blocked, then detach it lazily.  Returns
     whether there was one.  A live daemon's mount, or another workspace's,
     is left alone (the caller's checks refuse it)."""
+    import shutil
+    import subprocess
+
     mp = os.path.normpath(os.path.abspath(mountpoint))
     entry = mounts.find(mp)
     if entry is None or entry.workspace is None:
@@ -161,6 +166,10 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise.  ``allow_other`` lets users other than the mounter in (root
     only; the kernel then checks their permissions: default_permissions)."""
+    import select
+    import subprocess
+    import time
+
     ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
@@ -254,6 +263,8 @@ def fuse_connection(mountpoint: str) -> str | None:
 def abort_connection(mountpoint: str) -> bool:
     """Abort a FUSE connection through fusectl: every pending and future
     request fails with ENOTCONN, so no client stays stuck."""
+    import subprocess
+
     conn = fuse_connection(mountpoint)
     if conn is None:
         return False
@@ -270,6 +281,10 @@ def abort_connection(mountpoint: str) -> bool:
 
 def unmount(mountpoint: str, force: bool = False) -> None:
     """Unmount a stepfs mount and wait until its daemon has exited."""
+    import shutil
+    import subprocess
+    import time
+
     mp = os.path.normpath(os.path.abspath(mountpoint))
     entry = mounts.find(mp)
     if entry is None or entry.workspace is None:
@@ -301,86 +316,16 @@ def unmount(mountpoint: str, force: bool = False) -> None:
 # -- steps -------------------------------------------------------------------------
 
 
-def _op(row: staging.StagedRow) -> str:
-    from stepfs.store import tokens
-
-    if row.kind == "whiteout":
-        return "D"
-    return "A" if row.base == tokens.ABSENT else "M"
-
-
-def sync_rows(ws: Workspace, mountpoint: str | None = None) -> None:
-    """Ask every live daemon of ``ws`` (or the one of ``mountpoint``) to
-    write the staged rows it recorded but has not written yet, so that the
-    store shows what the mounts show (``view.py``, "Staged rows and
-    crashes").  A daemon that does not answer has nothing to add."""
-    for m in mounts.stepfs_mounts(ws.path):
-        if mountpoint is not None and m.mountpoint != mountpoint:
-            continue
-        if daemon_alive(ws.run_dir, m.mountpoint):
-            try:
-                control.request(m.mountpoint, {"op": "sync"}, timeout=60.0)
-            except StepfsError as exc:
-                log.warning("could not sync the staged rows of %s: %s", m.mountpoint, exc)
-
-
-def status(target: Target) -> dict:
-    """Mounts of the workspace, each open step's staged paths, the conflicts."""
-    from stepfs.store import conflicts, layers, staging
-    from stepfs.store.workspace import Workspace
-
-    with Workspace.open(target.workspace) as ws:
-        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
-        sync_rows(ws, target.mountpoint)
-        out = {"workspace": ws.path, "mounts": [], "conflicts": []}
-        with ws.db.read() as conn:
-            out["head"] = layers.head(conn)
-            for step in staging.list_steps(conn):
-                mp = step["mountpoint"]
-                if target.mountpoint and mp != target.mountpoint:
-                    continue
-                rows = staging.load(conn, step["id"])
-                pid = daemon_alive(ws.run_dir, mp)
-                if mp not in live and not rows:
-                    continue
-                out["mounts"].append({
-                    "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
-                    **_daemon_state(mp, mp in live and pid),
-                    "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
-                })
-            for c in conflicts.listed(conn):
-                path = os.fsdecode(bytes(c.path))
-                out["conflicts"].append({
-                    "id": c.id, "path": path, "reason": c.reason, "mount": c.mount,
-                    "agent": c.agent, "oid": c.oid, "created_ns": c.created_ns,
-                    "token_mine": c.token_mine, "token_theirs": c.token_theirs,
-                    # How to get the losing bytes back.
-                    "bytes": f"read {c.mount}/.stepfs/conflicts/{path} while that mount is up",
-                })
-        return out
-
-
-def _daemon_state(mountpoint: str, alive) -> dict:
-    """Asked of a live mount's daemon: why it went read-only (kept in memory:
-    the disk may be too full to write it anywhere), the runs started in it
-    and whether they are confined (``runs.py``): ``confined`` is True if
-    every live run is, False if one is not, None if no run is live."""
-    answer = {}
-    if alive:
-        try:
-            answer = control.request(mountpoint, {"op": "ping"}, timeout=5.0)
-        except DaemonError:
-            pass
-    runs = answer.get("runs") or []
-    return {"readonly": answer.get("readonly"), "runs": runs,
-            "confined": all(r.get("confined") for r in runs) if runs else None}
-
-
 def discard(target: Target, paths: list[str]) -> list[str]:
     """Drop staged paths from open steps (the mount's own with a mountpoint
     target, every open step with a workspace target), keeping their bytes
     as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
+    if target.mountpoint is not None and daemon_for(target) is not None:
+        # The daemon checks the paths as below (history.user_path) against
+        # the store it has open: nothing to import or open here.
+        answer = control.request(target.mountpoint, {"op": "discard", "user_paths": list(paths)})
+        return sorted({p.lstrip("/") for p in answer["discarded"]})
     from stepfs.store import refs, staging
     from stepfs.store.workspace import Workspace
 

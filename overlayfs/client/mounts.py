@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from collections import namedtuple
 
 FSTYPE = "fuse.stepfs"
 FSNAME_PREFIX = "stepfs:"
 
 
-@dataclass(frozen=True)
-class MountEntry:
-    source: str
-    mountpoint: str
-    fstype: str
+class MountEntry(namedtuple("MountEntry", "source mountpoint fstype")):
+    # A named tuple rather than a dataclass: dataclasses pulls in inspect,
+    # a real share of a `stepfs step` start-up.
+    __slots__ = ()
 
     @property
     def workspace(self) -> str | None:

@@ -123,6 +123,25 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
             return {}
         if op == "status":
             return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        # The CLI's reads, answered here when a mount is live because this
+        # process has the store open (the CLI would pay the database
+        # layer's imports for a few rows): the same store functions the
+        # CLI calls when no mount is live (client/reads.py).
+        if op == "read_status":
+            from stepfs.store.status import read_status
+
+            view.sync_rows()  # this mount's pending rows; the client syncs the others
+            return {"status": read_status(ws, req.get("mountpoint"))}
+        if op == "log":
+            from stepfs.store import cards
+
+            limit = req.get("limit")
+            return {"layers": cards.read_log(ws, limit=limit if isinstance(limit, int) else None)}
+        if op == "card":
+            from stepfs.store import cards
+
+            card, patch = cards.read_card(ws, int(req["number"]), with_patch=bool(req.get("patch")))
+            return {"card": card, "patch": patch}
         if op == "steps":
             # Every open step of the workspace (any mount's): lets the CLI
             # commit a workspace without opening the store itself.
@@ -131,6 +150,11 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
                                   for st in staging.list_steps(conn)]}
         if op == "discard":
             paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
+            if "user_paths" in req:  # as typed by the user: checked as the CLI checks them (history.user_path)
+                from stepfs.store import history
+
+                paths = ["/" + os.fsdecode(history.user_path(ws, p, view.mountpoint))
+                         for p in req["user_paths"] if isinstance(p, str)]
             dropped = view.discard(paths)
             # Gone: the workspace's file shows through again, maybe of
             # another kind than the staged one (fuse_ops.KernelCache).

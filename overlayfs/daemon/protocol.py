@@ -16,16 +16,30 @@ client imports (no database, no FUSE, no threads).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
-import socket
 import time
+TYPE_CHECKING = False  # typing is not imported: see the note on sha256
+
+# The interpreter's built-in SHA-256 rather than hashlib's (which loads
+# OpenSSL first): the CLI names a daemon's socket on every call, and
+# hashlib's import was a real share of a `stepfs step` start-up.  Same
+# digest either way.
+try:
+    from _sha2 import sha256  # Python >= 3.12
+except ImportError:
+    try:
+        from _sha256 import sha256  # Python 3.11
+    except ImportError:  # an interpreter built without them
+        from hashlib import sha256
+
+if TYPE_CHECKING:
+    import socket
 
 
 def mount_key(mountpoint: str) -> str:
     """A short stable name for files and sockets belonging to a mountpoint."""
-    return hashlib.sha256(os.path.normpath(os.path.abspath(mountpoint)).encode()).hexdigest()[:16]
+    return sha256(os.path.normpath(os.path.abspath(mountpoint)).encode()).hexdigest()[:16]
 
 
 def address(mountpoint: str) -> str:

@@ -14,7 +14,7 @@ import logging
 import threading
 
 from stepfs.store import gc, prune
-from stepfs.store.du import human
+from stepfs.store.units import human
 from stepfs.store.errors import StepfsError
 
 log = logging.getLogger("stepfs.retention")

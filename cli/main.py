@@ -50,9 +50,26 @@ def _layer_number(text: str) -> int:
     from store.errors import NoSuchLayer
 
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         raise NoSuchLayer(f"{text!r} is not a layer number; 'stepfs log' lists the layers.") from None
+    if abs(number) >= 1 << 63:
+        # SQLite's integers are 64-bit: a longer number is no layer and
+        # would fail inside the query (OverflowError) instead of here.
+        _usage(f"{text} is too large to be a layer number; 'stepfs log' lists the layers.")
+    return number
+
+
+def _count(text: str) -> int:
+    """A count argument (``--limit``): a non-negative 64-bit integer, as
+    SQLite can bind (argparse reports anything else as a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text} is not a count between 0 and {(1 << 63) - 1}")
+    return value
 
 
 def _auto_step(text: str) -> str:
@@ -180,6 +197,8 @@ def cmd_log(args) -> int:
                 f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
         if r["meta"]:
             line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
+        if r.get("unreadable"):
+            line += f"  ({r['unreadable']} file(s) unreadable: run 'stepfs verify')"
         lines.append(line)
     _emit(args, {"message_type": "log", "layers": rows}, "\n".join(lines))
     return 0
@@ -414,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
-    sp.add_argument("--limit", type=int, help="show at most N layers")
+    sp.add_argument("--limit", type=_count, help="show at most N layers")
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
              "stepfs show 3 --patch")

@@ -105,10 +105,14 @@ def cmd_mount(args) -> int:
         manage.check_mount_args(args.workspace, args.mountpoint)
         if args.allow_other and os.geteuid() != 0:
             _usage("--allow-other needs root: mount as root to let other users into the mount")
+        if args.new_history:
+            from store.workspace import Workspace
+
+            Workspace.open(args.workspace, create=True, new_history=True).close()
         return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                             auto_step=args.auto_step, allow_other=args.allow_other)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                       auto_step=args.auto_step, allow_other=args.allow_other)
+                       auto_step=args.auto_step, allow_other=args.allow_other, new_history=args.new_history)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -405,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="commit steps by themselves: after each close-write, or after SECONDS without changes")
     sp.add_argument("--require-read", action="store_true",
                     help="refuse (EACCES) writing an existing file the agent never read")
+    sp.add_argument("--new-history", action="store_true",
+                    help="the workspace's .stepfs lost its store.db: set the leftovers aside and start at layer 0")
     sp.add_argument("--allow-other", action="store_true",
                     help="let other users into the mount, with the kernel checking file modes (root only)")
 

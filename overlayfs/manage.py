@@ -24,7 +24,7 @@ from store.errors import (
     InputError,
     CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, StepfsError, WorkspaceError,
 )
-from store.paths import STORE_DIR, check_directory, is_workspace
+from store.paths import STORE_DIR, check_directory, is_workspace, lost_database, lost_database_message
 
 from . import control, mounts
 from .runfiles import daemon_alive, daemon_alive_settled, log_path
@@ -65,6 +65,8 @@ def resolve(arg: str | None = None) -> Target:
     while True:
         if is_workspace(probe):
             return Target(probe)
+        if lost_database(probe):
+            raise WorkspaceError(lost_database_message(os.path.join(probe, STORE_DIR)))
         parent = os.path.dirname(probe)
         if parent == probe:
             break
@@ -133,14 +135,16 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-          auto_step: str = "manual", allow_other: bool = False) -> int:
+          auto_step: str = "manual", allow_other: bool = False, new_history: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
     then runs recovery, so the new mount starts from the last committed layer
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise.  ``allow_other`` lets users other than the mounter in (root
-    only; the kernel then checks their permissions: default_permissions)."""
+    only; the kernel then checks their permissions: default_permissions).
+    ``new_history``: a store directory whose database is gone starts a new
+    history instead of being refused (``Workspace.open``)."""
     from store.workspace import Workspace
 
     from .autostep import parse as parse_auto_step
@@ -154,7 +158,7 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
         raise InputError(f"{exc}.") from None  # refused before anything is touched
     reclaim_dead_mount(workspace, mountpoint)
     ws_path, mp = check_mount_args(workspace, mountpoint)
-    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    Workspace.open(ws_path, create=True, new_history=new_history).close()  # create the store, recover, check the format
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:

@@ -68,11 +68,13 @@ class Database:
     # -- construction -------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, create: bool = True) -> "Database":
+    def open(cls, path: str, create: bool = True, label: str | None = None) -> "Database":
         """Open (and, if ``create`` and empty, initialise) the store at ``path``.
 
         Raises :class:`StoreFormatError` for a file that is not a stepfs
-        store, or one written by a newer stepfs.
+        store, or one written by a newer stepfs.  ``label``: the name
+        messages give the store (default ``path``; a path through a
+        directory handle is no name for a person).
         """
         # URL.create, not an f-string URL: a path is a file name, and '?',
         # '#' or '%' in a workspace name must not be parsed as URL syntax.
@@ -81,7 +83,7 @@ class Database:
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
         )
         _install_sqlite_hooks(engine, wal=True)
-        db = cls(engine, path)
+        db = cls(engine, label or path)
         try:
             db._check_or_create(create)
         except BaseException:

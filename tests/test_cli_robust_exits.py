@@ -10,11 +10,13 @@ import random
 import shutil
 import sqlite3
 import stat
+import subprocess
 
 import pytest
 
 from cli import exitcodes
 from conftest import stepfs
+from userkit import NOBODY, cli_as, shared_dir  # noqa: F401  (fixture)
 from history_helpers import open_ws, write
 from store import errors
 
@@ -134,24 +136,31 @@ def test_log_does_not_need_chunk_bytes(tmp_path):
     assert "second" in r.stdout.decode()
 
 
-def test_a_read_only_store_exits_16_with_advice(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root writes through any mode bits; a read-only store needs an unprivileged user")
-    ws = _history(tmp_path / "ws")
+def _as_nobody(*args):
+    # Everything the commands import, imported before the fork: the child
+    # may not be able to read the interpreter's own directories.
+    import cli.progress  # noqa: F401
+    import overlayfs.manage  # noqa: F401
+    import store.cards  # noqa: F401
+    import store.verify  # noqa: F401
+    import store.workspace  # noqa: F401
+
+    code, out, err = cli_as(list(args), NOBODY)
+    return subprocess.CompletedProcess(args, code, out.encode(), err.encode())
+
+
+def test_a_read_only_store_exits_16_with_advice(shared_dir):
+    ws = _history(shared_dir / "ws")
+    for p in [ws, *ws.rglob("*")]:
+        os.chown(p, NOBODY, NOBODY, follow_symlinks=False)
     store = ws / ".stepfs"
-    modes = {}
     for p in [store, *store.rglob("*")]:
-        modes[p] = p.stat().st_mode
         os.chmod(p, stat.S_IMODE(p.stat().st_mode) & ~0o222)
-    try:
-        for argv in (("log", ws), ("status", ws), ("verify", ws)):
-            r = stepfs(*argv)
-            assert r.returncode == _code(errors.StoreUnavailable), (argv, r.stderr)
-            line = _one_sentence(r)
-            assert "move it away" not in line and "writable" in line
-    finally:
-        for p, mode in modes.items():
-            os.chmod(p, stat.S_IMODE(mode))
+    for argv in (("log", ws), ("status", ws), ("verify", ws), ("show", ws, "1")):
+        r = _as_nobody(*argv)
+        assert r.returncode == _code(errors.StoreUnavailable), (argv, r.stderr)
+        line = _one_sentence(r)
+        assert "move it away" not in line and "writable" in line, line
 
 
 def test_a_deleted_database_is_refused_until_a_new_history_is_asked_for(tmp_path):

@@ -16,6 +16,7 @@ import os
 import sys
 
 from . import exitcodes
+from .render import quote
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -30,6 +31,14 @@ def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
         print(json.dumps(obj, sort_keys=True))
     elif text and (essential or not getattr(args, "quiet", False)):
         print(text)
+
+
+def _printable(message: str) -> str:
+    """An error sentence with any terminal control in it (a name it cites)
+    escaped in place, the sentence itself left unquoted."""
+    from .render import _UNSAFE, _escape
+
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in '"\\' else _escape(m), message)
 
 
 def _usage(message: str) -> None:
@@ -132,18 +141,18 @@ def cmd_status(args) -> int:
     from overlayfs import manage
 
     st = manage.status(manage.resolve(args.workspace))
-    lines = [f"workspace {st['workspace']}  (head: layer {st['head']})"]
+    lines = [f"workspace {quote(st['workspace'])}  (head: layer {st['head']})"]
     if not st["mounts"]:
         lines.append("no mounts, nothing staged")
     for m in st["mounts"]:
         state = f"mounted, pid {m['pid']}" if m["mounted"] else "not mounted"
-        lines.append(f"mount {m['mountpoint']}  ({state}, {len(m['staged'])} staged)")
+        lines.append(f"mount {quote(m['mountpoint'])}  ({state}, {len(m['staged'])} staged)")
         if m.get("readonly"):
-            lines.append(f"  read-only: {m['readonly']}")
-        lines += [f"  {s['op']} {s['path']}" for s in m["staged"]]
+            lines.append(f"  read-only: {quote(m['readonly'])}")
+        lines += [f"  {s['op']} {quote(s['path'])}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
-        lines += [f"  #{c['id']} {c['path']} ({c['reason']})" for c in st["conflicts"]]
+        lines += [f"  #{c['id']} {quote(c['path'])} ({quote(c['reason'])})" for c in st["conflicts"]]
     _emit(args, {"message_type": "status", **st}, "\n".join(lines))
     return 0
 
@@ -168,7 +177,7 @@ def cmd_discard(args) -> int:
         ws_arg, values = values[0], values[1:]
     dropped = manage.discard(manage.resolve(ws_arg), values)
     _emit(args, {"message_type": "discard", "discarded": dropped},
-          "\n".join(f"discarded {p} (its bytes are kept as a conflict)" for p in dropped)
+          "\n".join(f"discarded {quote(p)} (its bytes are kept as a conflict)" for p in dropped)
           or "nothing staged at those paths")
     return 0
 
@@ -195,12 +204,12 @@ def cmd_log(args) -> int:
         rows = cards.log(ws.objects, conn, limit=args.limit)
     lines = []
     for r in rows:
-        who = f"  [{r['agent']}]" if r["agent"] else ""
+        who = f"  [{quote(r['agent'])}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
+                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {quote(r['message'])}")
         if r["meta"]:
-            line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
+            line += "  " + " ".join(f"{quote(k)}={quote(v)}" for k, v in sorted(r["meta"].items()))
         if r.get("unreadable"):
             line += f"  ({r['unreadable']} file(s) unreadable: run 'stepfs verify')"
         lines.append(line)
@@ -211,9 +220,9 @@ def cmd_log(args) -> int:
 def _file_line(f: dict) -> str:
     op = f["op"]
     if op == "renamed":
-        op_text = f"renamed   {f['from']} -> {f['path']}"
+        op_text = f"renamed   {quote(f['from'])} -> {quote(f['path'])}"
     else:
-        op_text = f"{op:<9} {f['path']}"
+        op_text = f"{op:<9} {quote(f['path'])}"
     if f.get("binary"):
         detail = f"binary {f['bytes_before']} -> {f['bytes_after']} bytes"
     elif f.get("binary") is None and "bytes_before" in f:
@@ -224,7 +233,7 @@ def _file_line(f: dict) -> str:
         detail = f["kind"] or ""
     if f["kind"] == "symlink":
         target = (f["after"] if f["after"]["kind"] else f["before"]).get("target", "")
-        detail = f"symlink -> {target}"
+        detail = f"symlink -> {quote(target)}"
     b, a = f["before"], f["after"]
     if b["kind"] == a["kind"] and b["mode"] is not None and a["mode"] is not None and b["mode"] != a["mode"]:
         detail += f"  mode {b['mode']:o} -> {a['mode']:o}"
@@ -234,12 +243,12 @@ def _file_line(f: dict) -> str:
 def card_text(card: dict) -> str:
     lines = [
         f"layer {card['number']} ({card['kind']})  {card['time']}",
-        f"message: {card['message']}" if card["message"] else "message: (none)",
+        f"message: {quote(card['message'])}" if card["message"] else "message: (none)",
     ]
     if card["mount"] or card["agent"]:
-        lines.append(f"mount: {card['mount'] or '-'}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
+        lines.append(f"mount: {quote(card['mount']) or '-'}" + (f"  agent: {quote(card['agent'])}" if card["agent"] else ""))
     for key, value in sorted(card["meta"].items()):
-        lines.append(f"meta: {key}={value}")
+        lines.append(f"meta: {quote(key)}={quote(value)}")
     renamed = f" >{card['renamed']}" if card["renamed"] else ""
     lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
                  f"lines: +{card['lines_added']} -{card['lines_removed']}")
@@ -372,9 +381,9 @@ def cmd_rollback(args) -> int:
         lines.append(f"rolled back to layer {number} as layer {res['layer']} "
                      f"(undo with 'stepfs rollback {res['head_before']}')")
     for c in res["skipped"]:
-        lines.append(f"skipped (conflict): {c['path']}: {c['reason']}")
+        lines.append(f"skipped (conflict): {quote(c['path'])}: {quote(c['reason'])}")
     for mp in res["unreachable"]:
-        lines.append(f"warning: the mount {mp} did not answer; it may show old attributes for a second")
+        lines.append(f"warning: the mount {quote(mp)} did not answer; it may show old attributes for a second")
     lines.append(card_text(res["card"]))
     _emit(args, {"message_type": "rollback", **res}, "\n".join(lines))
     return 0
@@ -540,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = (f"internal error ({type(exc).__name__}: {exc}); this is a bug in stepfs, "
                        f"rerun with STEPFS_DEBUG=1 for the traceback and report it.")
-        print(f"stepfs: {message}", file=sys.stderr)
+        print(f"stepfs: {_printable(message)}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"message_type": "error", "error": type(exc).__name__, "message": message,
                               "exit_code": code, "paths": getattr(exc, "paths", [])}), file=sys.stderr)

@@ -2,17 +2,46 @@
 
 from __future__ import annotations
 
+import re
+
+#: What a terminal would act on instead of show: C0 and C1 controls, DEL,
+#: the bidirectional overrides and isolates (they reorder what follows),
+#: and the surrogates ``os.fsdecode`` makes of bytes that are not UTF-8;
+#: plus the quote and backslash, so a quoted name reads back unambiguously.
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\udc80-\udcff\"\\\\]")
+_ESCAPES = {"\a": "\\a", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\v": "\\v", "\f": "\\f",
+            "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def _escape(match: re.Match) -> str:
+    ch = match.group()
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    return "".join(f"\\{b:03o}" for b in ch.encode("utf-8", "surrogateescape"))
+
+
+def quote(text: object) -> str:
+    """``text`` safe to print on a terminal: unchanged when it holds
+    nothing a terminal would interpret, else in double quotes with C
+    escapes (``"evil\\033[2K\\r  M x"``), as git quotes a path.  A name or
+    value from a file, an agent or a hook goes through this before it is
+    printed, so it can only ever show as itself."""
+    text = "" if text is None else str(text)
+    if not _UNSAFE.search(text):
+        return text
+    return '"' + _UNSAFE.sub(_escape, text) + '"'
+
 
 def card_text(card: dict) -> str:
     """A change card (``store.cards.card``) as ``stepfs show`` prints it."""
     lines = [
         f"layer {card['number']} ({card['kind']})  {card['time']}",
-        f"message: {card['message']}" if card["message"] else "message: (none)",
+        f"message: {quote(card['message'])}" if card["message"] else "message: (none)",
     ]
     if card["mount"]:
-        lines.append(f"mount: {card['mount']}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
+        lines.append(f"mount: {quote(card['mount'])}" + (f"  agent: {quote(card['agent'])}" if card["agent"] else ""))
     for key, value in sorted(card["meta"].items()):
-        lines.append(f"meta: {key}={value}")
+        lines.append(f"meta: {quote(key)}={quote(value)}")
     lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}   "
                  f"lines: +{card['lines_added']} -{card['lines_removed']}")
     for f in card["files"]:
@@ -22,5 +51,5 @@ def card_text(card: dict) -> str:
             detail = f"+{f['lines_added']} -{f['lines_removed']}"
         else:
             detail = f["kind"] or ""
-        lines.append(f"  {f['op']:<9} {f['path']}  {detail}")
+        lines.append(f"  {f['op']:<9} {quote(f['path'])}  {detail}")
     return "\n".join(lines)

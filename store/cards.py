@@ -111,7 +111,9 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> lis
     for layer in layers.list_layers(conn, limit=limit):
         c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)),
                      tolerant=True)
-        c["unreadable"] = sum(1 for f in c["files"] if f.get("unreadable"))
+        unreadable = sum(1 for f in c["files"] if f.get("unreadable"))
+        if unreadable:
+            c["unreadable"] = unreadable
         c["files"] = len(c["files"])
         out.append(c)
     return out

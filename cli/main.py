@@ -322,12 +322,19 @@ def cmd_verify(args) -> int:
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         with progress.for_args(args, "verifying chunks and objects") as bar:
-            report = verify.verify(ws, progress=bar)
+            report = verify.verify(ws, progress=bar, workspace=args.workspace_check)
         label = ws.db.label
     counts = ", ".join(f"{n} {what}" for what, n in sorted(report.counts.items()))
     text = "\n".join([f"checked {label}: {counts}"] + [f"  problem: {p}" for p in report.problems])
     _emit(args, {"message_type": "verify", "ok": report.ok, "store": label, "counts": report.counts,
                  "problems": report.problems}, text)
+    if not report.ok and set(report._per_kind) == {"workspace"}:
+        raise StoreDamaged(
+            f"the workspace differs from its head layer at {report._per_kind['workspace']} path(s), the first: "
+            f"{report.problems[0]}; edits made outside stepfs are recorded by the next step, anything else "
+            f"can be restored from its layer with 'stepfs cat' or 'stepfs rollback'.",
+            report.problems,
+        )
     if not report.ok:
         raise StoreDamaged(
             f"the store {label} has {len(report.problems)} problem(s), the first: {report.problems[0]}; "
@@ -466,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
              "Check the store: re-hash every chunk and object, check every layer's references and SQLite's integrity.",
              "stepfs verify ~/project")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
+    sp.add_argument("--workspace", dest="workspace_check", action="store_true",
+                    help="also compare every committed path's kind, mode and content in the workspace with "
+                         "the head layer")
 
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
     sp.add_argument("args", nargs="+", metavar="[WS] N PATH",

@@ -128,3 +128,40 @@ def test_a_symlinked_store_directory_is_refused(tmp_path):
     os.symlink(tmp_path / "elsewhere" / "tmp", store / "tmp")
     with pytest.raises(WorkspaceError, match="symbolic link"):
         Workspace.open(str(tmp_path / "ws"))
+
+
+def test_verify_workspace_compares_every_committed_path_with_the_head(tmp_path):
+    """``stepfs verify --workspace``: kind, mode and content of every path a
+    layer committed, against the head layer."""
+    from conftest import stepfs
+
+    ws_path = tmp_path / "ws"
+    (ws_path / "d").mkdir(parents=True)
+    ws, view = open_ws(ws_path)
+    try:
+        for name in ("a", "b", "c", "d/f"):
+            write(view, name, f"{name}\n".encode())
+        view.commit(message="four files")
+    finally:
+        ws.close()
+    r = stepfs("verify", ws_path, "--workspace", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    assert json.loads(r.stdout)["counts"]["workspace paths"] == 4
+    # The damage the issue's attack left, and plainer changes.
+    (tmp_path / "victim").write_text("a\n")
+    os.unlink(ws_path / "a")
+    os.link(tmp_path / "victim", ws_path / "a")  # right bytes, a second link elsewhere
+    (ws_path / "b").write_text("B!\n")  # other bytes
+    os.chmod(ws_path / "c", 0o600)  # another mode
+    os.rename(ws_path / "d", tmp_path / "d-away")
+    os.symlink(tmp_path / "d-away", ws_path / "d")  # a symlink where a directory was
+    assert stepfs("verify", ws_path).returncode == 0  # the store itself is fine
+    r = stepfs("verify", ws_path, "--workspace", "--json")
+    assert r.returncode == 15
+    problems = json.loads(r.stdout)["problems"]
+    text = "\n".join(problems)
+    assert "'a' has 2 links" in text and "'b' holds other bytes" in text and "'c' has mode 600" in text
+    assert "'d/f' is missing (or lies below a symlink" in text  # d was there before layer 1: not committed
+    assert len(problems) == 4

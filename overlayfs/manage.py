@@ -162,6 +162,7 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
+        log_start = log.tell()  # this run's part of the log (it is appended to across mounts)
         cmd = [sys.executable, "-m", "overlayfs.daemon", ws_path, mp, "--ready-fd", str(write_end)]
         if debug:
             cmd.append("--debug")
@@ -195,7 +196,26 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    cause = _fuse_cause(logfile, log_start)
+    if cause is not None:
+        raise DaemonError(f"the mount daemon could not mount {mp}: {cause}; make sure /dev/fuse exists and this "
+                          f"user may open it (install fuse3, join the group that owns /dev/fuse, or give a "
+                          f"container --device /dev/fuse) (log: {logfile}).")
     raise DaemonError(f"the mount daemon did not start: {_last_line(logfile)} (log: {logfile}).")
+
+
+def _fuse_cause(path: str, start: int = 0) -> str | None:
+    """libfuse's or fusermount3's own reason for a failed mount, as it
+    wrote it to the daemon's stderr (the log) from offset ``start``: the
+    daemon itself only learns a return code."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    causes = [ln.strip() for ln in text.splitlines() if ln.startswith(("fuse:", "fusermount"))]
+    return causes[-1] if causes else None
 
 
 def _import_root() -> str:

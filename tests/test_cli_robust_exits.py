@@ -11,11 +11,13 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 
 import pytest
 
 from cli import exitcodes
-from conftest import stepfs
+from conftest import ROOT, stepfs
+from mountguard import private_tmp  # noqa: F401  (fixture)
 from userkit import NOBODY, cli_as, shared_dir  # noqa: F401  (fixture)
 from history_helpers import open_ws, write
 from store import errors
@@ -219,3 +221,25 @@ def test_connection_reset_by_the_daemon_is_a_daemon_error(tmp_path):
         t.join(5)
         server.close()
     assert exitcodes.code_for(info.value) == 9
+
+
+@pytest.mark.mount
+def test_no_access_to_dev_fuse_names_the_cause(tmp_path, private_tmp):
+    """A user who may not open /dev/fuse: the CLI says so itself (exit 9),
+    not "the mount daemon failed: 4" with the reason only in the log.  The
+    denial is real: in a private mount namespace, /dev/fuse is covered by
+    a node of the same device on a ``nodev`` filesystem (open: EACCES)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare(1) to make a private mount namespace")
+    ws, mp, nd = tmp_path / "ws", private_tmp / "mnt", tmp_path / "nodev"
+    for d in (ws, mp, nd):
+        d.mkdir()
+    script = (f"mount -t tmpfs -o nodev tmpfs {nd} && mknod {nd}/fuse c 10 229 && "
+              f"mount --bind {nd}/fuse /dev/fuse && exec \"$@\"")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
+                        sys.executable, "-m", "cli.main", "mount", str(ws), str(mp)],
+                       capture_output=True, timeout=60, env=env)
+    assert r.returncode == _code(errors.DaemonError), r.stderr
+    line = _one_sentence(r)
+    assert "failed to open /dev/fuse: Permission denied" in line and "may open it" in line

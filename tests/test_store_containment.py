@@ -165,3 +165,44 @@ def test_verify_workspace_compares_every_committed_path_with_the_head(tmp_path):
     assert "'a' has 2 links" in text and "'b' holds other bytes" in text and "'c' has mode 600" in text
     assert "'d/f' is missing (or lies below a symlink" in text  # d was there before layer 1: not committed
     assert len(problems) == 4
+
+
+@pytest.mark.mount
+def test_the_issue_reproduction_through_a_real_mount(tmp_path, mount):
+    """The issue's shell reproduction, step for step, against a live daemon:
+    spares hard-linked to a victim in a look-alike tree, the workspace's
+    parent swapped for a symlink to it, then ``stepfs step``."""
+    import time
+
+    from conftest import stepfs
+
+    r = tmp_path
+    _decoy_tree(r)
+    ws = r / "par" / "ws"
+    (r / "mnt").mkdir()
+    m = mount(ws, r / "mnt")
+    try:
+        (m.mountpoint / "a").write_text("new-a\n")
+        (m.mountpoint / "b").write_text("new-b\n")
+        deadline = time.monotonic() + 30
+        while not os.listdir(ws / ".stepfs" / "spare"):  # the daemon's first round of spares
+            assert time.monotonic() < deadline, "the daemon made no spare files"
+            time.sleep(0.05)
+        for name in os.listdir(ws / ".stepfs" / "spare"):
+            os.link(r / "victim" / "target", r / "evil" / "ws" / ".stepfs" / "spare" / name)
+        (r / "evil" / "ws" / ".stepfs" / "commit.lock").touch()
+        os.rename(r / "par", r / "par.orig")
+        os.symlink(r / "evil", r / "par")
+        res = stepfs("step", m.mountpoint, "-m", "x")
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.decode().strip() == "1"
+        assert (r / "victim" / "target").read_text() == "ORIGINAL\n"
+        real = r / "par.orig" / "ws"
+        assert (real / "a").read_text() == "new-a\n" and (real / "b").read_text() == "new-b\n"
+        assert os.stat(real / "a").st_nlink == 1 and os.stat(real / "b").st_nlink == 1
+        assert os.listdir(r / "evil" / "ws" / ".stepfs" / "tmp") == []
+        assert stepfs("verify", real, "--workspace").returncode == 0
+    finally:
+        if (r / "par").is_symlink():
+            os.unlink(r / "par")
+            os.rename(r / "par.orig", r / "par")

@@ -16,7 +16,7 @@ import os
 import sys
 
 from . import exitcodes
-from .render import quote
+from .render import escape, quote
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -31,14 +31,6 @@ def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
         print(json.dumps(obj, sort_keys=True))
     elif text and (essential or not getattr(args, "quiet", False)):
         print(text)
-
-
-def _printable(message: str) -> str:
-    """An error sentence with any terminal control in it (a name it cites)
-    escaped in place, the sentence itself left unquoted."""
-    from .render import _UNSAFE, _escape
-
-    return _UNSAFE.sub(lambda m: m.group() if m.group() in '"\\' else _escape(m), message)
 
 
 def _usage(message: str) -> None:
@@ -559,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = (f"internal error ({type(exc).__name__}: {exc}); this is a bug in stepfs, "
                        f"rerun with STEPFS_DEBUG=1 for the traceback and report it.")
-        print(f"stepfs: {_printable(message)}", file=sys.stderr)
+        print(f"stepfs: {escape(message)}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"message_type": "error", "error": type(exc).__name__, "message": message,
                               "exit_code": code, "paths": getattr(exc, "paths", [])}), file=sys.stderr)

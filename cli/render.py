@@ -20,6 +20,12 @@ def _escape(match: re.Match) -> str:
     return "".join(f"\\{b:03o}" for b in ch.encode("utf-8", "surrogateescape"))
 
 
+def escape(text: str) -> str:
+    """``text`` (a sentence that cites names) with each terminal control
+    escaped in place, no quotes added: for error messages."""
+    return _UNSAFE.sub(lambda m: m.group() if m.group() in '"\\' else _escape(m), text)
+
+
 def quote(text: object) -> str:
     """``text`` safe to print on a terminal: unchanged when it holds
     nothing a terminal would interpret, else in double quotes with C

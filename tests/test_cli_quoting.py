@@ -108,3 +108,11 @@ def test_status_and_hook_tool_name_are_quoted(mnt):
     log = stepfs("log", mnt.mountpoint).stdout.decode()
     _clean(log)
     assert "Edit\\033[2K\\rRead" in log
+
+
+def test_error_messages_escape_the_names_they_cite(evil_history):
+    r = stepfs("cat", evil_history, "1", "nope\x1b[2K\rfake")
+    assert r.returncode != 0
+    err = r.stderr.decode()
+    _clean(err)
+    assert "nope\\033[2K\\rfake" in err

@@ -38,7 +38,6 @@ from .paths import DB_NAME, HISTORY_TRACES, STORE_DIR, SUBDIRS, check_directory,
 from .paths import lost_database_message
 
 
-
 class Workspace:
     """An opened workspace.  Threading: methods may be called from several
     threads; the database serialises writers, :meth:`commit_lock` serialises

@@ -28,14 +28,14 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from . import schema
-from .contained import Root
-from .db import Database
-from .errors import StoreUnavailable, WorkspaceError
-from .objects import ObjectStore
-from .spares import Spares
-from .paths import DB_NAME, HISTORY_TRACES, STORE_DIR, SUBDIRS, check_directory, is_workspace  # noqa: F401  (re-exported)
-from .paths import lost_database_message
+from stepfs.store import schema
+from stepfs.store.contained import Root
+from stepfs.store.db import Database
+from stepfs.store.errors import StoreUnavailable, WorkspaceError
+from stepfs.store.objects import ObjectStore
+from stepfs.store.spares import Spares
+from stepfs.store.paths import DB_NAME, HISTORY_TRACES, STORE_DIR, SUBDIRS, check_directory, is_workspace  # noqa: F401  (re-exported)
+from stepfs.store.paths import lost_database_message
 
 
 class Workspace:
@@ -103,7 +103,7 @@ class Workspace:
         try:
             ws._ensure_baseline()
             if recover:
-                from .publish import recover as _recover
+                from stepfs.store.publish import recover as _recover
 
                 _recover(ws)
         except BaseException:

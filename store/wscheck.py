@@ -23,11 +23,11 @@ from typing import Callable
 
 from sqlalchemy import select
 
-from . import schema
-from .contained import kind_of, rdev_target
-from .history import committed_rows, state_from_rows
-from .layers import State, head
-from .workspace import Workspace
+from stepfs.store import schema
+from stepfs.store.contained import kind_of, rdev_target
+from stepfs.store.history import committed_rows, state_from_rows
+from stepfs.store.layers import State, head
+from stepfs.store.workspace import Workspace
 
 E = schema.entries
 

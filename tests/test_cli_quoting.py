@@ -10,10 +10,10 @@ import os
 
 import pytest
 
-from cli.render import card_text, quote
+from stepfs.cli.render import card_text, quote
 from conftest import stepfs
 from history_helpers import open_ws, write
-from store.diff import git_quote
+from stepfs.store.diff import git_quote
 
 EVIL = "evil.sh\x1b[2K\r  M README.md"
 NEWLINE = "two\nlines.txt"

@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from cli import exitcodes
+from stepfs.cli import exitcodes
 from conftest import ROOT, stepfs
 from mountguard import private_tmp  # noqa: F401  (fixture)
 from userkit import NOBODY, cli_as, shared_dir  # noqa: F401  (fixture)
 from history_helpers import open_ws, write
-from store import errors
+from stepfs.store import errors
 
 #: Every exit code a failing command may end with (exit 1, a bug, is not one).
 DOCUMENTED = {code for _cls, code in exitcodes.CODES} | {exitcodes.USAGE}
@@ -98,7 +98,7 @@ def test_byte_flips_of_the_database_end_with_documented_codes(tmp_path, capsys):
     command says so in one sentence with a documented code.  In process
     (cli.main.main, as the installed command runs it): 150 interpreter
     starts would be most of the test's time."""
-    from cli.main import main
+    from stepfs.cli.main import main
 
     base = _history(tmp_path / "base")
     with sqlite3.connect(base / ".stepfs" / "store.db") as conn:
@@ -141,11 +141,11 @@ def test_log_does_not_need_chunk_bytes(tmp_path):
 def _as_nobody(*args):
     # Everything the commands import, imported before the fork: the child
     # may not be able to read the interpreter's own directories.
-    import cli.progress  # noqa: F401
-    import overlayfs.manage  # noqa: F401
-    import store.cards  # noqa: F401
-    import store.verify  # noqa: F401
-    import store.workspace  # noqa: F401
+    import stepfs.cli.progress  # noqa: F401
+    import stepfs.overlayfs.client.manage  # noqa: F401
+    import stepfs.store.cards  # noqa: F401
+    import stepfs.store.verify  # noqa: F401
+    import stepfs.store.workspace  # noqa: F401
 
     code, out, err = cli_as(list(args), NOBODY)
     return subprocess.CompletedProcess(args, code, out.encode(), err.encode())
@@ -182,10 +182,10 @@ def test_a_deleted_database_is_refused_until_a_new_history_is_asked_for(tmp_path
     assert r.returncode == _code(errors.WorkspaceError)
     assert "--new-history" in _one_sentence(r)
     # The explicit way: a store-level call with new_history starts layer 0 again.
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(str(ws), create=True, new_history=True) as w:
-        from store import layers
+        from stepfs.store import layers
 
         with w.db.read() as conn:
             assert layers.head(conn) == 0
@@ -198,11 +198,12 @@ def test_connection_reset_by_the_daemon_is_a_daemon_error(tmp_path):
     import struct
     import threading
 
-    from overlayfs import control
+    from stepfs.overlayfs.client import control as client_control
+    from stepfs.overlayfs.daemon import protocol
 
     mp = str(tmp_path / "mnt")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(control.address(mp))
+    server.bind(protocol.address(mp))
     server.listen(1)
 
     def serve():
@@ -215,7 +216,7 @@ def test_connection_reset_by_the_daemon_is_a_daemon_error(tmp_path):
     t.start()
     try:
         with pytest.raises(errors.DaemonError) as info:
-            control.request(mp, {"op": "commit", "message": "x" * 100_000})
+            client_control.request(mp, {"op": "commit", "message": "x" * 100_000})
         assert "broke the connection" in str(info.value) or "without an answer" in str(info.value)
     finally:
         t.join(5)

@@ -13,10 +13,10 @@ from sqlalchemy import select
 
 from conftest import stepfs
 from history_helpers import open_ws, read, write
-from store import layers, schema
-from store.layers import Entry, State
-from store.publish import OUTSIDE_CHANGE, classify
-from store.workspace import Workspace
+from stepfs.store import layers, schema
+from stepfs.store.layers import Entry, State
+from stepfs.store.publish import OUTSIDE_CHANGE, classify
+from stepfs.store.workspace import Workspace
 
 
 def _conflicts(ws):
@@ -76,7 +76,7 @@ def test_a_step_that_only_goes_through_the_link_says_so(tmp_path):
         write(view, "d/f", b"new\n")
         os.rename(ws_path / "d", outside)
         os.symlink(outside, ws_path / "d")
-        from store.errors import NothingToCommit
+        from stepfs.store.errors import NothingToCommit
 
         try:
             view.commit(message="x", overwrite={b"d/f"})

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from history_helpers import open_ws, read, write
-from store import spares as spares_mod
+from stepfs.store import spares as spares_mod
 
 
 def _decoy_tree(r):
@@ -117,8 +117,8 @@ def test_taking_a_spare_checks_the_inode_before_emptying_it(tmp_path):
 
 
 def test_a_symlinked_store_directory_is_refused(tmp_path):
-    from store.errors import WorkspaceError
-    from store.workspace import Workspace
+    from stepfs.store.errors import WorkspaceError
+    from stepfs.store.workspace import Workspace
 
     (tmp_path / "ws").mkdir()
     (tmp_path / "elsewhere").mkdir()

@@ -74,7 +74,7 @@ def as_user(fn: Callable[[], int], uid: int = NOBODY, gid: int = NOBODY, timeout
 
 def cli_as(argv: list, uid: int = NOBODY) -> tuple[int, str, str]:
     """``stepfs ARGV`` (``cli.main.main``) as ``uid``."""
-    from cli.main import main
+    from stepfs.cli.main import main
 
     return as_user(lambda: main([str(a) for a in argv]), uid)
 

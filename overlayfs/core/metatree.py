@@ -53,19 +53,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import xxhash
-from sqlalchemy import select
 
-from store import layers as store_layers, schema
-from store.contained import NODE_KINDS
-from store.errors import NoSuchLayer
-from store.snapshot import Item, Snapshot
+from stepfs.store import conflicts as store_conflicts, layers as store_layers
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.errors import NoSuchLayer
+from stepfs.store.snapshot import Item, Snapshot
 
-from .errors import Invalid, NotADirectory, NotFound, ViewError
+from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound, ViewError
 
 if TYPE_CHECKING:
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
-    from .view import Overlay
+    from stepfs.overlayfs.core.view import Overlay
 
 ROOT = "/.stepfs"
 LAYERS = ROOT + "/layers"
@@ -198,10 +197,7 @@ class MetaTree:
             return [(n, k, self._conflict_ino(prefix + n)) for n, k in sorted(names.items())]
         if path == LAYERS:
             with self.ws.db.read() as conn:
-                numbers = conn.execute(
-                    select(schema.layers.c.number).where(schema.layers.c.state == "committed")
-                    .order_by(schema.layers.c.number)
-                ).scalars().all()
+                numbers = store_layers.committed_numbers(conn)
             return [(str(n), "dir", layer_ino(n, b".")) for n in numbers] + [
                 (LATEST, "symlink", self.INO_BASE + 4)
             ]
@@ -222,14 +218,11 @@ class MetaTree:
 
     # -- conflicts --------------------------------------------------------------
 
-    def _conflicts(self) -> dict[str, tuple[str, int | None]]:
+    def _conflicts(self) -> dict[str, tuple[str | None, int | None]]:
         """Path (view form) -> (oid, mode) of its latest conflict in this mount."""
-        c = schema.conflicts
         with self.ws.db.read() as conn:
-            rows = conn.execute(
-                select(c.c.path, c.c.oid, c.c.mode).where(c.c.mount == self.view.mountpoint).order_by(c.c.id)
-            ).all()
-        return {"/" + os.fsdecode(bytes(r.path)): (r.oid, r.mode) for r in rows}
+            found = store_conflicts.of_mount(conn, self.view.mountpoint)
+        return {"/" + os.fsdecode(path): row for path, row in found.items()}
 
     def _live(self, path: str) -> dict | None:
         """The mount's own attributes of ``path`` (view form), or None."""

@@ -83,13 +83,18 @@ def test_log_show_and_diff_quote_names_and_values(evil_history):
 
 
 def test_run_card_quotes_names():
+    none = {"kind": None, "mode": None}
     card = {"number": 3, "kind": "step", "time": "t", "message": "m\x1b[2K", "mount": "/m\r", "agent": "a\x1b",
-            "meta": {"tool\x1b": "x\ny"}, "added": 1, "modified": 0, "deleted": 0, "lines_added": 1,
+            "meta": {"tool\x1b": "x\ny"}, "added": 1, "modified": 0, "deleted": 0, "renamed": 1, "lines_added": 1,
             "lines_removed": 0,
-            "files": [{"op": "added", "path": EVIL, "kind": "file", "lines_added": 1, "lines_removed": 0}]}
+            "files": [{"op": "added", "path": EVIL, "kind": "file", "lines_added": 1, "lines_removed": 0,
+                       "before": none, "after": {"kind": "file", "mode": 0o644}},
+                      {"op": "renamed", "from": "old\x1b[2K", "path": "new\rname", "kind": "symlink",
+                       "before": {"kind": "symlink", "mode": None, "target": "t"},
+                       "after": {"kind": "symlink", "mode": None, "target": "evil\x1b]0;x\x07"}}]}
     text = card_text(card)
     _clean(text)
-    assert len(text.splitlines()) == 6  # no line break smuggled in by a name or value
+    assert len(text.splitlines()) == 7  # no line break smuggled in by a name or value
     assert '"evil.sh\\033[2K\\r  M README.md"' in text
 
 

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from stepfs.cli import exitcodes
-from conftest import ROOT, stepfs
+from conftest import stepfs
 from mountguard import private_tmp  # noqa: F401  (fixture)
 from userkit import NOBODY, cli_as, shared_dir  # noqa: F401  (fixture)
 from history_helpers import open_ws, write
@@ -237,10 +237,9 @@ def test_no_access_to_dev_fuse_names_the_cause(tmp_path, private_tmp):
         d.mkdir()
     script = (f"mount -t tmpfs -o nodev tmpfs {nd} && mknod {nd}/fuse c 10 229 && "
               f"mount --bind {nd}/fuse /dev/fuse && exec \"$@\"")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh",
-                        sys.executable, "-m", "cli.main", "mount", str(ws), str(mp)],
-                       capture_output=True, timeout=60, env=env)
+                        sys.executable, "-m", "stepfs.cli.main", "mount", str(ws), str(mp)],
+                       capture_output=True, timeout=60)
     assert r.returncode == _code(errors.DaemonError), r.stderr
     line = _one_sentence(r)
     assert "failed to open /dev/fuse: Permission denied" in line and "may open it" in line

@@ -84,14 +84,22 @@ def _auto_step(text: str) -> str:
 
 def cmd_mount(args) -> int:
     from stepfs.overlayfs.client import manage
+    from stepfs.store.errors import InputError
+    from stepfs.store.prune import parse_size
+
+    if args.keep_last is not None and args.keep_last < 1:
+        raise InputError("--keep-last must be at least 1: the newest layer is always kept.")
+    warn_size = parse_size(args.warn_size) if args.warn_size else None
 
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                                auto_step=args.auto_step, allow_other=args.allow_other, new_history=args.new_history)
+                                auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                                warn_size=warn_size, new_history=args.new_history)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                       auto_step=args.auto_step, allow_other=args.allow_other, new_history=args.new_history)
+                       auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                       warn_size=warn_size, new_history=args.new_history)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -168,6 +176,7 @@ def manage_is_target(path: str) -> bool:
 def cmd_log(args) -> int:
     from stepfs.overlayfs.client import manage
     from stepfs.store import cards
+    from stepfs.store.du import human
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
@@ -177,7 +186,8 @@ def cmd_log(args) -> int:
         who = f"  [{quote(r['agent'])}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {quote(r['message'])}")
+                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
+                f"{who}  {quote(r['message'])}")
         if r["meta"]:
             line += "  " + " ".join(f"{quote(k)}={quote(v)}" for k, v in sorted(r["meta"].items()))
         if r.get("unreadable"):
@@ -357,6 +367,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the workspace's .stepfs lost its store.db: set the leftovers aside and start at layer 0")
     sp.add_argument("--allow-other", action="store_true",
                     help="let other users into the mount, with the kernel checking file modes (root only)")
+    sp.add_argument("--keep-last", type=int, metavar="N",
+                    help="after each step, prune all but the newest N layers (gc runs every 10 steps)")
+    sp.add_argument("--warn-size", metavar="SIZE",
+                    help="warn (stderr of 'stepfs step', MOUNT/.stepfs/status) once the store is over SIZE (2G)")
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")
@@ -421,9 +435,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from stepfs.cli import completion, hooks, run
+    from stepfs.cli import completion, hooks, retention, run
 
     run.register(add)
+    retention.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
     return p

@@ -61,6 +61,10 @@ class NoSuchLayer(StepfsError):
     """A layer number that does not exist."""
 
 
+class LayerPruned(NoSuchLayer):
+    """A layer number that existed and was dropped by ``stepfs prune``."""
+
+
 class NoSuchPath(StepfsError):
     """A path that did not exist (or was not a file) as of the layer asked for."""
 

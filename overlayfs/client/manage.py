@@ -157,7 +157,8 @@ def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other:
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-          auto_step: str = "manual", allow_other: bool = False, new_history: bool = False) -> int:
+          auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
+          warn_size: int | None = None, new_history: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
@@ -170,7 +171,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
         log_start = log.tell()  # this run's part of the log (it is appended to across mounts)
-        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other) + ["--ready-fd", str(write_end)]
+        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size) \
+            + ["--ready-fd", str(write_end)]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/",
@@ -218,7 +220,7 @@ def _fuse_cause(path: str, start: int = 0) -> str | None:
 
 
 def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
-                   allow_other: bool) -> list[str]:
+                   allow_other: bool, keep_last: int | None = None, warn_size: int | None = None) -> list[str]:
     """The daemon's command line: this interpreter, so it imports the same
     installed ``stepfs`` as this process."""
     cmd = [sys.executable, "-m", "stepfs.overlayfs.daemon.main", ws_path, mp]
@@ -230,18 +232,23 @@ def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_
         cmd += ["--auto-step", auto_step]
     if allow_other:
         cmd.append("--allow-other")
+    if keep_last is not None:  # prune after each step (overlayfs/daemon/retention.py)
+        cmd += ["--keep-last", str(keep_last)]
+    if warn_size is not None:
+        cmd += ["--warn-size", str(warn_size)]
     return cmd
 
 
 def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-                     auto_step: str = "manual", allow_other: bool = False, new_history: bool = False) -> NoReturn:
+                     auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
+                     warn_size: int | None = None, new_history: bool = False) -> NoReturn:
     """``stepfs mount --foreground``: check the arguments as :func:`mount`
     does, then become the daemon (exec, same pid), attached to this terminal
     until unmounted."""
     ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other, new_history)
     sys.stdout.flush()
     sys.stderr.flush()
-    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other)
+    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size)
     os.execv(cmd[0], cmd)
 
 
@@ -430,7 +437,10 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
                "overwrite": [os.fsdecode(p) for p in over]}
     if target.mountpoint is not None:
-        return [control.request(target.mountpoint, payload)["number"]]
+        answer = control.request(target.mountpoint, payload)
+        for warning in answer.get("warnings", []):  # the store over the size set at mount
+            print(f"stepfs: warning: {warning}", file=sys.stderr)
+        return [answer["number"]]
     numbers = _step_live_mounts(target.workspace, payload)
     if numbers:
         return numbers

@@ -240,6 +240,9 @@ class Overlay(ContentMixin):
         #: staged it (``ContentMixin._precapture``), for the commit to reuse
         #: while the path's token holds (``publish.precapture``).
         self.precaptured: dict[bytes, object] = {}
+        #: Warnings for ``MOUNT/.stepfs/status`` (the store over the size
+        #: the user set: ``overlayfs/daemon/retention.py``).
+        self.warnings: list[str] = []
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
@@ -1797,6 +1800,7 @@ class Overlay(ContentMixin):
             lines.append(f"read-only: {self.readonly_reason}")
         for agent, error in sorted(self.last_errors.items()):
             lines.append(f"last error ({agent}): {error}")
+        lines += [f"warning: {w}" for w in self.warnings]
         staged = self.staged_paths()
         if listable is not None:
             staged = [(op, path) for op, path in staged if listable(path)]

@@ -17,6 +17,7 @@ import sys
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
+from stepfs.cli.render import escape, quote
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -46,9 +47,26 @@ def _layer_number(text: str) -> int:
     from stepfs.store.errors import NoSuchLayer
 
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         raise NoSuchLayer(f"{text!r} is not a layer number; 'stepfs log' lists the layers.") from None
+    if abs(number) >= 1 << 63:
+        # SQLite's integers are 64-bit: a longer number is no layer and
+        # would fail inside the query (OverflowError) instead of here.
+        usage_error(f"{text} is too large to be a layer number; 'stepfs log' lists the layers.")
+    return number
+
+
+def _count(text: str) -> int:
+    """A count argument (``--limit``): a non-negative 64-bit integer, as
+    SQLite can bind (argparse reports anything else as a usage error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text} is not a count between 0 and {(1 << 63) - 1}")
+    return value
 
 
 def _auto_step(text: str) -> str:
@@ -78,10 +96,10 @@ def cmd_mount(args) -> int:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                                 auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
-                                warn_size=warn_size)
+                                warn_size=warn_size, new_history=args.new_history)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                        auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
-                       warn_size=warn_size)
+                       warn_size=warn_size, new_history=args.new_history)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -101,22 +119,23 @@ def cmd_status(args) -> int:
     from stepfs.overlayfs.client import manage
 
     st = manage.status(manage.resolve(args.workspace))
-    lines = [f"workspace {st['workspace']}  (head: layer {st['head']})"]
+    lines = [f"workspace {quote(st['workspace'])}  (head: layer {st['head']})"]
     if not st["mounts"]:
         lines.append("no mounts, nothing staged")
     for m in st["mounts"]:
         state = f"mounted, pid {m['pid']}" if m["mounted"] else "not mounted"
-        lines.append(f"mount {m['mountpoint']}  ({state}, {len(m['staged'])} staged)")
+        lines.append(f"mount {quote(m['mountpoint'])}  ({state}, {len(m['staged'])} staged)")
         if m.get("readonly"):
-            lines.append(f"  read-only: {m['readonly']}")
+            lines.append(f"  read-only: {quote(m['readonly'])}")
         for r in m.get("runs", []):
-            how = (f"confined (Landlock ABI {r.get('abi')}, writes only beneath {', '.join(r.get('writable', []))})"
+            how = (f"confined (Landlock ABI {r.get('abi')}, writes only beneath "
+                   f"{', '.join(quote(w) for w in r.get('writable', []))})"
                    if r["confined"] else "not confined")
-            lines.append(f"  run pid {r['pid']}: {' '.join(r['command'])[:80]}  {how}")
-        lines += [f"  {s['op']} {s['path']}" for s in m["staged"]]
+            lines.append(f"  run pid {r['pid']}: {quote(' '.join(r['command'])[:80])}  {how}")
+        lines += [f"  {s['op']} {quote(s['path'])}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
-        lines += [f"  #{c['id']} {c['path']} ({c['reason']})" for c in st["conflicts"]]
+        lines += [f"  #{c['id']} {quote(c['path'])} ({quote(c['reason'])})" for c in st["conflicts"]]
     _emit(args, {"message_type": "status", **st}, "\n".join(lines))
     return 0
 
@@ -141,7 +160,7 @@ def cmd_discard(args) -> int:
         ws_arg, values = values[0], values[1:]
     dropped = manage.discard(manage.resolve(ws_arg), values)
     _emit(args, {"message_type": "discard", "discarded": dropped},
-          "\n".join(f"discarded {p} (its bytes are kept as a conflict)" for p in dropped)
+          "\n".join(f"discarded {quote(p)} (its bytes are kept as a conflict)" for p in dropped)
           or "nothing staged at those paths")
     return 0
 
@@ -166,13 +185,15 @@ def cmd_log(args) -> int:
     rows = reads.log(manage.resolve(args.workspace), limit=args.limit)
     lines = []
     for r in rows:
-        who = f"  [{r['agent']}]" if r["agent"] else ""
+        who = f"  [{quote(r['agent'])}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
                 f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
-                f"{who}  {r['message']}")
+                f"{who}  {quote(r['message'])}")
         if r["meta"]:
-            line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
+            line += "  " + " ".join(f"{quote(k)}={quote(v)}" for k, v in sorted(r["meta"].items()))
+        if r.get("unreadable"):
+            line += f"  ({r['unreadable']} file(s) unreadable: run 'stepfs verify')"
         lines.append(line)
     _emit(args, {"message_type": "log", "layers": rows}, "\n".join(lines))
     return 0
@@ -240,12 +261,19 @@ def cmd_verify(args) -> int:
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         with progress.for_args(args, "verifying chunks and objects") as bar:
-            report = verify.verify(ws, progress=bar)
+            report = verify.verify(ws, progress=bar, workspace=args.workspace_check)
         label = ws.db.label
     counts = ", ".join(f"{n} {what}" for what, n in sorted(report.counts.items()))
     text = "\n".join([f"checked {label}: {counts}"] + [f"  problem: {p}" for p in report.problems])
     _emit(args, {"message_type": "verify", "ok": report.ok, "store": label, "counts": report.counts,
                  "problems": report.problems}, text)
+    if not report.ok and set(report._per_kind) == {"workspace"}:
+        raise StoreDamaged(
+            f"the workspace differs from its head layer at {report._per_kind['workspace']} path(s), the first: "
+            f"{report.problems[0]}; edits made outside stepfs are recorded by the next step, anything else "
+            f"can be restored from its layer with 'stepfs cat' or 'stepfs rollback'.",
+            report.problems,
+        )
     if not report.ok:
         raise StoreDamaged(
             f"the store {label} has {len(report.problems)} problem(s), the first: {report.problems[0]}; "
@@ -301,9 +329,9 @@ def cmd_rollback(args) -> int:
     from stepfs.cli.render import card_text
 
     for c in res["skipped"]:
-        lines.append(f"skipped (conflict): {c['path']}: {c['reason']}")
+        lines.append(f"skipped (conflict): {quote(c['path'])}: {quote(c['reason'])}")
     for mp in res["unreachable"]:
-        lines.append(f"warning: the mount {mp} did not answer; it may show old attributes for a second")
+        lines.append(f"warning: the mount {quote(mp)} did not answer; it may show old attributes for a second")
     lines.append(card_text(res["card"]))
     _emit(args, {"message_type": "rollback", **res}, "\n".join(lines))
     return 0
@@ -377,6 +405,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help="commit steps by themselves: after each close-write, or after SECONDS without changes")
     sp.add_argument("--require-read", action="store_true",
                     help="refuse (EACCES) writing an existing file the agent never read")
+    sp.add_argument("--new-history", action="store_true",
+                    help="the workspace's .stepfs lost its store.db: set the leftovers aside and start at layer 0")
     sp.add_argument("--allow-other", action="store_true",
                     help="let other users into the mount, with the kernel checking file modes (root only)")
     sp.add_argument("--keep-last", type=int, metavar="N",
@@ -409,7 +439,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
-    sp.add_argument("--limit", type=int, help="show at most N layers")
+    sp.add_argument("--limit", type=_count, help="show at most N layers")
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
              "stepfs show 3 --patch")
@@ -427,6 +457,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
              "Check the store: re-hash every chunk and object, check every layer's references and SQLite's integrity.",
              "stepfs verify ~/project")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
+    sp.add_argument("--workspace", dest="workspace_check", action="store_true",
+                    help="also compare every committed path's kind, mode and content in the workspace with "
+                         "the head layer")
 
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
     sp.add_argument("args", nargs="+", metavar="[WS] N PATH",
@@ -516,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             message = (f"internal error ({type(exc).__name__}: {exc}); this is a bug in stepfs, "
                        f"rerun with STEPFS_DEBUG=1 for the traceback and report it.")
-        print(f"stepfs: {message}", file=sys.stderr)
+        print(f"stepfs: {escape(message)}", file=sys.stderr)
         if getattr(args, "json", False):
             print(json.dumps({"message_type": "error", "error": type(exc).__name__, "message": message,
                               "exit_code": code, "paths": getattr(exc, "paths", [])}), file=sys.stderr)

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from stepfs.store import diff, du, layers
 from stepfs.store.contained import DEVICE_KINDS, rdev_of
 from stepfs.store.objects import ObjectStore
+from stepfs.store.errors import CorruptObject
 
 #: Kept for callers of the old name: files above this size are not line-counted.
 LINE_COUNT_LIMIT = diff.TEXT_LIMIT
@@ -36,7 +37,10 @@ def _state(s: layers.State) -> dict:
     return out
 
 
-def file_card(objects: ObjectStore, conn: Connection, c: diff.Change) -> dict:
+def file_card(objects: ObjectStore, conn: Connection, c: diff.Change, tolerant: bool = False) -> dict:
+    """``tolerant``: a file whose bytes cannot be read back (a corrupt
+    chunk) gets ``unreadable: True`` and no line counts instead of failing
+    the card (``log`` lists layers from their rows, whatever the chunks)."""
     out = {
         "path": os.fsdecode(c.path), "op": c.op, "kind": c.after.kind or c.before.kind,
         "before": _state(c.before), "after": _state(c.after),
@@ -50,7 +54,13 @@ def file_card(objects: ObjectStore, conn: Connection, c: diff.Change) -> dict:
         return out
     only_files = diff.Change(c.path, c.before if c.before.kind == "file" else layers.State(None),
                              c.after if c.after.kind == "file" else layers.State(None))
-    a, b, n_old, n_new = diff.lines_of(objects, conn, only_files)
+    try:
+        a, b, n_old, n_new = diff.lines_of(objects, conn, only_files)
+    except CorruptObject:
+        if not tolerant:
+            raise
+        out.update(unreadable=True)
+        return out
     if a is None or b is None:
         out.update(binary=True, bytes_before=n_old, bytes_after=n_new)
         return out
@@ -59,10 +69,11 @@ def file_card(objects: ObjectStore, conn: Connection, c: diff.Change) -> dict:
     return out
 
 
-def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[diff.Change]) -> dict:
+def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[diff.Change],
+             tolerant: bool = False) -> dict:
     """A card from a layer header (number, kind, created_ns, message, agent,
-    mount, meta) and its changes."""
-    files = [file_card(objects, conn, c) for c in changes]
+    mount, meta) and its changes (``tolerant``: see :func:`file_card`)."""
+    files = [file_card(objects, conn, c, tolerant) for c in changes]
     ops = [f["op"] for f in files]
     return {
         **header,
@@ -99,12 +110,18 @@ def layer_patch(objects: ObjectStore, conn: Connection, number: int) -> str:
 def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> list[dict]:
     """Committed layers, newest first, each as its card without the per-file
     list (``files`` holds the count).  Line counts read the content of every
-    changed text file, so this costs what the layers changed."""
+    changed text file, so this costs what the layers changed; a file whose
+    chunks are corrupt is counted in ``unreadable`` instead of failing the
+    listing (``stepfs verify`` names it)."""
     out = []
     listed = layers.list_layers(conn, limit=limit)
     added = du.added_bytes(conn, [layer.number for layer in listed])
     for layer in listed:
-        c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)))
+        c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)),
+                     tolerant=True)
+        unreadable = sum(1 for f in c["files"] if f.get("unreadable"))
+        if unreadable:
+            c["unreadable"] = unreadable
         c["files"] = len(c["files"])
         c["stored_bytes"] = added[layer.number]  # what the layer added to the store (store/du.py)
         out.append(c)

@@ -15,9 +15,10 @@ def listed(conn: Connection) -> list[Row]:
     return conn.execute(select(schema.conflicts).order_by(schema.conflicts.c.id)).all()
 
 
-def of_mount(conn: Connection, mountpoint: str) -> dict[bytes, str | None]:
-    """Path -> oid of the latest conflict recorded by the mount at ``mountpoint``."""
+def of_mount(conn: Connection, mountpoint: str) -> dict[bytes, tuple[str | None, int | None]]:
+    """Path -> (oid, mode) of the latest conflict recorded by the mount at
+    ``mountpoint`` (the mode is the one it was closed with, its copy's)."""
     c = schema.conflicts
-    rows = conn.execute(select(c.c.path, c.c.oid).where(c.c.mount == mountpoint).order_by(c.c.id)).all()
-    return {bytes(r.path): r.oid for r in rows}
+    rows = conn.execute(select(c.c.path, c.c.oid, c.c.mode).where(c.c.mount == mountpoint).order_by(c.c.id)).all()
+    return {bytes(r.path): (r.oid, r.mode) for r in rows}
 

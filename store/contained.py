@@ -138,6 +138,42 @@ class Root:
         self.fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self.hide = hide.encode() if hide else None
 
+    @classmethod
+    def _of_fd(cls, fd: int, path: str) -> "Root":
+        """A Root over an already opened (contained) directory handle."""
+        root = cls.__new__(cls)
+        root.path, root.fd, root.hide = path, fd, None
+        return root
+
+    def subdir(self, name: str, create: bool = False, mode: int = 0o700) -> "Root":
+        """A Root over the directory ``name`` (one component) directly
+        beneath this one, hidden or not (the store's own handles: a hidden
+        name is only hidden from workspace paths), made with ``mode`` first
+        if ``create``.  Opened with the same resolve flags: a symlink there
+        (or in place of it) is refused with ``ELOOP``, a file with
+        ``ENOTDIR``; the handle follows the directory wherever it is renamed."""
+        raw = os.fsencode(name)
+        if not raw or b"/" in raw or raw in (b".", b"..") or b"\0" in raw:
+            raise ValueError(f"not one name: {name!r}")
+        if create:
+            try:
+                os.mkdir(raw, mode, dir_fd=self.fd)
+            except FileExistsError:
+                pass
+        fd = _syscall(_SYS_openat2, self.fd, raw, _how_for(os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW), _HOW_SIZE)
+        if fd < 0:
+            _raise_open_error(raw)
+        return Root._of_fd(fd, os.path.join(self.path, os.fsdecode(raw)))
+
+    @property
+    def handle_path(self) -> str:
+        """A path name that reaches this directory through its handle
+        (``/proc/self/fd/N``), for callers that only take names (SQLite, the
+        spare pool): renaming the tree or swapping a parent for a symlink
+        after the open does not redirect them.  Valid while the Root is open,
+        in this process."""
+        return f"/proc/self/fd/{self.fd}"
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)

@@ -35,7 +35,7 @@ from sqlalchemy.pool import StaticPool
 
 from stepfs.store import durable as durable_calls
 from stepfs.store import schema
-from stepfs.store.errors import StepfsError, StoreFormatError, StoreFull, StoreUnavailable
+from stepfs.store.errors import StepfsError, StoreDamaged, StoreFormatError, StoreFull, StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
 #: WAL pages after which a durable commit checkpoints (SQLite's default).
@@ -46,8 +46,13 @@ WAL_LIMIT_PAGES = 262144
 
 # Primary result codes (the low byte of an extended code) that mean "the
 # store cannot keep what it is asked to write".
+SQLITE_PERM = 3
+SQLITE_READONLY = 8
 SQLITE_IOERR = 10
+SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
+SQLITE_CANTOPEN = 14
+SQLITE_NOTADB = 26
 
 
 class Database:
@@ -63,11 +68,13 @@ class Database:
     # -- construction -------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str, create: bool = True) -> "Database":
+    def open(cls, path: str, create: bool = True, label: str | None = None) -> "Database":
         """Open (and, if ``create`` and empty, initialise) the store at ``path``.
 
         Raises :class:`StoreFormatError` for a file that is not a stepfs
-        store, or one written by a newer stepfs.
+        store, or one written by a newer stepfs.  ``label``: the name
+        messages give the store (default ``path``; a path through a
+        directory handle is no name for a person).
         """
         # URL.create, not an f-string URL: a path is a file name, and '?',
         # '#' or '%' in a workspace name must not be parsed as URL syntax.
@@ -76,7 +83,7 @@ class Database:
             connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
         )
         _install_sqlite_hooks(engine, wal=True)
-        db = cls(engine, path)
+        db = cls(engine, label or path)
         try:
             db._check_or_create(create)
         except BaseException:
@@ -159,10 +166,15 @@ class Database:
             err = store_error(exc, self.label)
             if err is None:
                 raise
-            if notify:
+            if notify and isinstance(err, StoreUnavailable):
                 for listener in list(self.on_failure):
                     listener(err)
             raise err from None
+        except UnicodeDecodeError as exc:
+            # Text the store keeps (a message, a path name stored as text,
+            # JSON metadata) that no longer decodes: flipped bytes in a
+            # page SQLite itself still reads.
+            raise damaged(self.label, f"a stored text does not decode: {exc}") from None
 
     # -- format ---------------------------------------------------------------
 
@@ -170,6 +182,9 @@ class Database:
         try:
             names = set(inspect(self.engine).get_table_names())
         except DatabaseError as exc:
+            err = store_error(exc, self.label)
+            if err is not None and getattr(exc.orig, "sqlite_errorcode", 0) & 0xFF != SQLITE_NOTADB:
+                raise err from None  # a store we cannot open or write, or a damaged one: not a foreign file
             raise StoreFormatError(
                 f"{self.label} is not a stepfs store (SQLite says: {_orig(exc)}); move it away or point at another workspace."
             ) from None
@@ -261,8 +276,9 @@ def _orig(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc))
 
 
-def store_error(exc: DBAPIError, label: str) -> StoreUnavailable | None:
-    """The domain error for an SQLite error that means "cannot write", else None."""
+def store_error(exc: DBAPIError, label: str) -> StoreUnavailable | StoreDamaged | None:
+    """The domain error for an SQLite error that means "cannot write" or
+    "damaged", else None."""
     code = getattr(exc.orig, "sqlite_errorcode", None)
     if code is None:
         return None
@@ -274,7 +290,23 @@ def store_error(exc: DBAPIError, label: str) -> StoreUnavailable | None:
         return StoreUnavailable(
             f"the store {label} cannot write (SQLite: {_orig(exc)}); check the disk, then unmount and mount again."
         )
+    if code & 0xFF in (SQLITE_READONLY, SQLITE_CANTOPEN, SQLITE_PERM):
+        return StoreUnavailable(
+            f"the store {label} cannot be opened for writing (SQLite: {_orig(exc)}); make its directory and "
+            f"files writable by this user (check permissions and read-only mounts), then try again."
+        )
+    if code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB):
+        return damaged(label, f"SQLite: {_orig(exc)}")
     return None
+
+
+def damaged(label: str, detail: str) -> StoreDamaged:
+    """The error for a database whose pages no longer read back as written."""
+    return StoreDamaged(
+        f"the store {label} is damaged ({detail}); copy the workspace's files somewhere safe, then restore "
+        f"the store from a backup or start a new history with 'stepfs mount --new-history'.",
+        [detail],
+    )
 
 
 def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:

@@ -190,8 +190,22 @@ def _git_mode(s: State) -> str:
     return f"{kind_bits | mode:06o}"
 
 
-def _name(p: bytes) -> str:
-    return os.fsdecode(p)
+_C_ESCAPES = {7: "\\a", 8: "\\b", 9: "\\t", 10: "\\n", 11: "\\v", 12: "\\f", 13: "\\r", 34: '\\"', 92: "\\\\"}
+
+
+def git_quote(name: bytes) -> str:
+    """A path as git writes it in a patch: as is, or, if it holds a control
+    byte, a quote, a backslash or a byte above 0x7f, in double quotes with
+    C escapes and octal (git's ``quote_c_style`` with ``core.quotePath``):
+    a newline in a name cannot break the patch, an escape sequence cannot
+    reach a terminal, and ``git apply`` reads the name back."""
+    if not any(b < 0x20 or b >= 0x7f or b in (34, 92) for b in name):
+        return name.decode("ascii")
+    return '"' + "".join(_C_ESCAPES.get(b) or (chr(b) if 0x20 <= b < 0x7f else f"\\{b:03o}") for b in name) + '"'
+
+
+def _name(p: bytes, prefix: bytes = b"") -> str:
+    return git_quote(prefix + p)
 
 
 def _hunks(a: list[str], b: list[str], old_name: str, new_name: str) -> list[str]:
@@ -205,7 +219,7 @@ def _hunks(a: list[str], b: list[str], old_name: str, new_name: str) -> list[str
 
 
 def _section(objects: ObjectStore, conn: Connection, path: bytes, old_path: bytes, before: State, after: State) -> list[str]:
-    a_name, b_name = "a/" + _name(old_path), "b/" + _name(path)
+    a_name, b_name = _name(old_path, b"a/"), _name(path, b"b/")
     out = [f"diff --git {a_name} {b_name}\n"]
     if before.kind is None:
         out.append(f"new {'directory' if after.kind == 'dir' else 'file'} mode {_git_mode(after)}\n")

@@ -154,6 +154,9 @@ class Plan:
     entries: list[Entry] = field(default_factory=list)
     conflicts: list[bytes] = field(default_factory=list)
     noop_paths: list[bytes] = field(default_factory=list)
+    #: Entries whose path goes through a symlink or a non-directory in the
+    #: workspace (:func:`_blocked`): left alone, recorded as outside changes.
+    outside: list[Entry] = field(default_factory=list)
 
 
 def _lstat(ws: Workspace, path: bytes) -> os.stat_result | None:
@@ -336,7 +339,43 @@ def plan_step(ws: Workspace, rows: list[staging.StagedRow], overwrite: set[bytes
             plan.noop_paths.append(path)
             continue
         plan.entries.append(Entry(path, before.state, state, mtime, link))
+    blocked = _blocked(ws, plan.entries)
+    if blocked:
+        plan.outside = [e for e in plan.entries if e.path in blocked]
+        plan.entries = [e for e in plan.entries if e.path not in blocked]
     return plan
+
+
+def _blocked(ws: Workspace, entries: list[Entry]) -> dict[bytes, str]:
+    """The entries that make something at a path whose parent is not a
+    directory in the workspace now and is not made one by ``entries``: a
+    directory replaced outside stepfs by a symlink (or a file), or removed.
+    Such a path cannot be published (every component is resolved without
+    following a symlink) and its "before" was read as absent through the
+    link: it is an outside change, never a path to write through."""
+    made = {e.path for e in entries if e.after.kind == "dir"}
+    seen: dict[bytes, str | None] = {}
+    out: dict[bytes, str] = {}
+    for e in entries:
+        if e.after.kind is None:
+            continue
+        parent = e.path.rpartition(b"/")[0]
+        chain = []
+        while parent:
+            chain.append(parent)
+            parent = parent.rpartition(b"/")[0]
+        for d in reversed(chain):  # top down: the first blocked ancestor says why
+            if d in made:
+                continue
+            if d not in seen:
+                kind = _current_kind(ws, d)
+                seen[d] = None if kind == "dir" else (
+                    f"{os.fsdecode(d)} is {'gone' if kind is None else 'a ' + kind} in the workspace, not a "
+                    f"directory (changed outside stepfs)")
+            if seen[d] is not None:
+                out[e.path] = seen[d]
+                break
+    return out
 
 
 def _same_inode(ws: Workspace, a: bytes, b: bytes) -> bool:
@@ -565,14 +604,20 @@ def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync |
             _CONSUME_STEP.execute(conn, {"s": step})
         if left:
             mount, agent = conn.execute(select(L.c.mount, L.c.agent).where(L.c.number == number)).one()
-            now = time.time_ns()
-            conn.execute(schema.conflicts.insert(), [dict(
-                created_ns=now, path=e.path, mount=mount, agent=agent, reason=OUTSIDE_CHANGE,
-                oid=e.after.oid if e.after.kind == "file" else None, mode=e.after.mode, token_mine="",
-                token_theirs=_token_now(ws, e.path),
-            ) for e in left])
+            _record_outside(ws, conn, left, mount, agent)
         if dir_sync is not None:
             dir_sync.start().wait()
+
+
+def _record_outside(ws: Workspace, conn, entries: list[Entry], mount: str, agent: str) -> None:
+    """Each entry as an ``outside-change`` conflict of ``mount`` holding
+    its after state (what ``stepfs status`` lists)."""
+    now = time.time_ns()
+    conn.execute(schema.conflicts.insert(), [dict(
+        created_ns=now, path=e.path, mount=mount, agent=agent, reason=OUTSIDE_CHANGE,
+        oid=e.after.oid if e.after.kind == "file" else None, mode=e.after.mode, token_mine="",
+        token_theirs=_token_now(ws, e.path),
+    ) for e in entries])
 
 
 def _token_now(ws: Workspace, path: bytes) -> str:
@@ -626,6 +671,7 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
         # lock, and the before objects become durable with the intent.
         if _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None:
             raise _PendingFound()
+        outside.clear()  # a planner run again after recovery starts over
         rows = staging.load(conn, step)
         if any(r.scratch is not None for r in rows):
             refs.import_refs(ws, conn, step)  # files staged by reference become objects first
@@ -641,11 +687,19 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
                 f"them with 'stepfs step --overwrite PATH'.",
                 [os.fsdecode(p) for p in plan.conflicts],
             )
+        if plan.outside:
+            for e in plan.outside:
+                log.warning("step leaves %s alone: its parent is not a directory in the workspace; its "
+                            "staged version is kept as an 'outside-change' conflict", os.fsdecode(e.path))
+            _record_outside(ws, conn, plan.outside, mount, agent)
+            outside.extend(plan.outside)
         if not plan.entries and not allow_empty:
-            if rows:  # they all equal the workspace: drop them with this transaction
+            if rows:  # they all equal the workspace (or are kept as conflicts): drop them with this transaction
                 _CONSUME_STEP.execute(conn, {"s": step})
             return None
         return plan.entries, number
+
+    outside: list[Entry] = []
 
     with ws.commit_lock(), ws.spares.pausing():
         while True:
@@ -657,6 +711,12 @@ def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "",
                 _recover_locked(ws)  # may consume this step's rows: the planner reads them again
                 continue
             if number is None:
+                if outside:
+                    raise NothingToCommit(
+                        f"nothing was committed: {len(outside)} staged path(s) lie below something that is no "
+                        f"longer a directory in the workspace ({os.fsdecode(outside[0].path)}, ...); their "
+                        f"versions are kept as 'outside-change' conflicts ('stepfs status' lists them)."
+                    )
                 raise NothingToCommit(
                     "nothing to commit: the open step has no changes against the workspace "
                     "(use --allow-empty to record an empty layer anyway)."
@@ -1184,6 +1244,8 @@ def classify(ws: Workspace, conn, entries: list[Entry]) -> dict[bytes, str]:
             pass  # made by the switch, its mode not yet set
         else:
             left[e.path] = _neither(st, kind)
+    for path, why in _blocked(ws, [e for e in entries if e.path not in left]).items():
+        left.setdefault(path, f"it cannot be reached: {why}")
     for e in sorted(entries, key=lambda e: _depth(e.path)):
         parent = e.path.rpartition(b"/")[0]
         while parent and e.path not in left:

@@ -50,6 +50,12 @@ class Item:
     oid: str | None = None
     target: bytes | None = None
     rdev: int = 0  # a device's number
+    #: The owner the layer recorded (or the workspace file has); None when
+    #: unknown (states of stores that did not record it): the mount's owner
+    #: is shown then.  A mount shows layer files with it, so the kernel's
+    #: permission checks in ``.stepfs/layers`` are those of the original.
+    uid: int | None = None
+    gid: int | None = None
 
 
 _KINDS = {stat_mod.S_IFREG: "file", stat_mod.S_IFDIR: "dir", stat_mod.S_IFLNK: "symlink",
@@ -75,7 +81,7 @@ class Snapshot:
         FIFOs, devices and sockets are shown as nodes (never opened here)."""
         if path == b".":
             st = os.stat(self.ws.root.fd)
-            return Item("dir", stat_mod.S_IMODE(st.st_mode), DIR_SIZE, self.created_ns)
+            return Item("dir", stat_mod.S_IMODE(st.st_mode), DIR_SIZE, self.created_ns, uid=st.st_uid, gid=st.st_gid)
         found = state_from_rows(committed_rows(self.conn, E.c.path == path), self.number)
         if found is None:
             return self._from_workspace(path)
@@ -84,15 +90,17 @@ class Snapshot:
 
     def _from_state(self, state, mtime_ns: int | None) -> Item | None:
         when = mtime_ns or self.created_ns
+        owner = {"uid": state.uid, "gid": state.gid}
         if state.kind == "file":
-            return Item("file", state.mode or 0, self.ws.objects.size(self.conn, state.oid), when, oid=state.oid)
+            return Item("file", state.mode or 0, self.ws.objects.size(self.conn, state.oid), when, oid=state.oid,
+                        **owner)
         if state.kind == "dir":
-            return Item("dir", state.mode or 0, DIR_SIZE, when)
+            return Item("dir", state.mode or 0, DIR_SIZE, when, **owner)
         if state.kind == "symlink":
             target = state.target or b""
-            return Item("symlink", 0o777, len(target), when, target=target)
+            return Item("symlink", 0o777, len(target), when, target=target, **owner)
         if state.kind in NODE_KINDS:
-            return Item(state.kind, state.mode or 0, 0, when, rdev=rdev_of(state.kind, state.target))
+            return Item(state.kind, state.mode or 0, 0, when, rdev=rdev_of(state.kind, state.target), **owner)
         return None  # absent, or a "special" file of an older store (no type recorded)
 
     def _from_workspace(self, path: bytes) -> Item | None:
@@ -109,9 +117,10 @@ class Snapshot:
             return None
         if kind == "symlink":
             target = self.ws.root.readlink(path)
-            return Item("symlink", 0o777, len(target), st.st_mtime_ns, target=target)
+            return Item("symlink", 0o777, len(target), st.st_mtime_ns, target=target, uid=st.st_uid, gid=st.st_gid)
         size = DIR_SIZE if kind == "dir" else st.st_size
-        return Item(kind, stat_mod.S_IMODE(st.st_mode), size, st.st_mtime_ns, rdev=st.st_rdev)
+        return Item(kind, stat_mod.S_IMODE(st.st_mode), size, st.st_mtime_ns, rdev=st.st_rdev, uid=st.st_uid,
+                    gid=st.st_gid)
 
     # -- directories ----------------------------------------------------------
 

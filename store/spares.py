@@ -22,10 +22,14 @@ Invariants:
   (``rename`` is atomic: of two takers one gets ``ENOENT`` and moves on to
   the next), and a crash at any point leaves at most empty spares, which
   the next process adopts (or deletes, see :meth:`Spares.clear`).
-* The taker opens the taken file ``O_TRUNC | O_NOFOLLOW``, so even a
-  spare that somehow has bytes or is not a regular file cannot leak into
-  a published file: it is emptied, or the open fails and the commit falls
-  back to creating the temporary file.
+* The taker opens the taken file ``O_NOFOLLOW`` and empties it only if
+  it is a regular file of this user with exactly one link (the name it
+  was just renamed to), so a spare that somehow has bytes cannot leak into
+  a published file, and a hard link planted in ``spare/`` to a file
+  elsewhere is never written: it is unlinked and the commit falls back to
+  creating the temporary file.  The pool's directories are named through
+  the store's directory handle (``Workspace.store_dir``), never by the
+  workspace's path.
 * With no spare left (none made yet, or a commit larger than the pool),
   the temporary file is created as before.  A process that never calls
   :meth:`fill` (the CLI, tests) uses only spares it finds on disk.
@@ -75,6 +79,35 @@ log = logging.getLogger("stepfs.spares")
 TARGET = 64
 
 
+def _open_own_empty(name: bytes | str, dir_fd: int) -> int | None:
+    """``name`` in ``dir_fd`` opened for writing and emptied, if it is a
+    regular file of this user with one link; else None, having written
+    nothing.  A spare with a second link (a hard link planted in
+    ``spare/`` to a file elsewhere) or another owner would make the
+    commit write into that file: checked before ``O_TRUNC``, on the very
+    inode opened (``O_NOFOLLOW | O_NONBLOCK``: no symlink, no FIFO wait)."""
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return None
+    if not _own_single(before):
+        return None  # not even opened: a device's open may do something
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    st = os.fstat(fd)
+    if not _own_single(st) or (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    return fd
+
+
+def _own_single(st: os.stat_result) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()
+
+
 class Spares:
     def __init__(self, directory: str, retired_directory: str | None = None):
         self.directory = directory
@@ -121,12 +154,13 @@ class Spares:
                 os.rename(os.path.join(self.directory, spare), name, dst_dir_fd=dir_fd)
             except FileNotFoundError:
                 continue  # taken by another process, or the directory is gone
-            try:
-                return os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-            except OSError as exc:
-                log.warning("spare %s could not be opened (%s); creating the file instead", spare, exc)
+            fd = _open_own_empty(name, dir_fd)
+            if fd is None:
+                log.warning("spare %s is not a file of ours with one link; refused, creating the file instead",
+                            spare)
                 os.unlink(name, dir_fd=dir_fd)
                 return None
+            return fd
 
     def available(self) -> int:
         with self._lock:

@@ -56,11 +56,21 @@ class Report:
             self.problems.append(f"(more {kind} problems not listed)")
 
 
-def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = None) -> Report:
+def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = None,
+           workspace: bool = False) -> Report:
     """Check the whole store of ``ws``; never raises for a problem found
     (a part SQLite itself cannot read is reported as a problem too).
-    ``progress(done, total)`` is called as chunks and objects are checked."""
+    ``progress(done, total)`` is called as chunks and objects are checked.
+    ``workspace``: also compare every committed path of the workspace with
+    the head layer (``store.wscheck``)."""
     report = Report()
+    if workspace:
+        from stepfs.store.wscheck import check_workspace
+
+        try:
+            report.counts["workspace paths"] = check_workspace(ws, report.add)
+        except DBAPIError as exc:
+            report.add("sqlite", f"SQLite could not read the layers to check the workspace: {getattr(exc, 'orig', exc)}")
     with ws.db.read() as conn:
         state: dict = {"bad_chunks": set(), "chunk_sizes": {}, "objects": set(), "done": 0, "store_dir": ws.store_dir,
                        "progress": progress or (lambda done, total: None)}

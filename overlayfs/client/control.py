@@ -33,11 +33,24 @@ def request(mountpoint: str, payload: dict, timeout: float = 600.0) -> dict:
         line = recv_line(sock)
     except TimeoutError:
         raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} did not answer within {timeout:.0f} s.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        # A daemon that died or dropped us mid-answer (ECONNRESET, EPIPE):
+        # whether the request took effect is for 'stepfs log' to tell.
+        raise store_errors.DaemonError(
+            f"the stepfs daemon of {mountpoint} broke the connection before answering ({exc}); "
+            f"see 'stepfs log' for whether the request took effect and 'stepfs status' for the mount."
+        ) from None
     finally:
         sock.close()
     if not line:
         raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} closed the connection without an answer.")
-    answer = json.loads(line)
+    try:
+        answer = json.loads(line)
+    except ValueError:
+        raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} sent an answer that is not JSON; "
+                                       f"see its log under the workspace's .stepfs/run/.") from None
+    if not isinstance(answer, dict):
+        raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} sent an answer that is not an object.")
     if answer.get("ok"):
         return answer
     cls = getattr(store_errors, answer.get("error", ""), None)

@@ -39,6 +39,11 @@ def parse_payload(text: str | bytes) -> dict:
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"the hook payload on stdin is not JSON ({exc}); "
                                f"pipe the agent's hook JSON object into 'stepfs hook-commit'.") from None
+    except RecursionError:
+        # json's decoder recurses once per nesting level: a payload nested
+        # deeper than the interpreter's stack is not a hook payload.
+        raise InputError("the hook payload on stdin is nested too deeply to be a hook's JSON object; "
+                         "pipe the agent's hook JSON object into 'stepfs hook-commit'.") from None
     if not isinstance(payload, dict):
         raise InputError("the hook payload on stdin is not a JSON object; "
                                "pipe the agent's hook JSON object into 'stepfs hook-commit'.")

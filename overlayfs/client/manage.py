@@ -20,7 +20,7 @@ from stepfs.store.errors import (
     InputError,
     CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, StepfsError, WorkspaceError,
 )
-from stepfs.store.paths import STORE_DIR, check_directory, is_workspace
+from stepfs.store.paths import STORE_DIR, check_directory, is_workspace, lost_database, lost_database_message
 
 from stepfs.overlayfs.client import control, mounts
 # status and sync_rows are this module's API too (callers name manage.status).
@@ -67,6 +67,8 @@ def resolve(arg: str | None = None) -> Target:
     while True:
         if is_workspace(probe):
             return Target(probe)
+        if lost_database(probe):
+            raise WorkspaceError(lost_database_message(os.path.join(probe, STORE_DIR)))
         parent = os.path.dirname(probe)
         if parent == probe:
             break
@@ -137,11 +139,14 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
     return True
 
 
-def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other: bool) -> tuple[str, str]:
+def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other: bool,
+                   new_history: bool = False) -> tuple[str, str]:
     """What a mount does before its daemon starts: check the arguments
     (refused before anything is touched), detach a dead mount at the same
     place, create the store and run recovery.  The workspace's and the
-    mountpoint's absolute paths."""
+    mountpoint's absolute paths.  ``new_history``: a store directory whose
+    database is gone starts a new history instead of being refused
+    (``Workspace.open``)."""
     from stepfs.store.workspace import Workspace
 
     if allow_other and os.geteuid() != 0:
@@ -152,13 +157,13 @@ def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other:
         raise InputError(f"{exc}.") from None
     reclaim_dead_mount(workspace, mountpoint)
     ws_path, mp = check_mount_args(workspace, mountpoint)
-    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    Workspace.open(ws_path, create=True, new_history=new_history).close()  # create the store, recover, check the format
     return ws_path, mp
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
           auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
-          warn_size: int | None = None) -> int:
+          warn_size: int | None = None, new_history: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
@@ -170,10 +175,11 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     import subprocess
     import time
 
-    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other, new_history)
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
+        log_start = log.tell()  # this run's part of the log (it is appended to across mounts)
         cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size) \
             + ["--ready-fd", str(write_end)]
         proc = subprocess.Popen(
@@ -200,7 +206,26 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    cause = _fuse_cause(logfile, log_start)
+    if cause is not None:
+        raise DaemonError(f"the mount daemon could not mount {mp}: {cause}; make sure /dev/fuse exists and this "
+                          f"user may open it (install fuse3, join the group that owns /dev/fuse, or give a "
+                          f"container --device /dev/fuse) (log: {logfile}).")
     raise DaemonError(f"the mount daemon did not start: {_last_line(logfile)} (log: {logfile}).")
+
+
+def _fuse_cause(path: str, start: int = 0) -> str | None:
+    """libfuse's or fusermount3's own reason for a failed mount, as it
+    wrote it to the daemon's stderr (the log) from offset ``start``: the
+    daemon itself only learns a return code."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    causes = [ln.strip() for ln in text.splitlines() if ln.startswith(("fuse:", "fusermount"))]
+    return causes[-1] if causes else None
 
 
 def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
@@ -225,11 +250,11 @@ def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_
 
 def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
                      auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
-                     warn_size: int | None = None) -> NoReturn:
+                     warn_size: int | None = None, new_history: bool = False) -> NoReturn:
     """``stepfs mount --foreground``: check the arguments as :func:`mount`
     does, then become the daemon (exec, same pid), attached to this terminal
     until unmounted."""
-    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other, new_history)
     sys.stdout.flush()
     sys.stderr.flush()
     cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size)

@@ -25,6 +25,17 @@ file's ``data`` is a :class:`LayerFile` that reads only the requested range,
 from its object (immutable) or, for a file untouched since the layer, from
 the workspace file opened at the first read.
 
+Owners and modes (issue 18): with ``allow_other`` the kernel checks every
+access against what ``getattr`` reports (``default_permissions``), so each
+entry reports what its original has: a layer's files and directories the
+owner and mode the layer recorded, a conflict copy the mode it was closed
+with and the owner of the path in the mount, and a directory of
+``conflicts/`` the owner and mode of the mount's directory of that name
+(0700 of the mount's owner when it is gone).  A 0600 file in a 0700
+directory is as private in ``.stepfs`` as in the tree.  ``status`` lists
+to each caller (:attr:`MetaTree.caller`) only the staged paths that caller
+could list in the mount.
+
 Inode numbers are synthetic and stable: a hash of (layer, path), so the same
 file in two layers, or in a layer and in the live tree, never looks like a
 hard link to ``tar``, ``cp -a`` or ``du``.
@@ -39,7 +50,7 @@ import stat as stat_mod
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import xxhash
 
@@ -48,7 +59,7 @@ from stepfs.store.contained import NODE_KINDS
 from stepfs.store.errors import NoSuchLayer
 from stepfs.store.snapshot import Item, Snapshot
 
-from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound
+from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound, ViewError
 
 if TYPE_CHECKING:
     from stepfs.store.workspace import Workspace
@@ -69,6 +80,21 @@ class MetaEntry:
     mode: int | None = None  # permission bits; None: the kind's default
     mtime_ns: int | None = None  # None: now
     rdev: int = 0  # a device's number
+    uid: int | None = None  # None: the mount's owner
+    gid: int | None = None
+
+
+def _permits(st: dict, uid: int, gids: frozenset[int], want: int) -> bool:
+    """Whether ``uid`` (in ``gids``) has the ``want`` bits (4 read, 1
+    search) on a file with attributes ``st``, as the kernel decides it."""
+    mode = st["st_mode"]
+    if uid == st["st_uid"]:
+        bits = mode >> 6
+    elif st["st_gid"] in gids:
+        bits = mode >> 3
+    else:
+        bits = mode
+    return bits & want == want
 
 
 def is_meta(path: str) -> bool:
@@ -122,6 +148,9 @@ class MetaTree:
 
     def __init__(self, view: "Overlay"):
         self.view = view
+        #: ``() -> (uid, gids)`` of the process making the current request
+        #: (set by the FUSE adapter); None: the mount's owner (no filter).
+        self.caller: Callable[[], tuple[int, frozenset[int]]] | None = None
 
     @property
     def ws(self) -> "Workspace":
@@ -135,7 +164,7 @@ class MetaTree:
         if path == ROOT:
             return MetaEntry("dir", self.INO_BASE + 1)
         if path == ROOT + "/status":
-            return MetaEntry("file", self.INO_BASE + 2, self.view.status_text().encode())
+            return MetaEntry("file", self.INO_BASE + 2, self.view.status_text(self._listable()).encode())
         if path == LAYERS:
             return MetaEntry("dir", self.INO_BASE + 3)
         if path == LAYERS + "/" + LATEST:
@@ -189,11 +218,28 @@ class MetaTree:
 
     # -- conflicts --------------------------------------------------------------
 
-    def _conflicts(self) -> dict[str, str]:
-        """Path (view form) -> oid of its latest conflict in this mount."""
+    def _conflicts(self) -> dict[str, tuple[str | None, int | None]]:
+        """Path (view form) -> (oid, mode) of its latest conflict in this mount."""
         with self.ws.db.read() as conn:
             found = store_conflicts.of_mount(conn, self.view.mountpoint)
-        return {"/" + os.fsdecode(path): oid for path, oid in found.items()}
+        return {"/" + os.fsdecode(path): row for path, row in found.items()}
+
+    def _live(self, path: str) -> dict | None:
+        """The mount's own attributes of ``path`` (view form), or None."""
+        try:
+            return self.view.getattr(path)
+        except (OSError, ViewError):  # gone, or below something that is no directory
+            return None
+
+    def _live_owner(self, path: str) -> tuple[int, int]:
+        """The owner of ``path`` in the mount, else of its nearest existing parent."""
+        while True:
+            st = self._live(path)
+            if st is not None:
+                return st["st_uid"], st["st_gid"]
+            if path in ("/", ""):
+                return os.getuid(), os.getgid()
+            path = path.rpartition("/")[0] or "/"
 
     def _conflict_ino(self, sub: str) -> int:
         # Below LAYER_INO_BASE and above the fixed entries.
@@ -204,12 +250,56 @@ class MetaTree:
             return MetaEntry("dir", self.INO_BASE + 5)
         found = self._conflicts()
         if sub in found:
+            oid, mode = found[sub]
             with self.ws.db.read() as conn:
-                data = self.ws.objects.read_all(conn, found[sub])
-            return MetaEntry("file", self._conflict_ino(sub), data)
+                data = self.ws.objects.read_all(conn, oid) if oid is not None else b""
+            uid, gid = self._live_owner(sub)
+            # The mode it was closed with (never more than the original's):
+            # unknown, owner-only.
+            mode = stat_mod.S_IMODE(mode) if mode is not None else 0o400
+            return MetaEntry("file", self._conflict_ino(sub), data, mode=mode, uid=uid, gid=gid)
         if any(p.startswith(sub + "/") for p in found):
-            return MetaEntry("dir", self._conflict_ino(sub))
+            live = self._live(sub)
+            if live is not None and stat_mod.S_ISDIR(live["st_mode"]):
+                return MetaEntry("dir", self._conflict_ino(sub), mode=stat_mod.S_IMODE(live["st_mode"]),
+                                 uid=live["st_uid"], gid=live["st_gid"])
+            uid, gid = self._live_owner(sub)
+            return MetaEntry("dir", self._conflict_ino(sub), mode=0o700, uid=uid, gid=gid)
         raise NotFound(CONFLICTS + sub)
+
+    # -- who may see what ---------------------------------------------------------
+
+    def _listable(self) -> Callable[[str], bool] | None:
+        """For the current caller: whether it could list the name ``path``
+        (view form) in the mount: search permission on every directory
+        above it and read permission on its parent.  None: no filter (the
+        mount's owner or root, or no caller known)."""
+        if self.caller is None:
+            return None
+        uid, gids = self.caller()
+        if uid == 0 or uid == os.getuid():
+            return None
+        cache: dict[str, bool] = {}
+
+        def may(d: str, want: int) -> bool:
+            key = f"{want}{d}"
+            if key not in cache:
+                st = self._live(d)
+                cache[key] = st is not None and stat_mod.S_ISDIR(st["st_mode"]) and _permits(st, uid, gids, want)
+            return cache[key]
+
+        def listable(path: str) -> bool:
+            parent = path.rpartition("/")[0] or "/"
+            d = parent
+            while True:
+                if not may(d, 1):
+                    return False
+                if d == "/":
+                    break
+                d = d.rpartition("/")[0] or "/"
+            return may(parent, 4)
+
+        return listable
 
     def _split(self, path: str) -> tuple[int, bytes]:
         """``/.stepfs/layers/N/a/b`` -> ``(N, b"a/b")``; the layer root is ``b"."``."""
@@ -234,13 +324,15 @@ class MetaTree:
         if item is None:
             raise NotFound(path)
         ino = layer_ino(number, rel)
+        owner = {"uid": item.uid, "gid": item.gid}
         if item.kind == "dir":
-            return MetaEntry("dir", ino, mode=item.mode, mtime_ns=item.mtime_ns)
+            return MetaEntry("dir", ino, mode=item.mode, mtime_ns=item.mtime_ns, **owner)
         if item.kind == "symlink":
-            return MetaEntry("symlink", ino, item.target or b"", mtime_ns=item.mtime_ns)
+            return MetaEntry("symlink", ino, item.target or b"", mtime_ns=item.mtime_ns, **owner)
         if item.kind in NODE_KINDS:
-            return MetaEntry(item.kind, ino, mode=item.mode, mtime_ns=item.mtime_ns, rdev=item.rdev)
-        return MetaEntry("file", ino, LayerFile(self.ws, rel, item), mode=item.mode, mtime_ns=item.mtime_ns)
+            return MetaEntry(item.kind, ino, mode=item.mode, mtime_ns=item.mtime_ns, rdev=item.rdev, **owner)
+        return MetaEntry("file", ino, LayerFile(self.ws, rel, item), mode=item.mode, mtime_ns=item.mtime_ns,
+                         **owner)
 
     # -- FUSE-shaped helpers used by the view -------------------------------------
 
@@ -254,7 +346,8 @@ class MetaTree:
         size = 0 if e.kind == "dir" else len(e.data)
         return {
             "st_mode": self._TYPE[e.kind] | mode, "st_ino": e.ino, "st_nlink": 2 if e.kind == "dir" else 1,
-            "st_size": size, "st_uid": os.getuid(), "st_gid": os.getgid(),
+            "st_size": size, "st_uid": os.getuid() if e.uid is None else e.uid,
+            "st_gid": os.getgid() if e.gid is None else e.gid,
             "st_atime": when, "st_mtime": when, "st_ctime": when, "st_blocks": (size + 511) // 512,
             "st_rdev": e.rdev,
         }

@@ -1794,8 +1794,10 @@ class Overlay(ContentMixin):
             if not self._pending:
                 self._unlink_retired()
 
-    def status_text(self) -> str:
-        """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
+    def status_text(self, listable=None) -> str:
+        """``MOUNT/.stepfs/status``: what an agent needs to know about itself.
+        ``listable(path)``: whether the reader may see that staged path
+        (``MetaTree._listable``; None: every path)."""
         lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]
         if self.readonly_reason:
             lines.append(f"read-only: {self.readonly_reason}")
@@ -1804,6 +1806,8 @@ class Overlay(ContentMixin):
         lines += [f"warning: {w}" for w in self.warnings]
         staged = self.staged_paths()
         lines += self.runs.status_lines()
+        if listable is not None:
+            staged = [(op, path) for op, path in staged if listable(path)]
         lines.append(f"staged: {len(staged)}")
         lines += [f"  {op} {path}" for op, path in staged]
         return "\n".join(lines) + "\n"

@@ -387,6 +387,22 @@ def _owner() -> tuple[int, int]:
     return uid, gid
 
 
+def _caller() -> tuple[int, frozenset[int]]:
+    """The uid and groups (primary and supplementary) of the process making
+    the current request: what ``.stepfs/status`` may show it."""
+    uid, gid, pid = mfusepy.fuse_get_context()
+    groups = {gid}
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    groups.update(int(g) for g in line.split()[1:])
+                    break
+    except (OSError, ValueError):
+        pass  # the process is gone: its primary group only
+    return uid, frozenset(groups)
+
+
 class StepFS(mfusepy.Operations):
     """Callbacks for mfusepy (``raw_fi=True``: file ops get ``fuse_file_info``)."""
 
@@ -395,6 +411,7 @@ class StepFS(mfusepy.Operations):
     def __init__(self, view: Overlay, on_ready=None, kernel_cache: KernelCache | None = None,
                  watcher: Watcher | None = None):
         self.view = view
+        view.meta.caller = _caller  # status lists only what the reader may list
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
         self.kernel_cache = kernel_cache

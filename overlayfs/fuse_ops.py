@@ -62,6 +62,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
+from .closers import Writers  # noqa: E402
 from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from .metatree import ROOT as META_ROOT, is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
@@ -397,6 +398,8 @@ class StepFS(mfusepy.Operations):
         self.view = view
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
+        # Who wrote through each handle: decides which FLUSH publishes (closers.py).
+        self.writers = Writers(view.mountpoint)
         self.kernel_cache = kernel_cache
         # Hot-path shortcuts: the gone set (empty almost always) and the
         # watcher's "watch this directory" (None: nothing to watch).
@@ -426,6 +429,10 @@ class StepFS(mfusepy.Operations):
         a read waiting for this loop (see KernelCache for the general rule)."""
         if self.kernel_cache is not None:
             self.kernel_cache.invalidate([path])
+
+    def _caller(self) -> int:
+        """The calling thread's id (the FUSE request's pid; 0: unknown)."""
+        return mfusepy.fuse_get_context()[2]
 
     def _agent(self) -> str:
         """The calling process's agent (pid from the FUSE request)."""
@@ -573,12 +580,16 @@ class StepFS(mfusepy.Operations):
     @_translating
     def truncate(self, path, length, fh=None):
         self._page_tokens.pop(path, None)
+        if fh is not None:
+            self.writers.wrote(fh.fh, self._caller())
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
     @_translating
     def open(self, path, fi):
         try:
             fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+            if fi.flags & os.O_TRUNC:
+                self.writers.wrote(fi.fh, self._caller())  # truncating is writing
         except view_errors.NotFound:
             # The kernel sends OPEN only for a name it holds as existing: its
             # entry is stale (removed outside the mount).  ESTALE makes the
@@ -618,6 +629,7 @@ class StepFS(mfusepy.Operations):
     def create(self, path, mode, fi):
         self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
+        self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
@@ -627,12 +639,26 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def write(self, path, data, offset, fi):
+        self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
 
     @_translating
     def flush(self, path, fi):
-        self.view.flush(fi.fh)
+        # Every close of any copy of the descriptor sends a FLUSH (forked
+        # children, dup, a shell's saved descriptors): only the writer's
+        # own last one publishes (closers.py); the others only report the
+        # last decision, and the bytes wait for that close or RELEASE.
+        fh = fi.fh
+        writers_close = self.writers.is_writers_close(fh, self._caller(), lambda: self._handle_ino(path, fh), path)
+        self.view.flush(fh, publish=writers_close)
         return 0
+
+    def _handle_ino(self, path, fh: int) -> int | None:
+        """The inode number the kernel has for open handle ``fh``."""
+        try:
+            return self.view.getattr(path, fh, agent=self._agent)["st_ino"]
+        except Exception:
+            return None
 
     @_translating
     def fsync(self, path, datasync, fi):
@@ -647,6 +673,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def release(self, path, fi):
+        self.writers.forget(fi.fh)
         self.view.release(fi.fh)
         return 0
 
@@ -656,6 +683,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def fallocate(self, path, mode, offset, size, fi):
+        self.writers.wrote(fi.fh, self._caller())
         self.view.fallocate(fi.fh, mode, offset, size)
         return 0
 

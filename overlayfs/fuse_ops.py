@@ -53,6 +53,7 @@ import errno
 import logging
 import os
 import struct
+import threading
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
@@ -63,6 +64,7 @@ from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, S
 from . import errors as view_errors  # noqa: E402
 from .agents import Agents  # noqa: E402
 from .closers import Writers  # noqa: E402
+from .fuse_main import hooked  # noqa: E402
 from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from .metatree import ROOT as META_ROOT, is_meta  # noqa: E402
 from .view import Overlay  # noqa: E402
@@ -151,7 +153,10 @@ class KernelCache:
     Threading: call from any thread except the FUSE loop's, and never while
     holding the view's lock: the kernel may have to wait for a request in
     flight (a read holding a page lock) that the loop can only finish by
-    taking that lock.
+    taking that lock.  Every libfuse call goes through a gate that
+    :meth:`detach` closes when the loop has returned, before libfuse tears
+    the session down (``fuse_main.py``): it also waits for the calls in
+    flight, so none runs on any thread once teardown starts.
 
     Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
     that only by node id, which the high-level API keeps to itself), so a
@@ -177,6 +182,9 @@ class KernelCache:
         lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
         lib.fuse_session_fd.restype = ctypes.c_int
         self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
+        # The gate: _fuse (None once closed) and the libfuse calls in flight.
+        self._gate = threading.Condition()
+        self._inflight = 0
         self.gone: set[str] = set()
         #: Whether directory listings are being cached (ListingCache; for
         #: the control channel's ``ping``, any thread).
@@ -188,10 +196,20 @@ class KernelCache:
         self._fuse = lib.fuse_get_context().contents.fuse
         self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
 
-    def detach(self) -> None:
-        """The session is ending: no more invalidations (from ``destroy``)."""
-        self._fuse = None
-        self._dev_fd = -1
+    def detach(self, wait: float = 10.0) -> bool:
+        """The session is ending: close the gate (later calls do nothing),
+        then wait at most ``wait`` seconds for the libfuse calls in flight;
+        False when one is still running (the kernel holds it until the
+        unmount aborts the connection: it has walked the node table
+        already, and only waits in its write).  On the loop thread: after
+        the loop returned (``fuse_main``), and again from ``destroy``."""
+        with self._gate:
+            self._fuse = None
+            self._dev_fd = -1  # new_epoch runs on this same thread: no race
+            done = self._gate.wait_for(lambda: self._inflight == 0, wait)
+        if not done:
+            log.warning("an invalidation is still running in the kernel at unmount")
+        return done
 
     def new_epoch(self) -> bool:
         """Make the kernel look up again every name it holds before it uses
@@ -223,10 +241,18 @@ class KernelCache:
 
     def forget(self, path: str) -> bool:
         """Invalidate one view path; True when the kernel had it cached."""
-        fuse = self._fuse
-        if not fuse:
-            return False
-        rc = self._call(fuse, os.fsencode(path))
+        with self._gate:
+            fuse = self._fuse
+            if not fuse:
+                return False
+            self._inflight += 1
+        try:
+            rc = self._call(fuse, os.fsencode(path))
+        finally:
+            with self._gate:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._gate.notify_all()
         if rc != 0 and rc != -errno.ENOENT:
             log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
         return rc == 0
@@ -474,16 +500,26 @@ class StepFS(mfusepy.Operations):
         self.listings.enabled = False  # the next opendir of each directory drops its cached listing
         if self.kernel_cache is not None:
             self.kernel_cache.listings_cached = False
-        if self._config is not None:
-            self._config.entry_timeout = SHORT_TIMEOUT
-            self._config.attr_timeout = SHORT_TIMEOUT
+        config = self._config  # None once the teardown began
+        if config is not None:
+            config.entry_timeout = SHORT_TIMEOUT
+            config.attr_timeout = SHORT_TIMEOUT
 
-    def destroy(self, path):
+    def teardown(self) -> None:
+        """The loop has returned; libfuse has torn nothing down yet
+        (``fuse_main``): from here on no thread calls into libfuse or
+        touches its structures.  The gate first, so that a watcher busy
+        with invalidations stops at once; then the watcher itself.
+        Idempotent (``destroy`` repeats it, for libfuse before 3.12)."""
         self.listings.uninstall()
-        if self.watcher is not None:
-            self.watcher.stop()
+        self._config = None  # freed by fuse_destroy; short_timeouts may run on the watcher
         if self.kernel_cache is not None:
             self.kernel_cache.detach()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def destroy(self, path):
+        self.teardown()
         self.view.close()
 
     @_translating
@@ -993,19 +1029,22 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
                               quiet=view.commit_idle)
         ops._watch = ops.watcher.watch
     long_cache = watch
-    _FUSE(
-        ops,
-        mountpoint,
-        raw_fi=True,
-        foreground=True,
-        nothreads=True,
-        debug=debug,
-        fsname=_escape_option("stepfs:" + view.ws.path),
-        subtype="stepfs",
-        default_permissions=True,
-        use_ino=True,
-        attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        negative_timeout=NEGATIVE_TIMEOUT,
-        **extra,
-    )
+    # The loop, with the teardown hook (fuse_main.py): no libfuse call on
+    # any thread once libfuse starts tearing the session down.
+    with hooked(ops.teardown):
+        _FUSE(
+            ops,
+            mountpoint,
+            raw_fi=True,
+            foreground=True,
+            nothreads=True,
+            debug=debug,
+            fsname=_escape_option("stepfs:" + view.ws.path),
+            subtype="stepfs",
+            default_permissions=True,
+            use_ino=True,
+            attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
+            entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
+            negative_timeout=NEGATIVE_TIMEOUT,
+            **extra,
+        )

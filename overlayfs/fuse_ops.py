@@ -42,8 +42,10 @@ Choices (measured or forced, see README "Architecture"):
   (:class:`ListingCache`, which works around libfuse 3.14's high-level
   ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
-  ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
-  that is not there): the VFS then repeats the lookup with revalidation.
+  ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
+  name that is not there): the VFS then repeats the lookup with
+  revalidation.  A LOOKUP always gets the truth (told from a GETATTR by
+  :class:`ListingCache`'s ``lookup`` hook).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ class KernelCache:
     Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
     that only by node id, which the high-level API keeps to itself), so a
     name whose file was removed or replaced is put in :attr:`gone` before
-    its attributes are dropped: the next ``getattr`` of it (the kernel's
+    its attributes are dropped: the next GETATTR of it (the kernel's
     question once the attributes are gone) answers ``ESTALE`` once, and the
     VFS retries the lookup with revalidation, which drops or rebinds the
     name (a kind change, file -> directory, included).  ``gone`` is a plain
@@ -282,6 +284,7 @@ _SE_FD_OFFSET = 12
 _FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
 _LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
 _LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
+_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
 
 
 def _libfuse_text() -> list[tuple[int, int]]:
@@ -341,11 +344,15 @@ class ListingCache:
         self.enabled = False  # set by StepFS once installed and watching
         self.dir_node = 0  # node id of the directory whose readdir is in flight
         self.uncached: set[int] = set()  # node ids of .stepfs directories
+        # A LOOKUP is being answered (the high-level API asks getattr for
+        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.
+        self.in_lookup = False
+        self.installed = False
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
         self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
-                       "readdirplus": _LL_READDIR(self._reading("readdirplus"))}
+                       "readdirplus": _LL_READDIR(self._reading("readdirplus")), "lookup": _LL_LOOKUP(self._lookup)}
 
     # The wrappers are C callbacks: whatever happens, libfuse's own handler
     # must run, or the request would never be answered.
@@ -357,6 +364,13 @@ class ListingCache:
                 fi.keep_cache = 1
         finally:
             self._orig["opendir"](req, ino, llfi)
+
+    def _lookup(self, req, parent, name):
+        self.in_lookup = True
+        try:
+            self._orig["lookup"](req, parent, name)
+        finally:
+            self.in_lookup = False
 
     def _reading(self, op: str):
         """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
@@ -399,11 +413,12 @@ class ListingCache:
             slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
             self._slots.append((slot, ops[i]))
             slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+        self.installed = True
         return True
 
     def uninstall(self) -> None:
         """Put libfuse's own handlers back (from ``destroy``)."""
-        self.enabled = False
+        self.enabled = self.in_lookup = self.installed = False
         for slot, addr in self._slots:
             slot.value = addr
         self._slots.clear()
@@ -478,10 +493,12 @@ class StepFS(mfusepy.Operations):
         the kernel's mode checks (``default_permissions``, which the flag
         implies anyway)."""
         self._config = config
-        # Listings are cached only while outside edits are seen (watcher).
-        if (self.watcher is not None and self.kernel_cache is not None and config is not None
-                and config.entry_timeout > SHORT_TIMEOUT):
-            self.listings.enabled = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+        # The hooks go in whenever libfuse's layout is proven (lookup's is
+        # used by getattr); listings are cached only while outside edits
+        # are seen (watcher).
+        if self.kernel_cache is not None and config is not None:
+            installed = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
@@ -526,9 +543,20 @@ class StepFS(mfusepy.Operations):
     def getattr(self, path, fh=None):
         if fh is None and self._gone and path in self._gone:
             # The kernel still binds this name to a file that was removed or
-            # replaced: make it look the name up again (KernelCache).
+            # replaced: make it look the name up again (KernelCache).  Only
+            # in a GETATTR: a LOOKUP gets the truth.  A LOOKUP that
+            # revalidates a held name compares the answer's kind itself,
+            # and a fresh one (the parent was just dropped, or the kernel
+            # never held the name) would fail its system call for good: the
+            # VFS retries an ESTALE once per call, and mkdir not at all
+            # (issue 18 item 6).
+            # Nor for a name the mount itself serves from its upper layer
+            # (created or written through it): the kernel's binding is to
+            # that, whatever the workspace's file did, and an event about
+            # it may arrive after the name was recreated through the mount.
             self._gone.discard(path)
-            raise mfusepy.FuseOSError(errno.ESTALE)
+            if not self.listings.in_lookup and self.view.upper.get(path) is None:
+                raise mfusepy.FuseOSError(errno.ESTALE)
         out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
@@ -938,7 +966,7 @@ class _FUSE(mfusepy.FUSE):
         multi-link workspace file is recorded (``Overlay._lower_shown``).
         A name in the kernel-cache ``gone`` set, or whose attributes fail,
         is listed as a plain entry: the kernel then looks it up as before
-        (and gets its ESTALE once).  ``MOUNT/.stepfs`` in the root's
+        (a LOOKUP, which gets the truth and ends the gone mark).  ``MOUNT/.stepfs`` in the root's
         listing too, and a name the kernel was already given attributes
         for (``StepFS._held``): a plain entry leaves the kernel's binding
         as it is, and costs at most a lookup if the kernel dropped it

@@ -42,6 +42,13 @@ another process, so its closes defer to RELEASE; a writer whose main
 thread has exited (its other threads still running) shows no descriptors,
 so its FLUSHes publish.
 
+Cost: a dict lookup per write (a new thread of a handle: one ``pidfd_open``,
+or one ``/proc/<tid>/status`` for a thread that is not its group's
+leader); per close of a writer, a listing of its ``/proc/<pid>/fd`` (a
+``readlink`` per descriptor, ``fdinfo`` of those in the mount): 0.4 ms
+measured for 16 descriptors on a machine at load 12 on 2 cores.  FLUSHes
+of processes that never wrote cost one ``pidfd_open``.
+
 Threading: FUSE loop thread only (the adapter's callbacks).
 """
 
@@ -58,6 +65,11 @@ def tgid_of(tid: int) -> int | None:
     """The process (thread group) of thread ``tid``, or None (gone, pid 0)."""
     if tid <= 0:
         return None
+    try:
+        os.close(os.pidfd_open(tid))  # refused for a thread that is not its group's leader
+        return tid
+    except (OSError, AttributeError):
+        pass
     try:
         with open(f"/proc/{tid}/status", "rb") as f:
             for line in f:

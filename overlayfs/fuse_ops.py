@@ -1,6 +1,6 @@
 """The FUSE adapter: mfusepy callbacks -> :class:`overlayfs.view.Overlay`.
 
-This is the only module that imports mfusepy.  It translates paths, file
+With ``fuse_main.py`` (the loop), the only module that imports mfusepy.  It translates paths, file
 info structs and stat dicts, and maps errors to errno in one table
 (:data:`ERRNO`).  No filesystem decision is made here.
 

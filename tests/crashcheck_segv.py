@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from conftest import ROOT
 from mountguard import private_tmp  # noqa: F401
 
 pytestmark = pytest.mark.mount
@@ -29,10 +28,9 @@ def test_a_self_mounting_commands_daemon_segfaults(workspace, private_tmp):  # n
     """``stepfs run`` mounts privately (under TMPDIR); the agent kills the
     daemon serving it."""
     script = ("import os, signal\n"
-              "from overlayfs import mounts\n"
-              "from overlayfs.runfiles import daemon_alive\n"
+              "from stepfs.overlayfs.client import mounts\n"
+              "from stepfs.overlayfs.daemon.protocol import daemon_alive\n"
               "e = mounts.find(os.getcwd())\n"
               "os.kill(daemon_alive(os.path.join(e.workspace, '.stepfs', 'run'), e.mountpoint), signal.SIGSEGV)\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "cli.main", "run", str(workspace), "--", sys.executable, "-c", script],
-                   env=env, capture_output=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "stepfs.cli.main", "run", str(workspace), "--", sys.executable, "-c", script],
+                   capture_output=True, timeout=60)

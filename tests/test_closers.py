@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 
-from overlayfs.closers import Writers, holds, tgid_of
+from stepfs.overlayfs.daemon.closers import Writers, holds, tgid_of
 
 
 def test_a_threads_process_is_its_thread_group():

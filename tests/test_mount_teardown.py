@@ -13,8 +13,8 @@ import time
 import pytest
 
 from mountguard import fatal_lines
-from overlayfs import manage
-from overlayfs.runfiles import log_path
+from stepfs.overlayfs.client import manage
+from stepfs.overlayfs.daemon.protocol import log_path
 
 pytestmark = pytest.mark.mount
 

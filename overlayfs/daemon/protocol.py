@@ -1,17 +1,62 @@
-"""A mount daemon's files in ``WORKSPACE/.stepfs/run/``: its lock (held by
-the live daemon, holding its pid) and its log.
+"""What a client and a mount daemon agree on: the only daemon module the
+client imports (no database, no FUSE, no threads).
 
-Light on purpose (no database, no FUSE): the CLI asks "is this mount's
-daemon alive?" before anything else.
+* Where a daemon is found: an abstract Unix socket named after its
+  mountpoint (``\\0stepfs:<mount key>``; abstract names have no path-length
+  limit and vanish with the process), and its files in
+  ``WORKSPACE/.stepfs/run/``: its lock (held by the live daemon, holding its
+  pid) and its log.  Light on purpose: the CLI asks "is this mount's daemon
+  alive?" before anything else.
+* How they talk: one JSON object and a newline each way (the requests and
+  answers are listed in ``daemon/control.py``, the server).
+* What the client passes on the daemon's command line: the ``--auto-step``
+  policy (:func:`parse_auto_step`), checked by the client before it spawns.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import json
 import os
+import socket
 import time
 
-from .mounts import mount_key
+
+def mount_key(mountpoint: str) -> str:
+    """A short stable name for files and sockets belonging to a mountpoint."""
+    return hashlib.sha256(os.path.normpath(os.path.abspath(mountpoint)).encode()).hexdigest()[:16]
+
+
+def address(mountpoint: str) -> str:
+    return "\0stepfs:" + mount_key(mountpoint)
+
+
+def recv_line(conn: socket.socket) -> str:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    return buf.decode()
+
+
+def send(conn: socket.socket, obj: dict) -> None:
+    conn.sendall(json.dumps(obj).encode() + b"\n")
+
+
+def parse_auto_step(policy: str) -> float | None:
+    """``manual`` -> None, ``close`` -> 0.0, ``idle:S`` -> S seconds; ValueError otherwise."""
+    if policy == "manual":
+        return None
+    if policy == "close":
+        return 0.0
+    if policy.startswith("idle:"):
+        seconds = float(policy[5:])
+        if seconds > 0:
+            return seconds
+    raise ValueError(f"--auto-step takes manual, close or idle:SECONDS, not {policy!r}")
 
 
 def log_path(ws_path: str, mountpoint: str) -> str:

@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from store import publish, refs, schema, staging, tokens
-from store import xattrs as xattr_codec
+from stepfs.store import publish, refs, schema, staging, tokens
+from stepfs.store import xattrs as xattr_codec
 
-from .agents import DEFAULT
-from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
-from .metatree import is_meta
-from .upper import Node, parent_name, rel
+from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
+from stepfs.overlayfs.core.metatree import is_meta
+from stepfs.overlayfs.core.upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -740,7 +740,7 @@ class ContentMixin:
             self._require_dir(parent_name(path)[0])
             if self._exists(path):
                 if flags & os.O_EXCL:
-                    from .errors import Exists
+                    from stepfs.overlayfs.core.errors import Exists
 
                     raise Exists(path)
                 return self.open(path, flags & ~os.O_CREAT, agent)
@@ -920,4 +920,4 @@ class ContentMixin:
         }
 
 
-__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy", "field"]
+__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy"]

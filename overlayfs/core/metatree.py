@@ -42,19 +42,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import xxhash
-from sqlalchemy import select
 
-from store import layers as store_layers, schema
-from store.contained import NODE_KINDS
-from store.errors import NoSuchLayer
-from store.snapshot import Item, Snapshot
+from stepfs.store import conflicts as store_conflicts, layers as store_layers
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.errors import NoSuchLayer
+from stepfs.store.snapshot import Item, Snapshot
 
-from .errors import Invalid, NotADirectory, NotFound
+from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound
 
 if TYPE_CHECKING:
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
-    from .view import Overlay
+    from stepfs.overlayfs.core.view import Overlay
 
 ROOT = "/.stepfs"
 LAYERS = ROOT + "/layers"
@@ -169,10 +168,7 @@ class MetaTree:
             return [(n, k, self._conflict_ino(prefix + n)) for n, k in sorted(names.items())]
         if path == LAYERS:
             with self.ws.db.read() as conn:
-                numbers = conn.execute(
-                    select(schema.layers.c.number).where(schema.layers.c.state == "committed")
-                    .order_by(schema.layers.c.number)
-                ).scalars().all()
+                numbers = store_layers.committed_numbers(conn)
             return [(str(n), "dir", layer_ino(n, b".")) for n in numbers] + [
                 (LATEST, "symlink", self.INO_BASE + 4)
             ]
@@ -195,12 +191,9 @@ class MetaTree:
 
     def _conflicts(self) -> dict[str, str]:
         """Path (view form) -> oid of its latest conflict in this mount."""
-        c = schema.conflicts
         with self.ws.db.read() as conn:
-            rows = conn.execute(
-                select(c.c.path, c.c.oid).where(c.c.mount == self.view.mountpoint).order_by(c.c.id)
-            ).all()
-        return {"/" + os.fsdecode(bytes(r.path)): r.oid for r in rows}
+            found = store_conflicts.of_mount(conn, self.view.mountpoint)
+        return {"/" + os.fsdecode(path): oid for path, oid in found.items()}
 
     def _conflict_ino(self, sub: str) -> int:
         # Below LAYER_INO_BASE and above the fixed entries.

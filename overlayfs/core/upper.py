@@ -27,10 +27,10 @@ import time
 
 from sqlalchemy.engine import Connection
 
-from store import staging
-from store import xattrs as xattr_codec
-from store.contained import NODE_KINDS
-from store.staging import StagedRow
+from stepfs.store import staging
+from stepfs.store import xattrs as xattr_codec
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.staging import StagedRow
 
 
 #: File type bits of each node kind (a whiteout has none).

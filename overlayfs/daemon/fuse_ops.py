@@ -19,7 +19,7 @@ Choices (measured or forced, see README "Architecture"):
   namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
-* 60 s attribute and entry timeouts (``mounts.ENTRY_TIMEOUT``), no negative
+* 60 s attribute and entry timeouts (``timeouts.ENTRY_TIMEOUT``), no negative
   caching.  The kernel's caches are what make repeated metadata work (a
   second ``git status``) cheap; what makes them safe is that nothing changes
   the view unannounced: changes through the mount go through the kernel
@@ -27,7 +27,7 @@ Choices (measured or forced, see README "Architecture"):
   other names renews every name: :meth:`KernelCache.new_epoch`),
   rollback and discard call :meth:`KernelCache.invalidate`, and outside
   edits of the workspace are seen by the inotify :class:`Watcher`
-  (``overlayfs/watch.py``), which invalidates the changed names at once.
+  (``overlayfs/daemon/watch.py``), which invalidates the changed names at once.
   The trade-off: a change whose event was lost stays hidden until the
   timeout, so the timeout is long enough to span the gap between an
   agent's commands (the measured gain) and no longer.  A mount that cannot
@@ -61,16 +61,16 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
 import mfusepy  # noqa: E402  (needs the environment variable above)
 
-from store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
+from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
 
-from . import errors as view_errors  # noqa: E402
-from .agents import Agents  # noqa: E402
-from .closers import Writers  # noqa: E402
-from .fuse_main import hooked  # noqa: E402
-from .mounts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
-from .metatree import ROOT as META_ROOT, is_meta  # noqa: E402
-from .view import Overlay  # noqa: E402
-from .watch import Watcher  # noqa: E402
+from stepfs.overlayfs.core import errors as view_errors  # noqa: E402
+from stepfs.overlayfs.core.agents import Agents  # noqa: E402
+from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
+from stepfs.overlayfs.daemon.fuse_main import hooked  # noqa: E402
+from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta  # noqa: E402
+from stepfs.overlayfs.core.view import Overlay  # noqa: E402
+from stepfs.overlayfs.daemon.watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
 #: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).

@@ -1,6 +1,6 @@
 """The mount daemon: one process per mountpoint.
 
-``python -m overlayfs.daemon WORKSPACE MOUNTPOINT [--ready-fd N]`` opens the
+``python -m stepfs.overlayfs.daemon.main WORKSPACE MOUNTPOINT [--ready-fd N]`` opens the
 workspace (running recovery), takes the mountpoint's lock file
 (``.stepfs/run/<mount key>.lock``, holding the daemon's pid) so a second
 daemon for the same mountpoint is refused, starts the control server, and
@@ -21,14 +21,13 @@ import os
 import sys
 from typing import Callable
 
-from store import staging
-from store.db import Prepared
-from store.workspace import Workspace
+from stepfs.store import staging
+from stepfs.store.db import Prepared
+from stepfs.store.workspace import Workspace
 
-from .control import ControlServer
-from .mounts import mount_key
-from .runfiles import daemon_alive, log_path  # noqa: F401  (re-exported)
-from .view import ROW_DELAY, Overlay
+from stepfs.overlayfs.daemon.control import ControlServer
+from stepfs.overlayfs.daemon.protocol import mount_key
+from stepfs.overlayfs.core.view import ROW_DELAY, Overlay
 
 log = logging.getLogger("stepfs.daemon")
 
@@ -154,7 +153,7 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
           require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
-    from . import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+    from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
     ws = Workspace.open(workspace, create=True)
@@ -177,7 +176,8 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
 
     handle = handler(view, ws, kernel_cache)
 
-    from .autostep import AutoStepper, parse as parse_auto_step
+    from stepfs.overlayfs.daemon.autostep import AutoStepper
+    from stepfs.overlayfs.daemon.protocol import parse_auto_step
 
     delay = parse_auto_step(auto_step)
     stepper = AutoStepper(view, delay) if delay is not None else None

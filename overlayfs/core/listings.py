@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import time
 
-from store.contained import Root
+from stepfs.store.contained import Root
 
 #: A directory changed this recently may change again with an equal ctime
 #: (coarse clock ticks are at most 10 ms; the rest is margin).

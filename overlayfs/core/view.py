@@ -63,22 +63,22 @@ import threading
 import time
 from contextlib import contextmanager
 
-from store import publish, refs, staging, tokens
-from store.errors import NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
-from store.workspace import Workspace
+from stepfs.store import publish, refs, staging, tokens
+from stepfs.store.errors import NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
+from stepfs.store.workspace import Workspace
 
-from .agents import DEFAULT
-from store import xattrs as xattr_codec
-from store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
+from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.store import xattrs as xattr_codec
+from stepfs.store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
 
-from .content import ContentMixin, Draft, Handle
-from .errors import (
+from stepfs.overlayfs.core.content import ContentMixin, Draft, Handle
+from stepfs.overlayfs.core.errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported, ViewError,
 )
-from .listings import Listings
-from .metatree import ROOT as META_ROOT, MetaTree, is_meta
-from .upper import Node, PendingRows, Upper, parent_name, rel, view_path
+from stepfs.overlayfs.core.listings import Listings
+from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
+from stepfs.overlayfs.core.upper import Node, PendingRows, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
 

@@ -1,9 +1,9 @@
-"""The control channel between the CLI and a mount daemon (no FUSE import).
+"""The daemon's side of the control channel (no FUSE import).
 
 A daemon listens on an abstract Unix socket named after its mountpoint
-(``\\0stepfs:<mount key>``): abstract names have no path-length limit and
-vanish with the process, so a dead daemon leaves nothing to clean up.  Only
-peers with the daemon's uid (or root) are answered.
+(``protocol.address``): a dead daemon leaves nothing to clean up.  Only
+peers with the daemon's uid (or root) are answered; the client side is
+``client/control.py``.
 
 Protocol: the client sends one JSON object and a newline; the server answers
 with one JSON object and a newline and closes.  Requests: ``{"op": "ping"}``,
@@ -39,15 +39,11 @@ import struct
 import threading
 from typing import Callable
 
-from store import errors as store_errors
+from stepfs.store import errors as store_errors
 
-from .mounts import mount_key
+from stepfs.overlayfs.daemon.protocol import address, recv_line, send
 
 log = logging.getLogger("stepfs.control")
-
-
-def address(mountpoint: str) -> str:
-    return "\0stepfs:" + mount_key(mountpoint)
 
 
 class ControlServer:
@@ -86,9 +82,9 @@ class ControlServer:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid not in (0, os.geteuid()):
-            _send(conn, {"ok": False, "error": "PermissionError", "message": "only the mount's owner may control it."})
+            send(conn, {"ok": False, "error": "PermissionError", "message": "only the mount's owner may control it."})
             return
-        request = json.loads(_recv_line(conn))
+        request = json.loads(recv_line(conn))
         sent = False
 
         def reply(fields: dict) -> None:
@@ -96,7 +92,7 @@ class ControlServer:
             if not sent:
                 sent = True
                 try:
-                    _send(conn, {"ok": True, **fields})
+                    send(conn, {"ok": True, **fields})
                 except OSError as exc:  # the caller went away: the work is done all the same
                     log.warning("could not answer control op %s: %s", request.get("op"), exc)
 
@@ -114,50 +110,4 @@ class ControlServer:
             if not answer["ok"]:
                 log.error("control op %s failed after its answer was sent: %s", request.get("op"), answer["message"])
             return
-        _send(conn, answer)
-
-
-def _recv_line(conn: socket.socket) -> str:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-    return buf.decode()
-
-
-def _send(conn: socket.socket, obj: dict) -> None:
-    conn.sendall(json.dumps(obj).encode() + b"\n")
-
-
-def request(mountpoint: str, payload: dict, timeout: float = 600.0) -> dict:
-    """Send one request to the daemon of ``mountpoint``; raises
-    :class:`store.errors.DaemonError` if nobody answers, and re-raises the
-    daemon's domain error by class name."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    sock.settimeout(timeout)
-    try:
-        try:
-            sock.connect(address(mountpoint))
-        except OSError:
-            raise store_errors.DaemonError(
-                f"the stepfs daemon of {mountpoint} does not answer; is it mounted? ('stepfs status' lists mounts)"
-            ) from None
-        _send(sock, payload)
-        line = _recv_line(sock)
-    except socket.timeout:
-        raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} did not answer within {timeout:.0f} s.") from None
-    finally:
-        sock.close()
-    if not line:
-        raise store_errors.DaemonError(f"the stepfs daemon of {mountpoint} closed the connection without an answer.")
-    answer = json.loads(line)
-    if answer.get("ok"):
-        return answer
-    cls = getattr(store_errors, answer.get("error", ""), None)
-    if isinstance(cls, type) and issubclass(cls, store_errors.StepfsError):
-        if cls is store_errors.CommitConflict:
-            raise cls(answer["message"], answer.get("paths", []))
-        raise cls(answer["message"])
-    raise store_errors.DaemonError(answer.get("message", "the daemon refused the request."))
+        send(conn, answer)

@@ -1,10 +1,10 @@
 """The Python API for agent harnesses (no FUSE import).
 
-A thin layer over ``overlayfs.manage`` and ``store``: the CLI and this API
+A thin layer over ``overlayfs.client.manage`` and ``store``: the CLI and this API
 call the same functions, so both behave the same way and fail with the same
 one-sentence :class:`StepfsError` subclasses (re-exported here)::
 
-    from overlayfs import api
+    from stepfs.overlayfs.client import api
 
     ws = api.open_workspace("/home/me/project", create=True)
     with ws.mount() as m:                   # a private mountpoint, always unmounted
@@ -14,7 +14,7 @@ one-sentence :class:`StepfsError` subclasses (re-exported here)::
 
 Invariants:
 
-* A :class:`Workspace` holds no open store between calls: each method opens
+* A :class:`WorkspaceClient` holds no open store between calls: each method opens
   the store, does one thing and closes it.  Objects are cheap, may live as
   long as the harness, and may be used from several threads (the store and
   the daemons serialise the work).
@@ -23,37 +23,37 @@ Invariants:
   mount is busy), and removes the private mountpoint directory it made.  A
   reused mount (someone else's) is left alone.
 * Staged changes that were not committed are not lost at unmount: they stay
-  in the store as an open step; :meth:`Workspace.step` commits them later.
+  in the store as an open step; :meth:`WorkspaceClient.step` commits them later.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
 import tempfile
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from store import cards, history, layers
+from stepfs.store import cards, history, layers
 
-if TYPE_CHECKING:
-    from . import runner
-from store.errors import (  # noqa: F401  (re-exported for harnesses)
+from stepfs.store.errors import (  # noqa: F401  (re-exported for harnesses)
     CommitConflict, ContainmentError, CorruptObject, DaemonError, MountpointError, NoSuchLayer,
     NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
 )
-from store.workspace import Workspace as Store
-from store.workspace import is_workspace
+from stepfs.store.workspace import Workspace as Store
+from stepfs.store.workspace import is_workspace
 
-from . import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
+from stepfs.overlayfs.client.runner import RunResult, Signals
 
 log = logging.getLogger("stepfs.api")
 
-#: Prefix of the private mountpoints made by :meth:`Workspace.mount`.
+#: Prefix of the private mountpoints made by :meth:`WorkspaceClient.mount`.
 PRIVATE_PREFIX = "stepfs-mnt-"
 
 
-def open_workspace(path: str | os.PathLike | None = None, create: bool = False) -> "Workspace":
+def open_workspace(path: str | os.PathLike | None = None, create: bool = False) -> "WorkspaceClient":
     """The workspace that ``path`` names: the workspace directory, one of its
     mountpoints, or a path inside either (default: the current directory).
 
@@ -69,11 +69,11 @@ def open_workspace(path: str | os.PathLike | None = None, create: bool = False) 
             raise
         ws_path = os.path.realpath(raw)
     Store.open(ws_path, create=create and not is_workspace(ws_path)).close()
-    return Workspace(ws_path)
+    return WorkspaceClient(ws_path)
 
 
 @dataclass(frozen=True)
-class Workspace:
+class WorkspaceClient:
     """A stepfs workspace, by its absolute real path."""
 
     path: str
@@ -169,12 +169,10 @@ class Workspace:
         """
         return manage.rollback(manage.Target(self.path), number, paths=list(paths or ()), dry_run=dry_run)
 
-    def run(self, command: list[str], **kwargs) -> "runner.RunResult":
+    def run(self, command: list[str], **kwargs) -> RunResult:
         """Run ``command`` in a mount of this workspace and commit what it
-        changed as one step; see :func:`overlayfs.runner.run_command`."""
-        from . import runner
-
-        return runner.run_command(command, self, **kwargs)
+        changed as one step; see :func:`run_command`."""
+        return run_command(command, self, **kwargs)
 
 
 class Mount:
@@ -184,7 +182,7 @@ class Mount:
     directory there (:meth:`map_path` maps workspace paths into it).
     """
 
-    def __init__(self, workspace: Workspace, path: str, pid: int | None, owned: bool, made_dir: bool = False):
+    def __init__(self, workspace: WorkspaceClient, path: str, pid: int | None, owned: bool, made_dir: bool = False):
         self.workspace = workspace
         self.path = path
         self.pid = pid
@@ -246,7 +244,7 @@ class Mount:
                 self.made_dir = False
 
 
-def relative_to_workspace(workspace: Workspace, path: str) -> str | None:
+def relative_to_workspace(workspace: WorkspaceClient, path: str) -> str | None:
     """``path`` relative to the workspace root if it lies in the workspace
     or in one of its live mounts (``""`` for the root itself), else None.
     Paths inside the store (``.stepfs``) count as outside."""
@@ -268,6 +266,110 @@ def relative_to_workspace(workspace: Workspace, path: str) -> str | None:
     return rel
 
 
+# -- ``stepfs run`` as a call ----------------------------------------------------------
+#
+# run_command picks a mount of the workspace (the one the caller named or
+# stands in, else any live one, else a new private one), runs the command
+# with its working directory mapped into the mount (WS/sub becomes
+# MOUNT/sub), commits the mount's open step when the command exits
+# (message: the command line; meta exit_code), and unmounts what it
+# mounted, whatever happened.  A command that changed nothing makes no
+# layer.  Caveat: a reused mount commits its whole open step, including what
+# other writers staged there before the command started; private=True
+# always mounts afresh.  The child process and its signals: runner.py.
+
+
+def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathLike | None" = None, *,
+                message: str | None = None, meta: dict | None = None,
+                mountpoint: str | os.PathLike | None = None, private: bool = False,
+                cwd: str | os.PathLike | None = None, env: dict | None = None,
+                stdin=None, stdout=None, stderr=None,
+                forward_signals: bool = False,
+                on_phase: Callable[[str], None] | None = None) -> RunResult:
+    """Run ``command`` in a mount of ``workspace`` and commit what it changed.
+
+    ``workspace``: a :class:`WorkspaceClient`, or a path (workspace, mount, or
+    a path inside either; a plain directory becomes a workspace); None means
+    the one ``cwd`` is in.  ``cwd`` (default: the current directory) is
+    mapped into the mount; outside the workspace the command runs at the
+    mount's root.  ``env`` is added to the environment, with
+    ``STEPFS_WORKSPACE`` and ``STEPFS_MOUNT`` set.  ``on_phase`` is called
+    with "mounting", "running", "committing", "unmounting".
+
+    Raises :class:`StepfsError` if the mount or the commit fails; a failed
+    commit carries the command's status as ``exc.command_exit_code`` (its
+    changes stay staged in the store, see :meth:`WorkspaceClient.step`).
+    """
+    if not command:
+        raise ValueError("run_command needs a command")
+    command = [os.fspath(c) for c in command]
+    phase = on_phase or (lambda _name: None)
+    start_dir = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    ws, standing_in = _resolve(workspace, start_dir)
+    with Signals(forward_signals) as sig:
+        phase("mounting")
+        if mountpoint is not None:
+            m = ws.mount(mountpoint, reuse=True)
+        elif private:
+            m = ws.mount()
+        else:
+            m = standing_in or ws._live_mount(None) or ws.mount()
+        try:
+            run_cwd = _map_cwd(ws, m, start_dir)
+            result = RunResult(command, 0, None, m.path, reused=not m.owned, cwd=run_cwd, workspace=ws.path)
+            child_env = {**os.environ, **(env or {}), "STEPFS_WORKSPACE": ws.path, "STEPFS_MOUNT": m.path,
+                         "PWD": run_cwd}
+            if sig.received:
+                result.started = False
+                result.exit_code = 128 + sig.received[0]
+            else:
+                phase("running")
+                result.exit_code, result.started = sig.run(
+                    command, cwd=run_cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr)
+            result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
+            if result.started:
+                phase("committing")
+                step_meta = {"exit_code": str(result.exit_code), **(meta or {})}
+                try:
+                    result.number = m.step(message if message is not None else shlex.join(command),
+                                           meta=step_meta)
+                except StepfsError as exc:
+                    exc.command_exit_code = result.exit_code
+                    raise
+        finally:
+            if m.owned:
+                phase("unmounting")
+                m.unmount()
+    return result
+
+
+def _resolve(workspace, start_dir: str) -> tuple[WorkspaceClient, "Mount | None"]:
+    """The workspace, and the live mount of it that the caller named or
+    stands in (to be reused), if any."""
+    named = None
+    if isinstance(workspace, WorkspaceClient):
+        ws = workspace
+    else:
+        named = os.path.abspath(os.path.expanduser(os.fspath(workspace))) if workspace is not None else None
+        ws = open_workspace(named if named is not None else start_dir, create=named is not None)
+    for probe in (named, start_dir):
+        entry = mounts.containing(probe) if probe is not None else None
+        if entry is not None and entry.workspace == ws.path:
+            return ws, Mount(ws, entry.mountpoint, pid=None, owned=False)
+    return ws, None
+
+
+def _map_cwd(ws: WorkspaceClient, m: Mount, start_dir: str) -> str:
+    rel = relative_to_workspace(ws, start_dir)
+    if rel is None:
+        return m.path
+    mapped = os.path.join(m.path, rel) if rel else m.path
+    if not os.path.isdir(mapped):
+        log.warning("%s does not exist in the mount; running at its root", mapped)
+        return m.path
+    return mapped
+
+
 def _rmdir(path: str) -> None:
     try:
         os.rmdir(path)
@@ -276,7 +378,7 @@ def _rmdir(path: str) -> None:
 
 
 __all__ = [
-    "open_workspace", "Workspace", "Mount", "relative_to_workspace",
+    "open_workspace", "WorkspaceClient", "Mount", "relative_to_workspace", "run_command", "RunResult",
     "StepfsError", "WorkspaceError", "MountpointError", "NotMountedError", "StoreFormatError",
     "NothingToCommit", "CommitConflict", "DaemonError", "ContainmentError", "NoSuchLayer", "CorruptObject",
 ]

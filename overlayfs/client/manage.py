@@ -18,20 +18,20 @@ import sys
 import time
 from dataclasses import dataclass
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from store.errors import (
+from stepfs.store.errors import (
     InputError,
     CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, StepfsError, WorkspaceError,
 )
-from store.paths import STORE_DIR, check_directory, is_workspace
+from stepfs.store.paths import STORE_DIR, check_directory, is_workspace
 
-from . import control, mounts
-from .runfiles import daemon_alive, daemon_alive_settled, log_path
+from stepfs.overlayfs.client import control, mounts
+from stepfs.overlayfs.daemon.protocol import daemon_alive, daemon_alive_settled, log_path, parse_auto_step
 
 if TYPE_CHECKING:
-    from store import staging
-    from store.workspace import Workspace
+    from stepfs.store import staging
+    from stepfs.store.workspace import Workspace
 
 # The store and the database layer (SQLAlchemy: most of a CLI start-up) are
 # imported inside the functions that open the store: a `stepfs step` or
@@ -132,6 +132,25 @@ def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
     return True
 
 
+def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other: bool) -> tuple[str, str]:
+    """What a mount does before its daemon starts: check the arguments
+    (refused before anything is touched), detach a dead mount at the same
+    place, create the store and run recovery.  The workspace's and the
+    mountpoint's absolute paths."""
+    from stepfs.store.workspace import Workspace
+
+    if allow_other and os.geteuid() != 0:
+        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
+    try:
+        parse_auto_step(auto_step)
+    except ValueError as exc:
+        raise InputError(f"{exc}.") from None
+    reclaim_dead_mount(workspace, mountpoint)
+    ws_path, mp = check_mount_args(workspace, mountpoint)
+    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    return ws_path, mp
+
+
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
           auto_step: str = "manual", allow_other: bool = False) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
@@ -141,35 +160,14 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise.  ``allow_other`` lets users other than the mounter in (root
     only; the kernel then checks their permissions: default_permissions)."""
-    from store.workspace import Workspace
-
-    from .autostep import parse as parse_auto_step
-
-    if allow_other and os.geteuid() != 0:
-        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
-
-    try:
-        parse_auto_step(auto_step)
-    except ValueError as exc:
-        raise InputError(f"{exc}.") from None  # refused before anything is touched
-    reclaim_dead_mount(workspace, mountpoint)
-    ws_path, mp = check_mount_args(workspace, mountpoint)
-    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
-        cmd = [sys.executable, "-m", "overlayfs.daemon", ws_path, mp, "--ready-fd", str(write_end)]
-        if debug:
-            cmd.append("--debug")
-        if require_read:
-            cmd.append("--require-read")
-        if auto_step != "manual":
-            cmd += ["--auto-step", auto_step]
-        if allow_other:
-            cmd.append("--allow-other")
+        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other) + ["--ready-fd", str(write_end)]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True, cwd="/", env={**os.environ, "PYTHONPATH": _import_root()},
+            start_new_session=True, cwd="/",
         )
     os.close(write_end)
     try:
@@ -194,11 +192,32 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     raise DaemonError(f"the mount daemon did not start: {_last_line(logfile)} (log: {logfile}).")
 
 
-def _import_root() -> str:
-    """Make ``python -m overlayfs.daemon`` import this very code base."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    extra = os.environ.get("PYTHONPATH")
-    return here + (os.pathsep + extra if extra else "")
+def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
+                   allow_other: bool) -> list[str]:
+    """The daemon's command line: this interpreter, so it imports the same
+    installed ``stepfs`` as this process."""
+    cmd = [sys.executable, "-m", "stepfs.overlayfs.daemon.main", ws_path, mp]
+    if debug:
+        cmd.append("--debug")
+    if require_read:
+        cmd.append("--require-read")
+    if auto_step != "manual":
+        cmd += ["--auto-step", auto_step]
+    if allow_other:
+        cmd.append("--allow-other")
+    return cmd
+
+
+def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
+                     auto_step: str = "manual", allow_other: bool = False) -> NoReturn:
+    """``stepfs mount --foreground``: check the arguments as :func:`mount`
+    does, then become the daemon (exec, same pid), attached to this terminal
+    until unmounted."""
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other)
+    os.execv(cmd[0], cmd)
 
 
 def _last_line(path: str) -> str:
@@ -276,7 +295,7 @@ def unmount(mountpoint: str, force: bool = False) -> None:
 
 
 def _op(row: staging.StagedRow) -> str:
-    from store import tokens
+    from stepfs.store import tokens
 
     if row.kind == "whiteout":
         return "D"
@@ -300,10 +319,8 @@ def sync_rows(ws: Workspace, mountpoint: str | None = None) -> None:
 
 def status(target: Target) -> dict:
     """Mounts of the workspace, each open step's staged paths, the conflicts."""
-    from sqlalchemy import select as sql_select
-
-    from store import layers, schema, staging
-    from store.workspace import Workspace
+    from stepfs.store import conflicts, layers, staging
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
         live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
@@ -324,7 +341,7 @@ def status(target: Target) -> dict:
                     "readonly": _readonly_reason(mp) if mp in live and pid else None,
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
-            for c in conn.execute(sql_select(schema.conflicts).order_by(schema.conflicts.c.id)):
+            for c in conflicts.listed(conn):
                 path = os.fsdecode(bytes(c.path))
                 out["conflicts"].append({
                     "id": c.id, "path": path, "reason": c.reason, "mount": c.mount,
@@ -350,10 +367,10 @@ def discard(target: Target, paths: list[str]) -> list[str]:
     target, every open step with a workspace target), keeping their bytes
     as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
-    from store import refs, staging
-    from store.workspace import Workspace
+    from stepfs.store import refs, staging
+    from stepfs.store.workspace import Workspace
 
-    from store import history
+    from stepfs.store import history
 
     dropped: set[str] = set()
     with Workspace.open(target.workspace) as ws:
@@ -392,8 +409,8 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     numbers = _step_live_mounts(target.workspace, payload)
     if numbers:
         return numbers
-    from store import publish, staging
-    from store.workspace import Workspace
+    from stepfs.store import publish, staging
+    from stepfs.store.workspace import Workspace
 
     numbers: list[int] = []
     nothing: NothingToCommit | None = None
@@ -452,7 +469,7 @@ def _step_live_mounts(workspace: str, payload: dict) -> list[int]:
 
 
 def _open_steps_with_changes(ws: Workspace) -> int:
-    from store import staging
+    from stepfs.store import staging
 
     sync_rows(ws)
     with ws.db.read() as conn:
@@ -492,9 +509,9 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
     not include staged changes (``open_steps_with_changes`` counts them).
     Paths are user paths (``store.history.user_path``).
     """
-    from store import history
-    from store import rollback as store_rollback
-    from store.workspace import Workspace
+    from stepfs.store import history
+    from stepfs.store import rollback as store_rollback
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
         rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in paths] or None
@@ -522,4 +539,4 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
 
 
 __all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "rollback", "invalidate_mounts",
-           "abort_connection", "CommitConflict", "errno"]
+           "abort_connection"]

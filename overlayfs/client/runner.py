@@ -1,15 +1,6 @@
-"""``stepfs run`` as a library call: one command, one mount, one step (no FUSE import).
-
-:func:`run_command` picks a mount of the workspace (the one the caller named
-or stands in, else any live one, else a new private one), runs the command
-with its working directory mapped into the mount (``WS/sub`` becomes
-``MOUNT/sub``), commits the mount's open step when the command exits
-(message: the command line; meta ``exit_code``), and unmounts what it
-mounted, whatever happened.  A command that changed nothing makes no layer.
-
-Caveat: a reused mount commits its whole open step, including what other
-writers staged there before the command started; ``private=True`` always
-mounts afresh.
+"""The command of ``stepfs run`` as a child process (no FUSE import): its
+result, and the signals stepfs receives while it runs.  The mounting and
+committing around it are ``api.run_command``'s.
 
 Signals (``forward_signals=True``, main thread only; the CLI uses it):
 
@@ -29,17 +20,14 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import signal
 import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
 
-from store.errors import StepfsError
 
-from . import api, mounts
 
 log = logging.getLogger("stepfs.run")
 
@@ -71,98 +59,7 @@ class RunResult:
     forwarded: list[int] = field(default_factory=list)
 
 
-def run_command(command: list[str], workspace: "api.Workspace | str | os.PathLike | None" = None, *,
-                message: str | None = None, meta: dict | None = None,
-                mountpoint: str | os.PathLike | None = None, private: bool = False,
-                cwd: str | os.PathLike | None = None, env: dict | None = None,
-                stdin=None, stdout=None, stderr=None,
-                forward_signals: bool = False,
-                on_phase: Callable[[str], None] | None = None) -> RunResult:
-    """Run ``command`` in a mount of ``workspace`` and commit what it changed.
-
-    ``workspace``: a :class:`api.Workspace`, or a path (workspace, mount, or
-    a path inside either; a plain directory becomes a workspace); None means
-    the one ``cwd`` is in.  ``cwd`` (default: the current directory) is
-    mapped into the mount; outside the workspace the command runs at the
-    mount's root.  ``env`` is added to the environment, with
-    ``STEPFS_WORKSPACE`` and ``STEPFS_MOUNT`` set.  ``on_phase`` is called
-    with "mounting", "running", "committing", "unmounting".
-
-    Raises :class:`StepfsError` if the mount or the commit fails; a failed
-    commit carries the command's status as ``exc.command_exit_code`` (its
-    changes stay staged in the store, see :meth:`api.Workspace.step`).
-    """
-    if not command:
-        raise ValueError("run_command needs a command")
-    command = [os.fspath(c) for c in command]
-    phase = on_phase or (lambda _name: None)
-    start_dir = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
-    ws, standing_in = _resolve(workspace, start_dir)
-    with _Signals(forward_signals) as sig:
-        phase("mounting")
-        if mountpoint is not None:
-            m = ws.mount(mountpoint, reuse=True)
-        elif private:
-            m = ws.mount()
-        else:
-            m = standing_in or ws._live_mount(None) or ws.mount()
-        try:
-            run_cwd = _map_cwd(ws, m, start_dir)
-            result = RunResult(command, 0, None, m.path, reused=not m.owned, cwd=run_cwd, workspace=ws.path)
-            child_env = {**os.environ, **(env or {}), "STEPFS_WORKSPACE": ws.path, "STEPFS_MOUNT": m.path,
-                         "PWD": run_cwd}
-            if sig.received:
-                result.started = False
-                result.exit_code = 128 + sig.received[0]
-            else:
-                phase("running")
-                result.exit_code, result.started = sig.run(
-                    command, cwd=run_cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr)
-            result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
-            if result.started:
-                phase("committing")
-                step_meta = {"exit_code": str(result.exit_code), **(meta or {})}
-                try:
-                    result.number = m.step(message if message is not None else shlex.join(command),
-                                           meta=step_meta)
-                except StepfsError as exc:
-                    exc.command_exit_code = result.exit_code
-                    raise
-        finally:
-            if m.owned:
-                phase("unmounting")
-                m.unmount()
-    return result
-
-
-def _resolve(workspace, start_dir: str) -> tuple[api.Workspace, "api.Mount | None"]:
-    """The workspace, and the live mount of it that the caller named or
-    stands in (to be reused), if any."""
-    named = None
-    if isinstance(workspace, api.Workspace):
-        ws = workspace
-    else:
-        named = os.path.abspath(os.path.expanduser(os.fspath(workspace))) if workspace is not None else None
-        ws = api.open_workspace(named if named is not None else start_dir, create=named is not None)
-    for probe in (named, start_dir):
-        entry = mounts.containing(probe) if probe is not None else None
-        if entry is not None and entry.workspace == ws.path:
-            return ws, api.Mount(ws, entry.mountpoint, pid=None, owned=False)
-    return ws, None
-
-
-def _map_cwd(ws: api.Workspace, m: api.Mount, start_dir: str) -> str:
-    rel = api.relative_to_workspace(ws, start_dir)
-    if rel is None:
-        return m.path
-    mapped = os.path.join(m.path, rel) if rel else m.path
-    if not os.path.isdir(mapped):
-        log.warning("%s does not exist in the mount; running at its root", mapped)
-        return m.path
-    return mapped
-
-
-class _Signals:
+class Signals:
     """The signal policy of :func:`run_command` (see the module docstring).
     Inactive outside the main thread or when forwarding is off: then the
     process's own handlers stay in charge."""
@@ -176,7 +73,7 @@ class _Signals:
         self.forwarded: list[int] = []
         self._old_handlers: dict[int, object] = {}
 
-    def __enter__(self) -> "_Signals":
+    def __enter__(self) -> "Signals":
         if self.enabled:
             for signum in self.signals:
                 self._old_handlers[signum] = signal.signal(signum, self._record)

@@ -21,26 +21,13 @@ import logging
 import threading
 import time
 
-from store.errors import NothingToCommit, StepfsError
+from stepfs.store.errors import NothingToCommit, StepfsError
 
 log = logging.getLogger("stepfs.autostep")
 
 
-def parse(policy: str) -> float | None:
-    """``manual`` -> None, ``close`` -> 0.0, ``idle:S`` -> S seconds; ValueError otherwise."""
-    if policy == "manual":
-        return None
-    if policy == "close":
-        return 0.0
-    if policy.startswith("idle:"):
-        seconds = float(policy[5:])
-        if seconds > 0:
-            return seconds
-    raise ValueError(f"--auto-step takes manual, close or idle:SECONDS, not {policy!r}")
-
-
 class AutoStepper:
-    """Commits ``view``'s open step according to ``delay`` (see :func:`parse`)."""
+    """Commits ``view``'s open step according to ``delay`` (see ``protocol.parse_auto_step``)."""
 
     def __init__(self, view, delay: float):
         self.view = view

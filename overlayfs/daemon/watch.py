@@ -1,7 +1,7 @@
 """Outside edits of the workspace, seen through inotify (FUSE-free).
 
 The kernel may cache a mount's names and attributes for
-:data:`overlayfs.mounts.ENTRY_TIMEOUT` seconds; an editor outside the mount
+:data:`stepfs.overlayfs.daemon.timeouts.ENTRY_TIMEOUT` seconds; an editor outside the mount
 (DESIGN.md semantic 3) changes the workspace without telling FUSE.  This
 module watches, with inotify, every workspace directory the mount has shown
 to the kernel, and turns each event into "forget these paths" for the

@@ -7,25 +7,12 @@ the CLI is traced back to its workspace without asking the daemon.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from dataclasses import dataclass
 
 FSTYPE = "fuse.stepfs"
 FSNAME_PREFIX = "stepfs:"
-#: How long the kernel trusts a looked-up name and its attributes in a
-#: stepfs mount (``fuse_ops.run``) while the mount watches the workspace
-#: for outside edits (``overlayfs/watch.py``); no negative entries are
-#: cached.  Long enough to span the pause between an agent's commands;
-#: short enough to bound what a lost inotify event could hide.
-ENTRY_TIMEOUT = 60.0
-ATTR_TIMEOUT = 60.0
-#: How long the kernel may trust that a name does not exist.
-NEGATIVE_TIMEOUT = 0.0
-#: The timeouts of a mount that cannot watch (inotify unavailable, out of
-#: watches, events lost): outside edits show after at most this long.
-SHORT_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +67,3 @@ def containing(path: str) -> MountEntry | None:
                 best = m
     return best
 
-
-def mount_key(mountpoint: str) -> str:
-    """A short stable name for files and sockets belonging to a mountpoint."""
-    return hashlib.sha256(os.path.normpath(os.path.abspath(mountpoint)).encode()).hexdigest()[:16]

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import os
 
-from store.errors import InputError, NothingToCommit, NotMountedError
+from stepfs.store.errors import InputError, NothingToCommit, NotMountedError
 
-from . import manage
+from stepfs.overlayfs.client import manage
 
 #: Payload field -> layer metadata key.
 META_FIELDS = {

@@ -96,6 +96,24 @@ def _test_timeout(request) -> float:
     return float(request.config.getini("timeout") or 120)
 
 
+@pytest.fixture(autouse=True)
+def daemon_crash_check(request):
+    """Fail a test whose daemon crashed (a fatal signal, a fatal error in
+    its log: ``mountguard.daemon_crashes``), whatever its assertions said.
+    Every daemon a test starts keeps its log in its workspace, under the
+    test's ``tmp_path``: the mount fixture's, ``private_tmp``'s
+    (``stepfs run``, the Python API, the Docker entry point) and the CLI's.
+    Torn down after them (autouse: set up first), so after the unmounts."""
+    tmp = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp is not None:
+        from mountguard import daemon_crashes
+
+        crashed = daemon_crashes(tmp)
+        if crashed:
+            pytest.fail("a mount daemon of this test crashed:\n  " + "\n  ".join(crashed), pytrace=False)
+
+
 @pytest.fixture
 def mount(request, tmp_path):
     """Factory: ``mount(workspace, mountpoint=None) -> Mounted``.  Every mount

@@ -401,7 +401,7 @@ def test_s6_one_agent_at_a_time_has_the_page_cache(workspace, mount, agents, fir
 # -- S7 ---------------------------------------------------------------------------------------
 
 
-def test_s7_dup_fork_and_several_closes_share_one_decision(workspace, mount, agents):
+def test_s7_dup_fork_and_several_closes_make_one_decision(workspace, mount, agents):
     (workspace / "x").write_text("original\n")
     m = mount(workspace)
     loser, winner = agents(m.mountpoint, "loser"), agents(m.mountpoint, "winner")
@@ -409,11 +409,13 @@ def test_s7_dup_fork_and_several_closes_share_one_decision(workspace, mount, age
     loser.ok("write", name="fd", data="loser's bytes\n")
     loser.ok("dup", name="fd", new="dup")
     assert winner.write_file("x", "winner's bytes\n") == {"ok": True}
-    forked = loser.ok("fork_close", name="fd")  # a child closes its inherited copy first
-    assert forked["child"] == errno.ESTALE
-    for name in ("dup", "fd"):  # then every close of the same open file: the same answer
-        out = loser("close", name=name)
-        assert (out["ok"], out["errno"]) == (False, errno.ESTALE)
+    # A child that never wrote closes its inherited copy, then the writer
+    # its dup while the original is still open: neither ends the writer's
+    # use of the file, so neither decides (issue 18 item 0).
+    assert loser.ok("fork_close", name="fd")["child"] == 0
+    assert loser("close", name="dup") == {"ok": True}
+    out = loser("close", name="fd")  # the writer's last copy: the decision
+    assert (out["ok"], out["errno"]) == (False, errno.ESTALE)
     assert loser.read("x") == "winner's bytes\n"
     conflicts = status_json(m.mountpoint)["conflicts"]
     assert [(c["path"], c["agent"]) for c in conflicts] == [("x", "loser")]  # one decision
@@ -525,13 +527,16 @@ def test_s8_a_redirection_the_shell_closes_fails_silently_and_the_status_says_so
         workspace, mount, agents, tmp_path):
     """Builtins writing into a redirection: the shell closes it and drops
     the error; MOUNT/.stepfs/status is where the agent finds out."""
-    (workspace / "f").write_text("original\n")
+    # One file per shell: the second rival writing the bytes the first one
+    # published would change nothing (an identical rewrite keeps the token).
+    for shell, path in (("sh", "f"), ("bash", "g")):
+        (workspace / path).write_text("original\n")
     m = mount(workspace)
-    script = '{ read line; echo "$line"; read line || :; } < SRC > f'
-    for shell in ("sh", "bash"):
-        proc, err = _hold_open_and_lose(m, agents, tmp_path, [shell, "-c", script], shell, "f")
+    for shell, path in (("sh", "f"), ("bash", "g")):
+        script = '{ read line; echo "$line"; read line || :; } < SRC > ' + path
+        proc, err = _hold_open_and_lose(m, agents, tmp_path, [shell, "-c", script], shell, path)
         assert (proc.returncode, err) == (0, "")  # nobody told the shell
-        assert f"last error ({shell}): /f: ESTALE at close" in status_text(m.mountpoint)
+        assert f"last error ({shell}): /{path}: ESTALE at close" in status_text(m.mountpoint)
         assert {c["agent"] for c in status_json(m.mountpoint)["conflicts"]} >= {shell}
 
 

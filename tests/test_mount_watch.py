@@ -192,3 +192,38 @@ def test_discarding_a_kind_change_shows_the_workspace_kind_at_once(workspace, mo
     r = stepfs("discard", m.mountpoint, str(m.path("f")))
     assert r.returncode == 0, r.stderr
     assert m.path("f").is_file() and m.path("f").read_text() == "a file\n"
+
+
+def test_names_removed_outside_and_recreated_at_once_never_fail(workspace, mount):
+    """The watcher's event about a removal may arrive before, during or
+    after the name is recreated through the mount (and after the kernel
+    dropped its parent): no system call may fail with ESTALE for it
+    (issue 18 item 6).  Many names, each removed outside and at once
+    recreated through the mount, so the events land at every point."""
+    d = workspace / "d"
+    d.mkdir()
+    n = 150
+    for i in range(n):
+        (d / f"n{i}").write_text("v1\n")
+    m = mount(workspace)
+    for i in range(n):
+        os.stat(m.path("d", f"n{i}"))  # the kernel holds every name
+    failures = []
+    for i in range(n):
+        os.unlink(d / f"n{i}")
+        target = m.path("d", f"n{i}")
+        try:
+            if i % 3 == 0:
+                os.mkdir(target)
+            elif i % 3 == 1:
+                target.write_text("mine\n")
+            else:
+                os.symlink("x", target)
+            os.lstat(target)
+        except OSError as exc:
+            failures.append((i, os.strerror(exc.errno)))
+    assert failures == []
+    for i in range(n):  # and later, once every event has been handled
+        assert seen(lambda: os.path.lexists(m.path("d", f"n{i}")), True)
+    assert sorted(os.listdir(m.path("d"))) == sorted(f"n{i}" for i in range(n))
+    assert not os.listdir(d)  # staged, not published

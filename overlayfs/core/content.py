@@ -847,13 +847,17 @@ class ContentMixin:
             h.wrote = True
             h.draft.dirty = True
 
-    def flush(self, fh: int) -> None:
-        """The close of one descriptor (see the module doc for the CAS)."""
+    def flush(self, fh: int, publish: bool = True) -> None:
+        """The close of one descriptor (see the module doc for the CAS).
+        ``publish`` False: a close that does not end the writer's use of the
+        handle (a forked child's copy, a dup; the adapter tells them apart,
+        ``closers.py``): nothing is decided, the last decision is repeated,
+        and what was written waits for the writer's close or ``release``."""
         with self.lock:
             h = self._handle(fh)
             if h.draft is None or not h.writable:
                 return
-            if h.wrote:
+            if h.wrote and publish:
                 h.wrote = False
                 h.result = self._close_write(h.draft)
             if h.result == "stale" or (h.result is None and h.draft.stale):

@@ -1,6 +1,6 @@
 """The FUSE adapter: mfusepy callbacks -> :class:`overlayfs.view.Overlay`.
 
-This is the only module that imports mfusepy.  It translates paths, file
+With ``fuse_main.py`` (the loop), the only module that imports mfusepy.  It translates paths, file
 info structs and stat dicts, and maps errors to errno in one table
 (:data:`ERRNO`).  No filesystem decision is made here.
 
@@ -42,8 +42,10 @@ Choices (measured or forced, see README "Architecture"):
   (:class:`ListingCache`, which works around libfuse 3.14's high-level
   ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
-  ``ESTALE`` once (``getattr``, ``KernelCache.gone``; ``open`` of a name
-  that is not there): the VFS then repeats the lookup with revalidation.
+  ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
+  name that is not there): the VFS then repeats the lookup with
+  revalidation.  A LOOKUP always gets the truth (told from a GETATTR by
+  :class:`ListingCache`'s ``lookup`` hook).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ import errno
 import logging
 import os
 import struct
+import threading
 
 os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
@@ -62,6 +65,8 @@ from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, Store
 
 from stepfs.overlayfs.core import errors as view_errors  # noqa: E402
 from stepfs.overlayfs.core.agents import Agents  # noqa: E402
+from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
+from stepfs.overlayfs.daemon.fuse_main import hooked  # noqa: E402
 from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta  # noqa: E402
 from stepfs.overlayfs.core.view import Overlay  # noqa: E402
@@ -150,12 +155,15 @@ class KernelCache:
     Threading: call from any thread except the FUSE loop's, and never while
     holding the view's lock: the kernel may have to wait for a request in
     flight (a read holding a page lock) that the loop can only finish by
-    taking that lock.
+    taking that lock.  Every libfuse call goes through a gate that
+    :meth:`detach` closes when the loop has returned, before libfuse tears
+    the session down (``fuse_main.py``): it also waits for the calls in
+    flight, so none runs on any thread once teardown starts.
 
     Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
     that only by node id, which the high-level API keeps to itself), so a
     name whose file was removed or replaced is put in :attr:`gone` before
-    its attributes are dropped: the next ``getattr`` of it (the kernel's
+    its attributes are dropped: the next GETATTR of it (the kernel's
     question once the attributes are gone) answers ``ESTALE`` once, and the
     VFS retries the lookup with revalidation, which drops or rebinds the
     name (a kind change, file -> directory, included).  ``gone`` is a plain
@@ -176,6 +184,9 @@ class KernelCache:
         lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
         lib.fuse_session_fd.restype = ctypes.c_int
         self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
+        # The gate: _fuse (None once closed) and the libfuse calls in flight.
+        self._gate = threading.Condition()
+        self._inflight = 0
         self.gone: set[str] = set()
         #: Whether directory listings are being cached (ListingCache; for
         #: the control channel's ``ping``, any thread).
@@ -187,10 +198,20 @@ class KernelCache:
         self._fuse = lib.fuse_get_context().contents.fuse
         self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
 
-    def detach(self) -> None:
-        """The session is ending: no more invalidations (from ``destroy``)."""
-        self._fuse = None
-        self._dev_fd = -1
+    def detach(self, wait: float = 10.0) -> bool:
+        """The session is ending: close the gate (later calls do nothing),
+        then wait at most ``wait`` seconds for the libfuse calls in flight;
+        False when one is still running (the kernel holds it until the
+        unmount aborts the connection: it has walked the node table
+        already, and only waits in its write).  On the loop thread: after
+        the loop returned (``fuse_main``), and again from ``destroy``."""
+        with self._gate:
+            self._fuse = None
+            self._dev_fd = -1  # new_epoch runs on this same thread: no race
+            done = self._gate.wait_for(lambda: self._inflight == 0, wait)
+        if not done:
+            log.warning("an invalidation is still running in the kernel at unmount")
+        return done
 
     def new_epoch(self) -> bool:
         """Make the kernel look up again every name it holds before it uses
@@ -222,10 +243,18 @@ class KernelCache:
 
     def forget(self, path: str) -> bool:
         """Invalidate one view path; True when the kernel had it cached."""
-        fuse = self._fuse
-        if not fuse:
-            return False
-        rc = self._call(fuse, os.fsencode(path))
+        with self._gate:
+            fuse = self._fuse
+            if not fuse:
+                return False
+            self._inflight += 1
+        try:
+            rc = self._call(fuse, os.fsencode(path))
+        finally:
+            with self._gate:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._gate.notify_all()
         if rc != 0 and rc != -errno.ENOENT:
             log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
         return rc == 0
@@ -255,6 +284,7 @@ _SE_FD_OFFSET = 12
 _FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
 _LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
 _LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
+_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
 
 
 def _libfuse_text() -> list[tuple[int, int]]:
@@ -314,11 +344,15 @@ class ListingCache:
         self.enabled = False  # set by StepFS once installed and watching
         self.dir_node = 0  # node id of the directory whose readdir is in flight
         self.uncached: set[int] = set()  # node ids of .stepfs directories
+        # A LOOKUP is being answered (the high-level API asks getattr for
+        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.
+        self.in_lookup = False
+        self.installed = False
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
         self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
-                       "readdirplus": _LL_READDIR(self._reading("readdirplus"))}
+                       "readdirplus": _LL_READDIR(self._reading("readdirplus")), "lookup": _LL_LOOKUP(self._lookup)}
 
     # The wrappers are C callbacks: whatever happens, libfuse's own handler
     # must run, or the request would never be answered.
@@ -330,6 +364,13 @@ class ListingCache:
                 fi.keep_cache = 1
         finally:
             self._orig["opendir"](req, ino, llfi)
+
+    def _lookup(self, req, parent, name):
+        self.in_lookup = True
+        try:
+            self._orig["lookup"](req, parent, name)
+        finally:
+            self.in_lookup = False
 
     def _reading(self, op: str):
         """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
@@ -372,11 +413,12 @@ class ListingCache:
             slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
             self._slots.append((slot, ops[i]))
             slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+        self.installed = True
         return True
 
     def uninstall(self) -> None:
         """Put libfuse's own handlers back (from ``destroy``)."""
-        self.enabled = False
+        self.enabled = self.in_lookup = self.installed = False
         for slot, addr in self._slots:
             slot.value = addr
         self._slots.clear()
@@ -414,6 +456,8 @@ class StepFS(mfusepy.Operations):
         view.meta.caller = _caller  # status lists only what the reader may list
         self.on_ready = on_ready
         self.agents = Agents(view.default_agent)
+        # Who wrote through each handle: decides which FLUSH publishes (closers.py).
+        self.writers = Writers(view.mountpoint)
         self.kernel_cache = kernel_cache
         # Hot-path shortcuts: the gone set (empty almost always) and the
         # watcher's "watch this directory" (None: nothing to watch).
@@ -444,6 +488,10 @@ class StepFS(mfusepy.Operations):
         if self.kernel_cache is not None:
             self.kernel_cache.invalidate([path])
 
+    def _caller(self) -> int:
+        """The calling thread's id (the FUSE request's pid; 0: unknown)."""
+        return mfusepy.fuse_get_context()[2]
+
     def _agent(self) -> str:
         """The calling process's agent (pid from the FUSE request)."""
         return self.agents.of(mfusepy.fuse_get_context()[2])
@@ -462,10 +510,12 @@ class StepFS(mfusepy.Operations):
         the kernel's mode checks (``default_permissions``, which the flag
         implies anyway)."""
         self._config = config
-        # Listings are cached only while outside edits are seen (watcher).
-        if (self.watcher is not None and self.kernel_cache is not None and config is not None
-                and config.entry_timeout > SHORT_TIMEOUT):
-            self.listings.enabled = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+        # The hooks go in whenever libfuse's layout is proven (lookup's is
+        # used by getattr); listings are cached only while outside edits
+        # are seen (watcher).
+        if self.kernel_cache is not None and config is not None:
+            installed = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
@@ -484,25 +534,46 @@ class StepFS(mfusepy.Operations):
         self.listings.enabled = False  # the next opendir of each directory drops its cached listing
         if self.kernel_cache is not None:
             self.kernel_cache.listings_cached = False
-        if self._config is not None:
-            self._config.entry_timeout = SHORT_TIMEOUT
-            self._config.attr_timeout = SHORT_TIMEOUT
+        config = self._config  # None once the teardown began
+        if config is not None:
+            config.entry_timeout = SHORT_TIMEOUT
+            config.attr_timeout = SHORT_TIMEOUT
 
-    def destroy(self, path):
+    def teardown(self) -> None:
+        """The loop has returned; libfuse has torn nothing down yet
+        (``fuse_main``): from here on no thread calls into libfuse or
+        touches its structures.  The gate first, so that a watcher busy
+        with invalidations stops at once; then the watcher itself.
+        Idempotent (``destroy`` repeats it, for libfuse before 3.12)."""
         self.listings.uninstall()
-        if self.watcher is not None:
-            self.watcher.stop()
+        self._config = None  # freed by fuse_destroy; short_timeouts may run on the watcher
         if self.kernel_cache is not None:
             self.kernel_cache.detach()
+        if self.watcher is not None:
+            self.watcher.stop()
+
+    def destroy(self, path):
+        self.teardown()
         self.view.close()
 
     @_translating
     def getattr(self, path, fh=None):
         if fh is None and self._gone and path in self._gone:
             # The kernel still binds this name to a file that was removed or
-            # replaced: make it look the name up again (KernelCache).
+            # replaced: make it look the name up again (KernelCache).  Only
+            # in a GETATTR: a LOOKUP gets the truth.  A LOOKUP that
+            # revalidates a held name compares the answer's kind itself,
+            # and a fresh one (the parent was just dropped, or the kernel
+            # never held the name) would fail its system call for good: the
+            # VFS retries an ESTALE once per call, and mkdir not at all
+            # (issue 18 item 6).
+            # Nor for a name the mount itself serves from its upper layer
+            # (created or written through it): the kernel's binding is to
+            # that, whatever the workspace's file did, and an event about
+            # it may arrive after the name was recreated through the mount.
             self._gone.discard(path)
-            raise mfusepy.FuseOSError(errno.ESTALE)
+            if not self.listings.in_lookup and self.view.upper.get(path) is None:
+                raise mfusepy.FuseOSError(errno.ESTALE)
         out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
@@ -590,12 +661,16 @@ class StepFS(mfusepy.Operations):
     @_translating
     def truncate(self, path, length, fh=None):
         self._page_tokens.pop(path, None)
+        if fh is not None:
+            self.writers.wrote(fh.fh, self._caller())
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
     @_translating
     def open(self, path, fi):
         try:
             fi.fh = self.view.open(path, fi.flags, agent=self._agent())
+            if fi.flags & os.O_TRUNC:
+                self.writers.wrote(fi.fh, self._caller())  # truncating is writing
         except view_errors.NotFound:
             # The kernel sends OPEN only for a name it holds as existing: its
             # entry is stale (removed outside the mount).  ESTALE makes the
@@ -635,6 +710,7 @@ class StepFS(mfusepy.Operations):
     def create(self, path, mode, fi):
         self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
+        self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
@@ -644,12 +720,26 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def write(self, path, data, offset, fi):
+        self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
 
     @_translating
     def flush(self, path, fi):
-        self.view.flush(fi.fh)
+        # Every close of any copy of the descriptor sends a FLUSH (forked
+        # children, dup, a shell's saved descriptors): only the writer's
+        # own last one publishes (closers.py); the others only report the
+        # last decision, and the bytes wait for that close or RELEASE.
+        fh = fi.fh
+        writers_close = self.writers.is_writers_close(fh, self._caller(), lambda: self._handle_ino(path, fh), path)
+        self.view.flush(fh, publish=writers_close)
         return 0
+
+    def _handle_ino(self, path, fh: int) -> int | None:
+        """The inode number the kernel has for open handle ``fh``."""
+        try:
+            return self.view.getattr(path, fh, agent=self._agent)["st_ino"]
+        except Exception:
+            return None
 
     @_translating
     def fsync(self, path, datasync, fi):
@@ -664,6 +754,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def release(self, path, fi):
+        self.writers.forget(fi.fh)
         self.view.release(fi.fh)
         return 0
 
@@ -673,6 +764,7 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def fallocate(self, path, mode, offset, size, fi):
+        self.writers.wrote(fi.fh, self._caller())
         self.view.fallocate(fi.fh, mode, offset, size)
         return 0
 
@@ -891,7 +983,7 @@ class _FUSE(mfusepy.FUSE):
         multi-link workspace file is recorded (``Overlay._lower_shown``).
         A name in the kernel-cache ``gone`` set, or whose attributes fail,
         is listed as a plain entry: the kernel then looks it up as before
-        (and gets its ESTALE once).  ``MOUNT/.stepfs`` in the root's
+        (a LOOKUP, which gets the truth and ends the gone mark).  ``MOUNT/.stepfs`` in the root's
         listing too, and a name the kernel was already given attributes
         for (``StepFS._held``): a plain entry leaves the kernel's binding
         as it is, and costs at most a lookup if the kernel dropped it
@@ -982,19 +1074,22 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
                               quiet=view.commit_idle)
         ops._watch = ops.watcher.watch
     long_cache = watch
-    _FUSE(
-        ops,
-        mountpoint,
-        raw_fi=True,
-        foreground=True,
-        nothreads=True,
-        debug=debug,
-        fsname=_escape_option("stepfs:" + view.ws.path),
-        subtype="stepfs",
-        default_permissions=True,
-        use_ino=True,
-        attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
-        negative_timeout=NEGATIVE_TIMEOUT,
-        **extra,
-    )
+    # The loop, with the teardown hook (fuse_main.py): no libfuse call on
+    # any thread once libfuse starts tearing the session down.
+    with hooked(ops.teardown):
+        _FUSE(
+            ops,
+            mountpoint,
+            raw_fi=True,
+            foreground=True,
+            nothreads=True,
+            debug=debug,
+            fsname=_escape_option("stepfs:" + view.ws.path),
+            subtype="stepfs",
+            default_permissions=True,
+            use_ino=True,
+            attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
+            entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
+            negative_timeout=NEGATIVE_TIMEOUT,
+            **extra,
+        )

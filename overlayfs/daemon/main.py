@@ -13,6 +13,7 @@ exits, so "lock free" means "daemon gone".
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import fcntl
 import gc
 import logging
@@ -256,6 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-last", type=int)
     parser.add_argument("--warn-size", type=int)
     args = parser.parse_args(argv)
+    # A crash (a signal, a fatal error) leaves its traceback, every
+    # thread's, in the log (stderr is the log file: manage.mount); the
+    # tests fail a test whose daemon logged one (tests/mountguard.py).
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

@@ -223,11 +223,17 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name="stepfs-watch", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Stop the thread and close every descriptor (idempotent)."""
+    def stop(self, wait: float = 10.0) -> None:
+        """Stop the thread and close every descriptor (idempotent).  A
+        thread still busy after ``wait`` seconds (an invalidation the kernel
+        holds until the unmount) keeps its descriptors: closing them under
+        it could hand their numbers to another file."""
         if self._thread is not None:
             os.write(self._wake_w, b"x")
-            self._thread.join()
+            self._thread.join(wait)
+            if self._thread.is_alive():
+                log.warning("the watcher thread did not stop within %.0f s; its descriptors stay open", wait)
+                return
             self._thread = None
         for fd in (self._fd, self._wake_r, self._wake_w):
             if fd >= 0:

@@ -1,0 +1,335 @@
+"""Real-mount tier: only the writer's close publishes (issue 18 item 0).
+
+The kernel sends FLUSH for every close of any copy of a descriptor; the
+processes a writer starts close their inherited copies (close-on-exec,
+``subprocess`` closing every descriptor above 2, a child's exit).  Each test
+has a writer (a real process of the mount's default agent) write part of a
+file, do what starts or closes a copy, and a *reader agent* (a separate
+long-lived process, ``STEPFS_AGENT=reader``) read the file meanwhile: it
+must still see the published version, never the half-written bytes.  The
+writer's own last close then publishes everything.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import stepfs
+
+pytestmark = pytest.mark.mount
+
+#: One JSON command per line, one JSON answer per line (pipes, no sleeps).
+WORKER = r"""
+import json, os, subprocess, sys, threading
+fds = {}
+def answer(out):
+    print(json.dumps(out), flush=True)
+for line in sys.stdin:
+    cmd = json.loads(line)
+    op = cmd["op"]
+    out = {"ok": True}
+    try:
+        if op == "open":
+            fds[cmd["name"]] = os.open(cmd["path"], cmd["flags"], 0o644)
+        elif op == "write":
+            os.write(fds[cmd["name"]], cmd["data"].encode())
+        elif op == "close":
+            os.close(fds.pop(cmd["name"]))
+        elif op == "dup":
+            fds[cmd["new"]] = os.dup(fds[cmd["name"]])
+        elif op == "read":
+            with open(cmd["path"], "rb") as f:
+                out["data"] = f.read().decode()
+        elif op == "subprocess":  # closes every inherited descriptor above 2 before its exec
+            out["rc"] = subprocess.run(["true"]).returncode
+        elif op == "fork_exit":  # no exec: the child's exit closes its copies
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        elif op == "fork_close":  # no exec: the child closes its copy itself
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(fds[cmd["name"]])
+                    os._exit(0)
+                except OSError as exc:
+                    os._exit(exc.errno)
+            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        elif op == "spawn":  # posix_spawn (vfork + exec); the copy inherited or closed at the exec
+            fd = fds[cmd["name"]]
+            os.set_inheritable(fd, cmd["inherit"])
+            pid = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
+            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            os.set_inheritable(fd, False)
+        elif op == "threads":  # several threads write; one starts a process meanwhile
+            fd = fds[cmd["name"]]
+            started = threading.Barrier(len(cmd["parts"]) + 1)
+            def writer(i, part):
+                started.wait()
+                os.pwrite(fd, part.encode(), i * len(part))
+            ts = [threading.Thread(target=writer, args=(i, p)) for i, p in enumerate(cmd["parts"])]
+            ts.append(threading.Thread(target=lambda: (started.wait(), subprocess.run(["true"]))))
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        elif op == "thread_close":  # another thread than the writers closes
+            err = []
+            def closer():
+                try:
+                    os.close(fds.pop(cmd["name"]))
+                except OSError as exc:
+                    err.append(exc.errno)
+            t = threading.Thread(target=closer)
+            t.start()
+            t.join()
+            if err:
+                raise OSError(err[0], os.strerror(err[0]))
+        else:
+            raise ValueError(op)
+    except OSError as exc:
+        out = {"ok": False, "errno": exc.errno}
+    answer(out)
+"""
+
+
+class Proc:
+    """A long-lived process in the mount; ``agent`` None: the default agent."""
+
+    def __init__(self, cwd: Path, agent: str | None):
+        env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
+        if agent is not None:
+            env["STEPFS_AGENT"] = agent
+        self.agent = agent
+        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=cwd, env=env, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, op: str, **kw) -> dict:
+        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"process of agent {self.agent} died"
+        return json.loads(line)
+
+    def ok(self, op: str, **kw) -> dict:
+        out = self(op, **kw)
+        assert out["ok"], f"{self.agent}: {op} {kw}: {out}"
+        return out
+
+    def read(self, path: str) -> str:
+        return self.ok("read", path=path)["data"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def procs():
+    made: list[Proc] = []
+
+    def make(cwd: Path, agent: str | None) -> Proc:
+        made.append(Proc(cwd, agent))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for p in made:
+            try:
+                p.stop()
+            except Exception:
+                p.proc.kill()
+                p.proc.wait()
+
+
+def conflicts(mp: Path) -> list[dict]:
+    r = stepfs("status", mp, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["conflicts"]
+
+
+WRITE_TRUNC = os.O_WRONLY | os.O_TRUNC
+
+
+@pytest.fixture
+def setup(workspace, mount, procs):
+    """``(mount, writer, reader)`` with ``t.txt`` holding ``base``, read once
+    by the reader agent."""
+    (workspace / "t.txt").write_text("base")
+    m = mount(workspace)
+    writer, reader = procs(m.mountpoint, None), procs(m.mountpoint, "reader")
+    assert reader.read("t.txt") == "base"
+    return m, writer, reader
+
+
+def test_the_issues_reproduction_subprocess_does_not_publish(setup):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF-WRITTEN ")
+    assert writer.ok("subprocess")["rc"] == 0
+    assert reader.read("t.txt") == "base"
+    writer.ok("write", name="f", data="and done")
+    writer.ok("close", name="f")
+    assert reader.read("t.txt") == "HALF-WRITTEN and done"
+
+
+@pytest.mark.parametrize("op", ["fork_exit", "fork_close"])
+def test_a_forked_child_that_never_wrote_does_not_publish(setup, op):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF ")
+    assert writer.ok(op, name="f")["rc"] == 0
+    assert reader.read("t.txt") == "base"
+    writer.ok("write", name="f", data="WHOLE")
+    writer.ok("close", name="f")
+    assert reader.read("t.txt") == "HALF WHOLE"
+
+
+@pytest.mark.parametrize("inherit", [False, True], ids=["closed-at-exec", "inherited"])
+def test_posix_spawn_does_not_publish(setup, inherit):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF ")
+    assert writer.ok("spawn", name="f", inherit=inherit)["rc"] == 0
+    assert reader.read("t.txt") == "base"
+    writer.ok("close", name="f")
+    assert reader.read("t.txt") == "HALF "
+
+
+def test_closing_a_dup_while_the_original_is_open_does_not_publish(setup):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF ")
+    writer.ok("dup", name="f", new="copy")
+    writer.ok("close", name="copy")
+    assert reader.read("t.txt") == "base"
+    writer.ok("write", name="f", data="WHOLE")
+    writer.ok("close", name="f")  # the last copy: this one publishes
+    assert reader.read("t.txt") == "HALF WHOLE"
+
+
+def test_closing_the_original_while_a_dup_is_open_does_not_publish(setup):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF ")
+    writer.ok("dup", name="f", new="copy")
+    writer.ok("close", name="f")
+    assert reader.read("t.txt") == "base"
+    writer.ok("write", name="copy", data="WHOLE")
+    writer.ok("close", name="copy")
+    assert reader.read("t.txt") == "HALF WHOLE"
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_a_shell_redirection_whose_commands_run_in_children(setup, tmp_path, shell):
+    """The shell holds the redirection, writes through it (builtin echo),
+    and runs a subshell and two commands in children that inherit it; the
+    reader agent's ``cat`` runs in the middle.  ``bash`` also saves and
+    restores descriptors around a redirected builtin (dup, close)."""
+    m, _writer, reader = setup
+    seen = tmp_path / "seen"
+    script = ('exec 3>t.txt; echo a >&3; (true); /bin/true; STEPFS_AGENT=reader cat t.txt > "$1"; '
+              'echo b >&3; echo c 1>&3; exec 3>&-')
+    env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
+    r = subprocess.run([shell, "-c", script, shell, str(seen)], cwd=m.mountpoint, env=env, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text() == "base"
+    assert reader.read("t.txt") == "a\nb\nc\n"
+
+
+def test_a_group_redirection_with_a_child_command(setup, tmp_path):
+    """``{ ...; } > f``: the shell opens ``f``, builtins write from the
+    shell, external commands run in children holding a copy."""
+    m, _writer, reader = setup
+    seen = tmp_path / "seen"
+    script = '{ echo a; /bin/true; STEPFS_AGENT=reader cat t.txt > "$1"; echo b; } > t.txt'
+    env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
+    r = subprocess.run(["bash", "-c", script, "bash", str(seen)], cwd=m.mountpoint, env=env, capture_output=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert seen.read_text() == "base"
+    assert reader.read("t.txt") == "a\nb\n"
+
+
+def test_threads_writing_and_another_thread_closing(setup):
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=os.O_RDWR | os.O_TRUNC)
+    parts = ["aaaa", "bbbb", "cccc", "dddd"]
+    writer.ok("threads", name="f", parts=parts)
+    assert reader.read("t.txt") == "base"
+    writer.ok("thread_close", name="f")  # a thread that never wrote, of the writing process
+    assert reader.read("t.txt") == "".join(parts)
+
+
+def test_a_child_that_wrote_publishes_at_its_close(setup):
+    """A child that writes through its inherited copy is a writer: its
+    close publishes what it wrote (``sh -c 'cmd >&3'`` style)."""
+    m, _writer, reader = setup
+    env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
+    script = 'exec 3>t.txt; /bin/echo from-child >&3; STEPFS_AGENT=reader cat t.txt; exec 3>&-'
+    r = subprocess.run(["sh", "-c", script], cwd=m.mountpoint, env=env, capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == b"from-child\n"
+    assert reader.read("t.txt") == "from-child\n"
+
+
+def test_a_rival_that_closes_while_the_writer_runs_a_process_wins(setup, procs):
+    """The version-token outcome of a real two-agent race is the same as
+    without the child: the rival, who closed first, wins; the writer's own
+    close fails with ESTALE and its bytes are kept as a conflict copy."""
+    m, writer, reader = setup
+    rival = procs(m.mountpoint, "rival")
+    assert rival.read("t.txt") == "base"
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="HALF ")
+    assert writer.ok("subprocess")["rc"] == 0
+    rival.ok("open", name="r", path="t.txt", flags=WRITE_TRUNC)
+    rival.ok("write", name="r", data="rival's")
+    assert rival("close", name="r") == {"ok": True}
+    writer.ok("write", name="f", data="WHOLE")
+    lost = writer("close", name="f")
+    assert (lost["ok"], lost["errno"]) == (False, errno.ESTALE)
+    assert reader.read("t.txt") == "rival's"
+    assert reader.read(".stepfs/conflicts/t.txt") == "HALF WHOLE"
+    assert [(c["path"], c["agent"], c["reason"]) for c in conflicts(m.mountpoint)] == [
+        ("t.txt", "default", "stale-close")]
+
+
+def test_the_writer_that_closes_first_still_wins(setup, procs):
+    m, writer, reader = setup
+    rival = procs(m.mountpoint, "rival")
+    assert rival.read("t.txt") == "base"
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    rival.ok("open", name="r", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="writer's")
+    assert writer.ok("subprocess")["rc"] == 0
+    assert writer("close", name="f") == {"ok": True}
+    rival.ok("write", name="r", data="rival's")
+    assert rival.ok("subprocess")["rc"] == 0
+    lost = rival("close", name="r")
+    assert (lost["ok"], lost["errno"]) == (False, errno.ESTALE)
+    assert reader.read("t.txt") == "writer's"
+    assert reader.read(".stepfs/conflicts/t.txt") == "rival's"
+
+
+def test_the_writers_exit_publishes(setup):
+    """The writer never closes: its exit does (after a child's exit did
+    not)."""
+    m, writer, reader = setup
+    writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+    writer.ok("write", name="f", data="all of it")
+    assert writer.ok("fork_exit")["rc"] == 0
+    assert reader.read("t.txt") == "base"
+    writer.stop()  # exit closes the last copy: FLUSH of the writer, then RELEASE
+    assert reader.read("t.txt") == "all of it"

@@ -17,12 +17,14 @@ import sys
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
-from stepfs.cli.render import card_text
+from stepfs.cli.render import card_text, folded_text
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
               "16 store cannot write, 17 publish failed, 141 output closed, 1 bug"
+
+ALL_HELP = "list every path inside .git directories too (by default each .git is one line: '.git/  +59 files')"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -154,13 +156,14 @@ def cmd_log(args) -> int:
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
-        rows = cards.read_log(ws, limit=args.limit)
+        rows = cards.read_log(ws, limit=args.limit, fold=not args.all)
     lines = []
     for r in rows:
         who = f"  [{r['agent']}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
+                f"{renamed}{''.join('  ' + folded_text(f) for f in r['folded'])}"
+                f"  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
         if r["meta"]:
             line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
         lines.append(line)
@@ -176,7 +179,7 @@ def cmd_show(args) -> int:
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
     with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
-        card, patch = cards.read_card(ws, number, with_patch=args.patch)
+        card, patch = cards.read_card(ws, number, with_patch=args.patch, fold=not args.all)
     text = card_text(card)
     out = {"message_type": "show", **card}
     if patch is not None:
@@ -356,12 +359,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
     sp.add_argument("--limit", type=int, help="show at most N layers")
+    sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
              "stepfs show 3 --patch")
     sp.add_argument("args", nargs="+", metavar="[WS] N",
                     help="workspace or mountpoint (default: current directory), then the layer number")
     sp.add_argument("--patch", action="store_true", help="add the unified diff of the layer")
+    sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("diff", cmd_diff, "Unified diff from layer M (default N-1) to layer N, optionally only below PATHs.",
              "stepfs diff 5 2 -- src/")

@@ -1790,7 +1790,14 @@ class Overlay(ContentMixin):
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
-        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]
+        from stepfs.store import layers as store_layers
+
+        # The staging row's id means nothing to a reader; the layer numbers do.
+        with self.ws.db.read() as conn:
+            head = store_layers.head(conn)
+        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}",
+                 f"head: layer {head} (the workspace's last committed layer)",
+                 f"open step: {head + 1} (the layer number it gets if it is the next one committed)"]
         if self.readonly_reason:
             lines.append(f"read-only: {self.readonly_reason}")
         for agent, error in sorted(self.last_errors.items()):

@@ -96,7 +96,7 @@ def test_store_directory_is_hidden_but_reachable(ws_view):
     write_file(view, "/later", b"y")
     text = read_all(view, "/.stepfs/status").decode()
     assert "head: layer 1 " in text and "open step: 2 " in text
-    assert "A /new" in text
+    assert "A /later" in text
     assert view.getattr("/.stepfs/status")["st_size"] == len(text.encode())
     # The store itself never shows through.
     assert ".stepfs" not in view_manifest(view)

@@ -14,10 +14,19 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
 from stepfs.cli.render import card_text, folded_text
+
+#: Shown by ``stepfs --help``; tests/test_cli_help_examples.py runs each line.
+EPILOG_EXAMPLES = """examples (in a project directory):
+  stepfs run -m 'tests' -- pytest -q   # run a command in a mount, commit its changes as one layer
+  stepfs log                           # the layers, newest first
+  stepfs show 1 --patch                # what layer 1 changed
+  stepfs rollback 0 --dry-run          # what undoing every layer would change
+"""
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -308,8 +317,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stepfs",
         description="Stage an agent's writes in a FUSE mount and commit them to the workspace as numbered layers.",
-        epilog=EPILOG_EXIT,
+        epilog=EPILOG_EXAMPLES + "\n" + textwrap.fill(EPILOG_EXIT, 100),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="store_true",
+                   help="print the version and exit (with --json: the store format and libfuse versions too)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, func, help_, example):
@@ -426,9 +438,25 @@ def _stdout_closed() -> bool:
         return False
 
 
+def _leading_options(argv: list[str]) -> list[str]:
+    """The options before the command (``stepfs --version --json``)."""
+    lead = []
+    for a in argv:
+        if not a.startswith("-"):
+            break
+        lead.append(a)
+    return lead
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lead = _leading_options(argv)
+    if "--version" in lead:  # before the parser: no command needed, nothing heavy imported
+        from stepfs.cli.version import print_version
+
+        return print_version("--json" in lead)
     parser = build_parser()
-    argv, paths = _split_paths(list(sys.argv[1:] if argv is None else argv))
+    argv, paths = _split_paths(argv)
     args = parser.parse_args(argv)
     if paths:
         args.paths = paths

@@ -44,6 +44,15 @@ class CommitConflict(StepfsError):
         self.paths = paths
 
 
+class HeadMoved(CommitConflict):
+    """A rollback was asked for against a head the history has moved past
+    (a preview made before another layer was committed); nothing written."""
+
+    def __init__(self, message: str, head: int):
+        super().__init__(message, [])
+        self.head = head
+
+
 class NothingToRollBack(NothingToCommit):
     """``rollback N`` found nothing to change: N is the head, or every path
     touched after N already holds its state as of N."""
@@ -61,6 +70,10 @@ class NoSuchLayer(StepfsError):
     """A layer number that does not exist."""
 
 
+class LayerPruned(NoSuchLayer):
+    """A layer number that existed and was dropped by ``stepfs prune``."""
+
+
 class NoSuchPath(StepfsError):
     """A path that did not exist (or was not a file) as of the layer asked for."""
 
@@ -72,6 +85,11 @@ class CorruptObject(StepfsError):
 class MissingStagedContent(CorruptObject):
     """The scratch file a staged row references (a big file staged by
     reference, ``store/refs.py``) is gone or no longer holds what was closed."""
+
+
+class ConfinementUnavailable(StepfsError):
+    """``--confine`` was asked for where the kernel cannot confine (no
+    Landlock, or an ABI too old for an option); nothing was started."""
 
 
 class InputError(StepfsError):

@@ -7,7 +7,10 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -85,7 +88,32 @@ def _obj(result, expected: str, last_line: bool = False) -> dict:
     return obj
 
 
+def _serve_json(workspace) -> dict:
+    """``stepfs serve --json``'s object: its first line, printed once it
+    listens; then Ctrl-C stops it (a watchdog kills it if it never prints)."""
+    proc = subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "serve", "--json", "--port", "0",
+                             str(workspace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, proc.stderr.read().decode()
+    obj = json.loads(line)
+    assert obj.get("message_type") == "serve", obj
+    return obj
+
+
 @pytest.mark.mount
+@pytest.mark.timeout(300)  # about twenty CLI processes, one per command: slow on a loaded machine
 def test_every_command_prints_json_with_a_message_type(workspace, mount, private_tmp):
     (workspace / "a.txt").write_text("a\n")
     mp = private_tmp / "mnt"
@@ -104,7 +132,10 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         payload = json.dumps({"cwd": str(mp), "tool_name": "Write", "tool_use_id": "t1"}).encode()
         seen["hook-commit"] = _obj(stepfs("hook-commit", "--json", input=payload), "hook-commit")
         seen["run"] = _obj(stepfs("run", "--json", mp, "--", "sh", "-c", "echo d > d.txt"), "run", last_line=True)
-        assert seen["run"]["reused"] is True
+        assert seen["run"]["reused"] is True and seen["run"]["confined"] is None
+        seen["confine"] = _obj(stepfs("confine", "--json", mp, "--", "sh", "-c", "echo e > e2.txt"), "confine",
+                               last_line=True)
+        assert seen["confine"]["confined"]["confined"] is True and seen["confine"]["exit_code"] == 0
         seen["hooks"] = _obj(stepfs("hooks", "--json", "claude-code"), "hooks")
         assert _obj(stepfs("hooks", "--json", "shell"), "hooks")["script"].startswith("#!")
         seen["completion"] = _obj(stepfs("completion", "--json", "bash"), "completion")
@@ -118,6 +149,14 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         if "discard" in COMMANDS:
             (mp / "e.txt").write_text("e\n")
             seen["discard"] = _obj(stepfs("discard", "--json", mp, "e.txt"), "discard")
+        if "gc" in COMMANDS:  # bounded history (issue 20), with the mount live
+            seen["du"] = _obj(stepfs("du", "--json", mp), "du")
+            seen["gc"] = _obj(stepfs("gc", "--json", mp), "gc")
+            seen["prune"] = _obj(stepfs("prune", "--json", workspace, "--keep-last", "2"), "prune")
+            seen["conflicts"] = _obj(stepfs("conflicts", "drop", workspace, "--all", "--json"), "conflicts")
+        if "serve" in COMMANDS:
+            seen["serve"] = _serve_json(workspace)
+            assert seen["serve"]["url"].startswith("http://127.0.0.1:") and "?token=" in seen["serve"]["url"]
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

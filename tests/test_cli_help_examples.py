@@ -29,8 +29,10 @@ pytestmark = [pytest.mark.mount, pytest.mark.timeout(300)]
 
 #: Commands with examples, in the order a session runs them; the top-level
 #: examples run just before the final unmount.
-ORDER = ["mount", "step", "status", "discard", "hook-commit", "show", "diff", "cat", "log", "verify",
-         "rollback", "hooks", "completion", "run", "unmount"]
+ORDER = ["mount", "step", "status", "discard", "conflicts", "hook-commit", "show", "diff", "cat", "log", "verify",
+         "du", "gc", "rollback", "hooks", "completion", "run", "confine", "prune", "unmount"]
+#: Examples not run here, each with the reason and the test that covers it instead.
+NOT_RUN = {"serve": "a server that runs until stopped: tests/test_serve_http.py drives it"}
 
 
 def examples() -> tuple[dict[str, str], list[str]]:
@@ -48,7 +50,7 @@ def examples() -> tuple[dict[str, str], list[str]]:
 
 def test_every_command_with_an_example_is_in_the_session_order():
     per_command, top = examples()
-    assert set(per_command) == set(ORDER), "give each new example its place in ORDER"
+    assert set(per_command) == set(ORDER) | set(NOT_RUN), "give each new example its place in ORDER"
     assert len(top) >= 3
 
 
@@ -59,6 +61,7 @@ def test_every_help_example_runs(tmp_path, private_tmp):
     (ws / "src").mkdir(parents=True)
     (ws / "tests").mkdir()
     (ws / ".claude").mkdir()  # where the hooks example writes its settings
+    (home / ".cache").mkdir()  # what the confine example allows writing
     (ws / "src" / "main.py").write_text("print('main')\n")
     (ws / "src" / "app.py").write_text("app = 1\n")
     (ws / "tests" / "test_ok.py").write_text("def test_ok():\n    assert True\n")
@@ -91,6 +94,10 @@ def test_every_help_example_runs(tmp_path, private_tmp):
         elif name == "discard":  # something staged to drop, and something to keep (layer 4)
             (mnt / "src" / "generated.py").write_text("generated\n")
             (mnt / "src" / "keep.py").write_text("keep\n")
+        elif name == "conflicts":  # conflicts 3 and 4 to drop (the discard example made #1)
+            for i in (2, 3, 4):
+                (mnt / "src" / f"draft{i}.py").write_text(f"draft {i}\n")
+                run(f"stepfs discard {mnt} src/draft{i}.py")
         elif name == "hook-commit":  # the payload the example reads, and a tool call's edit (layer 5)
             run(f"stepfs step {mnt} -m 'keep'")
             (mnt / "src" / "app.py").write_text("app = 5\n")
@@ -105,7 +112,8 @@ def test_every_help_example_runs(tmp_path, private_tmp):
                     run(line)
                     done.append(line)
             setup(name)
-            r = run(per_command[name])
+            for line in per_command[name].split("   |   "):  # one example line may hold two commands
+                r = run(line)
             done.append(per_command[name])
             if name == "discard":
                 assert not (ws / "src" / "generated.py").exists()
@@ -118,7 +126,9 @@ def test_every_help_example_runs(tmp_path, private_tmp):
             subprocess.run([sys.executable, "-m", "stepfs.cli.main", "unmount", "--force", str(mnt)],
                            capture_output=True, timeout=60)
     assert len(done) == len(ORDER) + len(top)
-    assert (ws / "agent-notes.txt").read_text() == "the agent was asked: fix the tests\n"
+    assert json.loads(run("stepfs status --json").stdout)["conflicts"] == []
+    # run's example, then confine's (which starts the agent with no prompt)
+    assert (ws / "agent-notes.txt").read_text() == "the agent was asked: fix the tests\nthe agent was asked: \n"
     assert (ws / ".claude" / "settings.local.json").read_text().startswith("{")
     assert "-F _stepfs stepfs" in (completions / "stepfs").read_text()
     log = json.loads(run("stepfs log --json").stdout)["layers"]

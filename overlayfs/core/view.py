@@ -78,6 +78,7 @@ from stepfs.overlayfs.core.errors import (
 )
 from stepfs.overlayfs.core.listings import Listings
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
+from stepfs.overlayfs.core.runs import Runs
 from stepfs.overlayfs.core.upper import Node, PendingRows, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
@@ -200,6 +201,8 @@ class Overlay(ContentMixin):
         self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
         self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
         self.last_errors: dict[str, str] = {}
+        #: Commands started here by 'stepfs run' / 'stepfs confine', and their confinement.
+        self.runs = Runs()
         # Set by an auto-step policy (overlayfs/autostep.py): told of every
         # staged change, under the lock; must not block.
         self.on_change = None
@@ -240,6 +243,9 @@ class Overlay(ContentMixin):
         #: staged it (``ContentMixin._precapture``), for the commit to reuse
         #: while the path's token holds (``publish.precapture``).
         self.precaptured: dict[bytes, object] = {}
+        #: Warnings for ``MOUNT/.stepfs/status`` (the store over the size
+        #: the user set: ``overlayfs/daemon/retention.py``).
+        self.warnings: list[str] = []
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
@@ -1802,7 +1808,9 @@ class Overlay(ContentMixin):
             lines.append(f"read-only: {self.readonly_reason}")
         for agent, error in sorted(self.last_errors.items()):
             lines.append(f"last error ({agent}): {error}")
+        lines += [f"warning: {w}" for w in self.warnings]
         staged = self.staged_paths()
+        lines += self.runs.status_lines()
         lines.append(f"staged: {len(staged)}")
         lines += [f"  {op} {path}" for op, path in staged]
         return "\n".join(lines) + "\n"

@@ -8,10 +8,13 @@ BIN := $(VENV)/bin
 deps:
 	@bash docker/install-system-deps.sh
 
+# The install is quiet: pip's and setuptools' output goes to $(VENV)/install.log,
+# shown only if the install fails, so `make demo` shows the demo alone.
 $(BIN)/stepfs: pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-	@$(BIN)/python -m pip install -q -e '.[test]'
+	@$(BIN)/python -m pip install -q --upgrade pip >$(VENV)/install.log 2>&1 || true
+	@$(BIN)/python -m pip install -q -e '.[test]' >>$(VENV)/install.log 2>&1 \
+	  || { cat $(VENV)/install.log >&2; echo "make: installing stepfs into $(VENV) failed; the log above is $(VENV)/install.log" >&2; exit 1; }
 	@touch $@
 
 venv: $(BIN)/stepfs

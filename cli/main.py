@@ -14,15 +14,26 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 from stepfs.cli import exitcodes
 from stepfs.cli.args import parse_meta, usage_error
-from stepfs.cli.render import escape, quote
+from stepfs.cli.render import escape, folded_text, quote
+
+#: Shown by ``stepfs --help``; tests/test_cli_help_examples.py runs each line.
+EPILOG_EXAMPLES = """examples (in a project directory):
+  stepfs run -m 'tests' -- pytest -q   # run a command in a mount, commit its changes as one layer
+  stepfs log                           # the layers, newest first
+  stepfs show 1 --patch                # what layer 1 changed
+  stepfs rollback 0 --dry-run          # what undoing every layer would change
+"""
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
               "16 store cannot write, 17 publish failed, 18 cannot confine, 141 output closed, 1 bug"
+
+ALL_HELP = "list every path inside .git directories too (by default each .git is one line: '.git/  +59 files')"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -182,13 +193,14 @@ def cmd_log(args) -> int:
     from stepfs.overlayfs.client import manage, reads
     from stepfs.store.units import human
 
-    rows = reads.log(manage.resolve(args.workspace), limit=args.limit)
+    rows = reads.log(manage.resolve(args.workspace), limit=args.limit, fold=not args.all)
     lines = []
     for r in rows:
         who = f"  [{quote(r['agent'])}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
+                f"{renamed}{''.join('  ' + folded_text(f) for f in r['folded'])}"
+                f"  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
                 f"{who}  {quote(r['message'])}")
         if r["meta"]:
             line += "  " + " ".join(f"{quote(k)}={quote(v)}" for k, v in sorted(r["meta"].items()))
@@ -206,7 +218,7 @@ def cmd_show(args) -> int:
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
-    card, patch = reads.card(manage.resolve(ws_arg), number, with_patch=args.patch)
+    card, patch = reads.card(manage.resolve(ws_arg), number, with_patch=args.patch, fold=not args.all)
     text = card_text(card)
     out = {"message_type": "show", **card}
     if patch is not None:
@@ -340,20 +352,6 @@ def cmd_rollback(args) -> int:
 # -- parser -----------------------------------------------------------------------------
 
 
-class _Version(argparse.Action):
-    """``--version``: the installed version, looked up only when asked
-    (importlib.metadata is slower to import than the rest of a step)."""
-
-    def __init__(self, option_strings, dest, help=None):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        import stepfs
-
-        print(f"stepfs {stepfs.__version__}")
-        parser.exit()
-
-
 class _Unbuilt:
     """Stands in for the subparser of a command that is not being run:
     argparse builds a help formatter for every argument it adds, and
@@ -379,9 +377,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="stepfs",
         description="Stage an agent's writes in a FUSE mount and commit them to the workspace as numbered layers.",
-        epilog=EPILOG_EXIT,
+        epilog=EPILOG_EXAMPLES + "\n" + textwrap.fill(EPILOG_EXIT, 100),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action=_Version, help="print stepfs's version and exit")
+    p.add_argument("--version", action="store_true",
+                   help="print the version and exit (with --json: the store format and libfuse versions too)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def add(name, func, help_, example):
@@ -440,12 +440,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
     sp.add_argument("--limit", type=_count, help="show at most N layers")
+    sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
              "stepfs show 3 --patch")
     sp.add_argument("args", nargs="+", metavar="[WS] N",
                     help="workspace or mountpoint (default: current directory), then the layer number")
     sp.add_argument("--patch", action="store_true", help="add the unified diff of the layer")
+    sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("diff", cmd_diff, "Unified diff from layer M (default N-1) to layer N, optionally only below PATHs.",
              "stepfs diff 5 2 -- src/")
@@ -514,8 +516,24 @@ def _stdout_closed() -> bool:
         return False
 
 
+def _leading_options(argv: list[str]) -> list[str]:
+    """The options before the command (``stepfs --version --json``)."""
+    lead = []
+    for a in argv:
+        if not a.startswith("-"):
+            break
+        lead.append(a)
+    return lead
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv, paths = _split_paths(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lead = _leading_options(argv)
+    if "--version" in lead:  # before the parser: no command needed, nothing heavy imported
+        from stepfs.cli.version import print_version
+
+        return print_version("--json" in lead)
+    argv, paths = _split_paths(argv)
     parser = build_parser(only=_command_word(argv))
     args = parser.parse_args(argv)
     if paths:

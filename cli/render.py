@@ -62,9 +62,17 @@ def _file_line(f: dict) -> str:
     return f"  {op_text}  {detail}"
 
 
+def folded_text(fold: dict) -> str:
+    """A folded ``.git`` directory as one line: ``.git/  +59 ~2 -1 files``."""
+    counts = [f"{sign}{fold[key]}" for sign, key in (("+", "added"), ("~", "modified"), ("-", "deleted"),
+                                                        (">", "renamed")) if fold[key]]
+    return f"{fold['path']}  {' '.join(counts)} files"
+
+
 def card_text(card: dict) -> str:
     """A change card (``store.cards.card``) as ``stepfs show`` prints it:
-    renames, symlink targets and mode changes included."""
+    renames, symlink targets and mode changes included, each folded ``.git``
+    directory as one line."""
     from stepfs.store.units import human
 
     lines = [
@@ -81,4 +89,5 @@ def card_text(card: dict) -> str:
     lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
                  f"lines: +{card['lines_added']} -{card['lines_removed']}{stored}")
     lines += [_file_line(f) for f in card["files"]]
+    lines += ["  " + folded_text(f) for f in card.get("folded", [])]
     return "\n".join(lines)

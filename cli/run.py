@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 
@@ -23,6 +24,11 @@ mountpoint (or --mountpoint) and unmounted afterwards.  When the command
 exits its changes are committed as one layer (message: the command line;
 meta exit_code=N) and the change card is printed; no change, no layer.
 SIGINT, SIGTERM and SIGHUP are forwarded to the command.
+
+Started in a directory that is no workspace yet, with no WS named, that
+directory becomes one (as with 'stepfs run .'; stepfs says so once on
+stderr), except your home directory and /: there, name it to insist
+('stepfs run ~ -- COMMAND').
 
 With --confine the command (and every process it starts) can write only
 beneath the mount, a private TMPDIR, /dev/null, /dev/tty, /dev/pts and the
@@ -107,6 +113,35 @@ def _usage(why: str) -> None:
     raise SystemExit(2)
 
 
+def implicit_workspace(args) -> None:
+    """With no WS named, the current directory is the workspace: a plain
+    directory becomes one (said once on stderr), as ``stepfs run .`` would
+    make it; the home directory and ``/`` only when named, since a store
+    there would record everything below them."""
+    from stepfs.overlayfs.client import manage
+    from stepfs.store.errors import WorkspaceError
+
+    target = args.workspace if args.workspace is not None else os.getcwd()
+    try:
+        manage.resolve(target)
+        return
+    except WorkspaceError:
+        if not os.path.isdir(target):
+            raise
+    here = os.path.realpath(target)
+    if args.workspace is None and here in (os.path.realpath(os.path.expanduser("~")), "/"):
+        what = "/" if here == "/" else "your home directory"
+        raise WorkspaceError(
+            f"{here} is {what} and not a stepfs workspace; 'stepfs run' makes only a named directory there a "
+            f"workspace, since its history would record everything below it: cd into a project directory, or "
+            f"insist with 'stepfs run {here} -- COMMAND'.")
+    if args.workspace is None:
+        args.workspace = here
+    if not args.quiet and not args.json:
+        print(f"stepfs: {here} is not a workspace yet; making it one (its history goes to {here}/.stepfs).",
+              file=sys.stderr)
+
+
 def setup_logging(args) -> None:
     """Library log lines (warnings, "command not found") as ``stepfs: ...`` on stderr."""
     import logging  # here: the other commands' start-up never needs it
@@ -128,6 +163,7 @@ def cmd_run(args) -> int:
                             ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
     if asked and not args.confine:
         _usage(f"{asked[0]} restricts a confined command; add --confine")
+    implicit_workspace(args)
     from stepfs.cli import progress  # here: the other commands' start-up never needs it
 
     setup_logging(args)

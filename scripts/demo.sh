@@ -74,4 +74,11 @@ say "unmount"
 echo "the workspace on disk now holds both steps:"
 ls -a "$WS"
 test -d "$WS/.git" && test -f "$WS/documentation/notes.txt" && test ! -e "$WS/TODO"
-echo "demo finished: no mount left ($(grep -c ' fuse.stepfs ' /proc/mounts || true) stepfs mounts)"
+# Count the demo's own mounts only (under $WORK): another stepfs mount on
+# this machine is none of the demo's business.
+own=$(awk -v w="$WORK/" '$3 == "fuse.stepfs" && index($2 "/", w) == 1' /proc/mounts | wc -l)
+if [ "$own" -ne 0 ]; then
+  echo "demo: $own of the demo's mounts are still mounted" >&2
+  exit 1
+fi
+echo "demo finished: no mount left (0 stepfs mounts of the demo's)"

@@ -6,6 +6,12 @@ and removed for text, byte sizes for binary content (see ``store.diff`` for
 what counts as text), the layer's message, agent and metadata.  A rollback
 that has not happened yet (``--dry-run``) gets a card through
 :func:`card_for` from the entries it would write.
+
+A ``.git`` directory's churn (an agent running ``git commit`` in the mount
+touches dozens of objects) is folded by default into one entry of the card's
+``folded`` list (``.git/``, with its counts); the per-file list, the file and
+line counts and the layer's patch then hold only the rest.  ``fold=False``
+lists everything.
 """
 
 from __future__ import annotations
@@ -26,6 +32,40 @@ LINE_COUNT_LIMIT = diff.TEXT_LIMIT
 
 if TYPE_CHECKING:
     from stepfs.store.workspace import Workspace
+
+
+#: Directory names whose contents a card folds into one line by default.
+FOLDED_NAMES = (".git",)
+
+
+def fold_root(path: str) -> str | None:
+    """The folded directory ``path`` is or lies in (``.git``, ``sub/.git``),
+    or None."""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        if part in FOLDED_NAMES:
+            return "/".join(parts[:i + 1])
+    return None
+
+
+def split_folded(changes: list[diff.Change]) -> tuple[list[diff.Change], dict[str, list[diff.Change]]]:
+    """``changes`` outside every folded directory, and the rest by directory."""
+    kept: list[diff.Change] = []
+    folded: dict[str, list[diff.Change]] = {}
+    for c in changes:
+        root = fold_root(os.fsdecode(c.path))
+        if root is None:
+            kept.append(c)
+        else:
+            folded.setdefault(root, []).append(c)
+    return kept, folded
+
+
+def _fold_entry(root: str, changes: list[diff.Change]) -> dict:
+    ops = [c.op for c in changes]
+    added, deleted, renamed = ops.count("added"), ops.count("deleted"), ops.count("renamed")
+    return {"path": root + "/", "files": len(ops), "added": added, "deleted": deleted, "renamed": renamed,
+            "modified": len(ops) - added - deleted - renamed}
 
 
 def _state(s: layers.State) -> dict:
@@ -70,10 +110,13 @@ def file_card(objects: ObjectStore, conn: Connection, c: diff.Change, tolerant: 
 
 
 def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[diff.Change],
-             tolerant: bool = False) -> dict:
+             fold: bool = True, tolerant: bool = False) -> dict:
     """A card from a layer header (number, kind, created_ns, message, agent,
-    mount, meta) and its changes (``tolerant``: see :func:`file_card`)."""
-    files = [file_card(objects, conn, c, tolerant) for c in changes]
+    mount, meta) and its changes; with ``fold``, each ``.git`` directory is
+    one entry of ``folded`` (its files are not read) instead of one per path
+    (``tolerant``: see :func:`file_card`)."""
+    kept, folded = split_folded(changes) if fold else (changes, {})
+    files = [file_card(objects, conn, c, tolerant) for c in kept]
     ops = [f["op"] for f in files]
     return {
         **header,
@@ -83,6 +126,7 @@ def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list
         "lines_added": sum(f.get("lines_added", 0) for f in files),
         "lines_removed": sum(f.get("lines_removed", 0) for f in files),
         "files": files,
+        "folded": [_fold_entry(root, cs) for root, cs in sorted(folded.items())],
     }
 
 
@@ -93,32 +137,34 @@ def header(layer: layers.Layer) -> dict:
     }
 
 
-def card(objects: ObjectStore, conn: Connection, number: int) -> dict:
+def card(objects: ObjectStore, conn: Connection, number: int, fold: bool = True) -> dict:
     """The card of committed layer ``number``; raises NoSuchLayer."""
     layer = layers.get(conn, number)
-    c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)))
+    c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)), fold)
     c["stored_bytes"] = du.added_bytes(conn, [number])[number]
     return c
 
 
-def layer_patch(objects: ObjectStore, conn: Connection, number: int) -> str:
-    """The unified diff of what layer ``number`` changed."""
+def layer_patch(objects: ObjectStore, conn: Connection, number: int, fold: bool = True) -> str:
+    """The unified diff of what layer ``number`` changed (with ``fold``,
+    nothing inside a ``.git`` directory)."""
     layers.get(conn, number)
-    return diff.patch(objects, conn, diff.from_entries(conn, layers.entries(conn, number)))
+    changes = diff.from_entries(conn, layers.entries(conn, number))
+    return diff.patch(objects, conn, split_folded(changes)[0] if fold else changes)
 
 
-def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> list[dict]:
+def log(objects: ObjectStore, conn: Connection, limit: int | None = None, fold: bool = True) -> list[dict]:
     """Committed layers, newest first, each as its card without the per-file
-    list (``files`` holds the count).  Line counts read the content of every
-    changed text file, so this costs what the layers changed; a file whose
-    chunks are corrupt is counted in ``unreadable`` instead of failing the
-    listing (``stepfs verify`` names it)."""
+    list (``files`` holds the count; ``folded`` stays a list).  Line counts
+    read the content of every changed text file, so this costs what the
+    layers changed; a file whose chunks are corrupt is counted in
+    ``unreadable`` instead of failing the listing (``stepfs verify`` names it)."""
     out = []
     listed = layers.list_layers(conn, limit=limit)
     added = du.added_bytes(conn, [layer.number for layer in listed])
     for layer in listed:
         c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)),
-                     tolerant=True)
+                     fold, tolerant=True)
         unreadable = sum(1 for f in c["files"] if f.get("unreadable"))
         if unreadable:
             c["unreadable"] = unreadable
@@ -131,14 +177,15 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> lis
 # -- for callers that hold a workspace, not a transaction (the CLI) --------------
 
 
-def read_log(ws: Workspace, limit: int | None = None) -> list[dict]:
+def read_log(ws: Workspace, limit: int | None = None, fold: bool = True) -> list[dict]:
     """:func:`log` in one read transaction of ``ws``."""
     with ws.db.read() as conn:
-        return log(ws.objects, conn, limit=limit)
+        return log(ws.objects, conn, limit=limit, fold=fold)
 
 
-def read_card(ws: Workspace, number: int, with_patch: bool = False) -> tuple[dict, str | None]:
+def read_card(ws: Workspace, number: int, with_patch: bool = False, fold: bool = True) -> tuple[dict, str | None]:
     """:func:`card` of layer ``number`` and, if asked, its :func:`layer_patch`,
     in one read transaction of ``ws``."""
     with ws.db.read() as conn:
-        return card(ws.objects, conn, number), layer_patch(ws.objects, conn, number) if with_patch else None
+        return (card(ws.objects, conn, number, fold),
+                layer_patch(ws.objects, conn, number, fold) if with_patch else None)

@@ -6,7 +6,7 @@ in portable SQLAlchemy Core types so that the same definition can later run on
 PostgreSQL (paths and symlink targets are ``LargeBinary`` because POSIX names
 are bytes and need not be UTF-8).
 
-Bump :data:`FORMAT_VERSION` on any incompatible change and add an upgrade
+Bump :data:`FORMAT_VERSION` (``store/version.py``) on any incompatible change and add an upgrade
 step plus a line to the change log in FORMAT.md.
 """
 
@@ -27,9 +27,10 @@ from sqlalchemy import (
     Text,
 )
 
-#: The one integer format version of a store.  A store whose version is newer
-#: is refused; an older one is upgraded (``db.UPGRADES``).
-FORMAT_VERSION = 6
+from stepfs.store.version import FORMAT_VERSION  # noqa: F401  (alone there, so --version reads it cheaply)
+
+# FORMAT_VERSION: the one integer format version of a store.  A store whose
+# version is newer is refused; an older one is upgraded (``db.UPGRADES``).
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: The largest chunk writers make, recorded in ``meta.chunk_size``.  Chunks are

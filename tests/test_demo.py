@@ -5,6 +5,7 @@ else ran it)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,9 @@ def _mounted(path: Path) -> bool:
 
 
 @pytest.mark.timeout(240)
-def test_the_demo_runs_to_the_end_and_leaves_no_mount(tmp_path):
+def test_the_demo_runs_to_the_end_and_leaves_no_mount(tmp_path, mount, workspace):
+    # Another stepfs mount on the machine, none of the demo's: it counts only its own.
+    mount(workspace, tmp_path / "unrelated")
     stepfs_bin = Path(sys.executable).parent / "stepfs"
     assert stepfs_bin.exists(), f"{stepfs_bin} is missing: install the project (pip install -e .) to run this test"
     work = tmp_path / "demo"
@@ -38,7 +41,11 @@ def test_the_demo_runs_to_the_end_and_leaves_no_mount(tmp_path):
             subprocess.run([str(stepfs_bin), "unmount", "--force", str(mnt)], capture_output=True, timeout=60)
     out = result.stdout.decode(errors="replace")
     assert result.returncode == 0, out[-2000:] + result.stderr.decode(errors="replace")
-    assert "demo finished: no mount left" in out
+    assert "demo finished: no mount left (0 stepfs mounts of the demo's)" in out
+    # The git step's card is the agent's work, with .git's churn one line.
+    card = out[out.index("change card of the last layer"):]
+    assert re.search(r"(?m)^  \.git/  \+\d+ files$", card), card
+    assert ".git/objects" not in card and ".git/HEAD" not in card
     assert not _mounted(mnt)
     # Both steps reached the workspace on disk.
     ws = work / "project"

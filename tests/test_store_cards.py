@@ -148,3 +148,57 @@ def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
         assert (card["bytes_before"], card["bytes_after"]) == (12, 2)
     finally:
         w.close()
+
+
+# -- a .git directory's churn is one line unless asked ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def git_ws(tmp_path_factory):
+    """Layer 1: the agent's one real change (app.py) and a `git commit`'s
+    worth of objects under .git/ and sub/.git/."""
+    w = open_workspace(tmp_path_factory.mktemp("gitcards") / "ws", {"app.py": ("file", 0o644, b"a\n")})
+    st = Stager(w)
+    st.file("app.py", b"a\nb\n")
+    st.dir(".git")
+    st.dir(".git/objects")
+    for i in range(20):
+        st.file(f".git/objects/o{i}", f"object {i}\n".encode())
+    st.dir("sub")
+    st.dir("sub/.git")
+    st.file("sub/.git/HEAD", b"ref: refs/heads/main\n")
+    st.file("sub/.gitignore", b"*.pyc\n")
+    publish.commit_step(w, st.step, message="git init")
+    return w
+
+
+def test_card_folds_each_git_directory_into_one_entry(git_ws):
+    c, patch = cards.read_card(git_ws, 1, with_patch=True)
+    assert sorted(f["path"] for f in c["files"]) == ["app.py", "sub", "sub/.gitignore"]
+    assert c["folded"] == [
+        {"path": ".git/", "files": 22, "added": 22, "modified": 0, "deleted": 0, "renamed": 0},
+        {"path": "sub/.git/", "files": 2, "added": 2, "modified": 0, "deleted": 0, "renamed": 0},
+    ]
+    assert (c["added"], c["modified"], c["lines_added"]) == (2, 1, 2)
+    assert "app.py" in patch and ".git/" not in patch.replace(".gitignore", "")
+
+
+def test_card_and_log_list_everything_when_asked(git_ws):
+    c, patch = cards.read_card(git_ws, 1, with_patch=True, fold=False)
+    assert c["folded"] == [] and len(c["files"]) == 27
+    assert ".git/objects/o7" in patch
+    assert cards.read_log(git_ws, fold=False)[0]["files"] == 27
+
+
+def test_log_counts_leave_git_internals_out(git_ws):
+    (row,) = [r for r in cards.read_log(git_ws) if r["number"] == 1]
+    assert row["files"] == 3 and row["added"] == 2
+    assert [f["path"] for f in row["folded"]] == [".git/", "sub/.git/"]
+
+
+def test_the_one_renderer_prints_a_folded_directory_as_one_line(git_ws):
+    from stepfs.cli.render import card_text
+
+    text = card_text(cards.read_card(git_ws, 1)[0])
+    assert "  .git/  +22 files" in text.splitlines()
+    assert "objects/o1" not in text

@@ -89,8 +89,14 @@ def test_store_directory_is_hidden_but_reachable(ws_view):
     assert names(view, "/.stepfs") == ["conflicts", "layers", "status"]
     write_file(view, "/new", b"x")
     text = read_all(view, "/.stepfs/status").decode()
-    assert f"step: {view.step}" in text
-    assert "A /new" in text
+    # The number shown is what it is, with its label: the head layer and
+    # the open step's number (head + 1), not the staging row's id.
+    assert "head: layer 0 " in text and "open step: 1 " in text
+    assert view.commit(message="first") == 1
+    write_file(view, "/later", b"y")
+    text = read_all(view, "/.stepfs/status").decode()
+    assert "head: layer 1 " in text and "open step: 2 " in text
+    assert "A /later" in text
     assert view.getattr("/.stepfs/status")["st_size"] == len(text.encode())
     # The store itself never shows through.
     assert ".stepfs" not in view_manifest(view)

@@ -151,10 +151,11 @@ class WorkspaceClient:
         with Store.open(self.path) as ws, ws.db.read() as conn:
             return layers.head(conn)
 
-    def card(self, number: int) -> dict:
-        """The change card of layer ``number`` (as ``stepfs show --json``)."""
+    def card(self, number: int, fold: bool = True) -> dict:
+        """The change card of layer ``number`` (as ``stepfs show --json``;
+        ``fold=False`` lists the paths inside ``.git`` too, as ``--all``)."""
         with Store.open(self.path) as ws, ws.db.read() as conn:
-            return cards.card(ws.objects, conn, number)
+            return cards.card(ws.objects, conn, number, fold)
 
     def read(self, number: int, path: str) -> bytes:
         """A file's bytes as of layer ``number`` (as ``stepfs cat``)."""

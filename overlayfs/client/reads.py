@@ -124,27 +124,27 @@ def status(target) -> dict:
     return out
 
 
-def log(target, limit: int | None = None) -> list[dict]:
+def log(target, limit: int | None = None, fold: bool = True) -> list[dict]:
     """``store.cards.read_log`` of the target's workspace."""
     asked = daemon_for(target)
-    answer = _ask(asked, {"op": "log", "limit": limit}) if asked else None
+    answer = _ask(asked, {"op": "log", "limit": limit, "fold": fold}) if asked else None
     if answer is not None:
         return answer["layers"]
     from stepfs.store import cards
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
-        return cards.read_log(ws, limit=limit)
+        return cards.read_log(ws, limit=limit, fold=fold)
 
 
-def card(target, number: int, with_patch: bool = False) -> tuple[dict, str | None]:
+def card(target, number: int, with_patch: bool = False, fold: bool = True) -> tuple[dict, str | None]:
     """``store.cards.read_card`` of the target's workspace."""
     asked = daemon_for(target)
-    answer = _ask(asked, {"op": "card", "number": number, "patch": with_patch}) if asked else None
+    answer = _ask(asked, {"op": "card", "number": number, "patch": with_patch, "fold": fold}) if asked else None
     if answer is not None:
         return answer["card"], answer["patch"]
     from stepfs.store import cards
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
-        return cards.read_card(ws, number, with_patch=with_patch)
+        return cards.read_card(ws, number, with_patch=with_patch, fold=fold)

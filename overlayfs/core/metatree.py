@@ -7,7 +7,8 @@ for any change before it gets here.
 
 Layout:
 
-* ``status``            text: mount, workspace, open step, staged paths, last
+* ``status``            text: mount, workspace, head layer, the open step's number
+                        (head + 1), staged paths, last
                         error per agent with its remedy
 * ``conflicts/<path>``  the losing bytes of the latest stale close of
                         ``<path>`` in this mount (``stepfs status --json``

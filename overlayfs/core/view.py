@@ -1798,7 +1798,14 @@ class Overlay(ContentMixin):
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself.
         ``listable(path)``: whether the reader may see that staged path
         (``MetaTree._listable``; None: every path)."""
-        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]
+        from stepfs.store import layers as store_layers
+
+        # The staging row's id means nothing to a reader; the layer numbers do.
+        with self.ws.db.read() as conn:
+            head = store_layers.head(conn)
+        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}",
+                 f"head: layer {head} (the workspace's last committed layer)",
+                 f"open step: {head + 1} (the layer number it gets if it is the next one committed)"]
         if self.readonly_reason:
             lines.append(f"read-only: {self.readonly_reason}")
         for agent, error in sorted(self.last_errors.items()):

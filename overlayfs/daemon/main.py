@@ -137,11 +137,13 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
             from stepfs.store import cards
 
             limit = req.get("limit")
-            return {"layers": cards.read_log(ws, limit=limit if isinstance(limit, int) else None)}
+            return {"layers": cards.read_log(ws, limit=limit if isinstance(limit, int) else None,
+                                                fold=req.get("fold", True) is not False)}
         if op == "card":
             from stepfs.store import cards
 
-            card, patch = cards.read_card(ws, int(req["number"]), with_patch=bool(req.get("patch")))
+            card, patch = cards.read_card(ws, int(req["number"]), with_patch=bool(req.get("patch")),
+                                           fold=req.get("fold", True) is not False)
             return {"card": card, "patch": patch}
         if op == "steps":
             # Every open step of the workspace (any mount's): lets the CLI

@@ -106,13 +106,13 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
             # (this thread, the commit lock held: the next control request,
             # and any other process's commit or open, comes after them).
             # A failure there is logged, turns the mount read-only and
-            # fails the next step (view.commit).
-            view.commit(
-                message=req.get("message", ""), meta=req.get("meta") or {},
-                allow_empty=bool(req.get("allow_empty")),
-                overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
-                on_published=lambda number: reply({"number": number}),
-            )
+            # fails the next step (committing.py).
+            with view.begin_commit(message=req.get("message", ""), meta=req.get("meta") or {},
+                                   allow_empty=bool(req.get("allow_empty")),
+                                   overwrite={os.fsencode(p) for p in req.get("overwrite", [])}) as c:
+                number = c.publish()
+                reply({"number": number})
+                c.complete()
             return None
         if op == "sync":  # before someone reads this step's rows from the store
             view.sync_rows()

@@ -40,7 +40,7 @@ later change without an earlier one.  (One transaction per change cost more
 than everything else ``tar -x`` does through the mount.)
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
-its whole duration, except :meth:`Overlay.commit`, which releases it once
+its whole duration, except a commit (``committing.py``), which releases it once
 the layer is published and the view's bookkeeping is done, while the store
 completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
 staged rows and reads of history wait for it, still under the lock).  The
@@ -64,13 +64,14 @@ import time
 from contextlib import contextmanager
 
 from store import publish, refs, staging, tokens
-from store.errors import NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
+from store.errors import StepfsError
 from store.workspace import Workspace
 
 from .agents import DEFAULT
 from store import xattrs as xattr_codec
 from store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
 
+from .committing import Commits, Failsafe, ViewCommit
 from .content import ContentMixin, Draft, Handle
 from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
@@ -222,20 +223,6 @@ class Overlay(ContentMixin):
         self.lower_shown: dict[tuple[int, int], set[str]] = {}
         self._shown_count = 0
         self._shown_lost = False
-        #: View paths the last commit published (read by the watcher thread;
-        #: set operations are atomic under the GIL).
-        self.own_publishes: set[str] = set()
-        #: Clear while a commit runs: the watcher holds its handling of
-        #: workspace events (mostly this commit's own renames) until the
-        #: commit ends, instead of taking turns at the GIL with it.
-        self.commit_idle = threading.Event()
-        self.commit_idle.set()
-        #: Clear while a commit that already published (and answered its
-        #: caller) completes without the view's lock: its directory fsyncs
-        #: and "committed" record (``commit``).  Writes of this step's rows
-        #: and reads of history wait for it (``_await_settled``).
-        self.settled = threading.Event()
-        self.settled.set()
         #: Workspace path -> its before state captured when this step first
         #: staged it (``ContentMixin._precapture``), for the commit to reuse
         #: while the path's token holds (``publish.precapture``).
@@ -250,6 +237,13 @@ class Overlay(ContentMixin):
         self._change_depth = 0
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
+        # Failsafe: a store that cannot write makes this view read-only.
+        self.failsafe = Failsafe(mountpoint)
+        self.commits = Commits(ws, self.step, agent, mountpoint, self.lock, self.failsafe)
+        # Shared with the watcher thread (fuse_ops) and the metadata tree.
+        self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
+        self.own_publishes = self.commits.own_publishes
+        self._await_settled = self.commits.await_settled
         self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
         os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
         with ws.db.read() as conn:
@@ -268,8 +262,6 @@ class Overlay(ContentMixin):
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
         self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
-        self.readonly_reason: str | None = None
-        # Failsafe: a store that cannot write makes this view read-only.
         ws.db.on_failure.append(self._store_failed)
         self.meta = MetaTree(self)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
@@ -360,13 +352,14 @@ class Overlay(ContentMixin):
         self._go_readonly(str(err))
 
     def _go_readonly(self, reason: str) -> None:
-        """Failsafe (as s3ql's): once the store could not keep a write, or a
-        commit failed past its commit point, refuse every change (EROFS)
-        rather than accept writes that cannot be kept; reads keep working.
-        Sticky until the next mount; the first reason is kept."""
-        if self.readonly_reason is None:
-            self.readonly_reason = reason
-            log.error("mount %s is now read-only: %s", self.mountpoint, reason)
+        """Once the store could not keep a write, or a commit failed past
+        its commit point, refuse every change (EROFS) rather than accept
+        writes that cannot be kept; reads keep working."""
+        self.failsafe.trip(reason)
+
+    @property
+    def readonly_reason(self) -> str | None:
+        return self.failsafe.reason
 
     def _check_writable(self, path: str) -> None:
         if is_meta(path):
@@ -1557,116 +1550,34 @@ class Overlay(ContentMixin):
             return out
 
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
-               overwrite: set[bytes] = frozenset(), on_published=None) -> int:
+               overwrite: set[bytes] = frozenset()) -> int:
         """Commit the open step as the next layer (see ``store.publish``).
-        Returns once the layer is committed (durably), or raises.
+        Returns once the layer is committed (durably), or raises.  Drafts
+        still open for writing stay open and publish at their next close,
+        against the new workspace state."""
+        with self.begin_commit(message, meta, allow_empty, overwrite) as c:
+            number = c.publish()
+            c.complete()
+            return number
 
-        Drafts still open for writing stay open and publish at their next
-        close, against the new workspace state.
+    def begin_commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+                     overwrite: set[bytes] = frozenset()) -> ViewCommit:
+        """The commit in two phases, for a caller that answers between them
+        (the daemon): see ``committing.py``."""
+        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.precaptured,
+                          message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
 
-        ``on_published(number)``: called as soon as the layer is published
-        (its intent durable, every path renamed into place: a crash from
-        here on recovers to it), before the directory fsyncs and the
-        "committed" record have ended and before the view's own
-        bookkeeping: the daemon answers the caller of the step from it.
-
-        Locks: the view's lock is held until the layer is published and
-        the view has done its bookkeeping (in memory and scratch files,
-        nothing in the store), then released while the store completes
-        the layer (``publish.write_layer``'s ``on_published``), so requests
-        that need no store write go on at once.  Until the completion has
-        ended, :attr:`settled` is clear: writes of this step's rows wait
-        for it (a row written before the "committed" record would be
-        consumed with the layer it is not part of: that record deletes the
-        step's rows), and so do reads of history through ``.stepfs``.  A
-        completion that fails turns the view read-only (as any failure
-        past the commit point does) before ``settled`` is set, and is
-        raised from here; the caller was answered already.
-        """
-        # The spare filler (which also frees the inodes the commit retired)
-        # waits until the layer is complete, not only published: its
-        # kernel work would compete with the view's refresh and the fsyncs.
-        with self.ws.spares.pausing():
-            self.lock.acquire()
-            held = True
-            try:
-                self._await_settled()  # another thread's commit (auto-step) may still be completing
-                if self.readonly_reason is not None:
-                    raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
-                                           f"unmount and mount again once the cause is fixed.")
-                self.sync_rows()  # the commit reads the step's rows from the store
-                if any(n.ref is not None for n in self.upper.nodes.values()):
-                    # Files staged by reference become objects first (the commit
-                    # would import them too, but the nodes must learn the oids).
-                    self._imported(publish.import_refs(self.ws, self.step))
-                covered = self._unstaged_over_rows()
-                # The names this commit is about to replace in the workspace keep
-                # their inode numbers in the view (``ino_alias``): the watcher must
-                # not take our own renames for outside replacements (that would
-                # answer ESTALE to an fstat of a file open across the step).
-                self.own_publishes.clear()
-                self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
-                self.commit_idle.clear()
-
-                def settle_later() -> None:
-                    # The store completes the layer without the view's lock.
-                    nonlocal held
-                    self.settled.clear()
-                    held = False
-                    self.lock.release()
-
-                def published(number: int):
-                    # Store side: the layer is published, its completion
-                    # still to come (it needs nothing of the view).
-                    try:
-                        # The paths just committed have new tokens: nothing
-                        # captured is of use any more.
-                        self.precaptured.clear()
-                        if on_published is not None:
-                            on_published(number)
-                    except BaseException:
-                        settle_later()
-                        raise
-                    return bookkeeping
-
-                def bookkeeping() -> None:
-                    # While the directory fsyncs run.
-                    try:
-                        self._after_commit(covered)
-                    finally:
-                        settle_later()
-
-                try:
-                    return publish.commit_step(
-                        self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
-                        meta=meta, allow_empty=allow_empty, overwrite=overwrite, known=self.precaptured,
-                        on_published=published,
-                    )
-                except NothingToCommit:
-                    self.precaptured.clear()
-                    self._after_commit(())  # the no-op rows were dropped from the store
-                    raise
-                except PublishFailed as exc:
-                    if exc.pending is not None:  # past the commit point: only recovery may finish it
-                        self._go_readonly(str(exc))
-                    raise
-                finally:
-                    self.commit_idle.set()
-            finally:
-                self.settled.set()
-                if held:
-                    self.lock.release()
-
-    def _await_settled(self, writing: bool = False) -> None:
-        """Wait until no commit of this view is completing (:attr:`settled`).
-        ``writing``: the caller writes this step's rows next, which a
-        read-only view refuses (a completion that failed made it so).
-        Called under the view's lock (the completion never takes it)."""
-        if self.settled.is_set():
-            return
-        self.settled.wait()
-        if writing and self.readonly_reason is not None:
-            raise ReadOnly(self.readonly_reason)
+    def _before_commit(self) -> tuple[list[str], list[str]]:
+        """Under the lock, before the store plans: write the recorded rows
+        (the commit reads them from the store) and give files staged by
+        reference their objects.  Returns the unclosed nodes over staged
+        rows and the staged paths."""
+        self.sync_rows()
+        if any(n.ref is not None for n in self.upper.nodes.values()):
+            # Files staged by reference become objects first (the commit
+            # would import them too, but the nodes must learn the oids).
+            self._imported(publish.import_refs(self.ws, self.step))
+        return self._unstaged_over_rows(), [p for p, n in self.upper.nodes.items() if n.staged]
 
     def _unstaged_over_rows(self) -> list[str]:
         """Paths of created-but-unclosed nodes that replaced a staged row (a

@@ -516,13 +516,13 @@ class ContentMixin:
                 node.ctime_ns = time.time_ns()
                 names = node.names if node.link_group is not None else (d.path,)
                 try:
-                    self._write_pending(conn, superseded=names)  # recorded rows ride along (view.py)
+                    self.rows.write(conn, superseded=[rel(n) for n in names])  # recorded rows ride along
                     for name in names:
                         staging.put(conn, self.step, node.row(name))
                 except BaseException:
                     node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
                     raise
-            self._pending_written()
+            self.rows.written()
         finally:
             os.close(fd)
         node.staged = True

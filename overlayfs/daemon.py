@@ -27,7 +27,8 @@ from store.workspace import Workspace
 from .control import ControlServer
 from .mounts import mount_key
 from .runfiles import daemon_alive, log_path  # noqa: F401  (re-exported)
-from .view import ROW_DELAY, Overlay
+from .rows import ROW_DELAY
+from .view import Overlay
 
 log = logging.getLogger("stepfs.daemon")
 

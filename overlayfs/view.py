@@ -17,27 +17,13 @@ object and writes the staged row -- or, for a file of at least
 staged content (staged by reference; the commit imports the bytes, see
 ``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
 ``ContentMixin._thaw``) and is removed only once no staged row in the store
-names it (``_drop_scratch``, ``_pending_written``); a daemon start keeps the
+names it (``_drop_scratch``, ``_unlink_retired``); a daemon start keeps the
 referenced files and removes the other scratch leftovers.  Mounting reads
 only the open step's staged rows: O(1) in the size of the workspace.
 
-Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
-rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer
-in memory at once and their staged rows are recorded in
-:class:`upper.PendingRows`; all recorded rows are written in one transaction
-(see :meth:`Overlay.sync_rows`) at the next close-write (in the same
-transaction as its content), ``fsync``/``fsyncdir``, commit, discard, status
-request (``sync`` on the control channel), unmount, or at the latest
-``row_delay`` seconds after the first of them (the daemon's is
-:data:`ROW_DELAY`; a view made with ``row_delay=0`` writes every change at
-once, as library callers and most tests expect; an operation that changes
-several rows -- a rename of a directory, over an existing name, or an
-exchange -- writes them together at its end: :meth:`Overlay._one_change`).
-The store therefore always holds the upper layer as it was at one moment: a daemon
-killed with SIGKILL loses at most the changes of its last ``row_delay``
-seconds that no close-write, fsync or commit followed, and never keeps a
-later change without an earlier one.  (One transaction per change cost more
-than everything else ``tar -x`` does through the mount.)
+Staged rows: namespace and metadata changes change the upper layer in
+memory at once; their rows reach the store in batches (``rows.py`` says
+when, and what a crash loses).
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
 its whole duration, except a commit (``committing.py``), which releases it once
@@ -61,7 +47,6 @@ import os
 import stat as stat_mod
 import threading
 import time
-from contextlib import contextmanager
 
 from store import publish, refs, staging, tokens
 from store.errors import StepfsError
@@ -79,7 +64,8 @@ from .errors import (
 )
 from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
-from .upper import Node, PendingRows, Upper, parent_name, rel, view_path
+from .rows import StagedRows
+from .upper import Node, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
 
@@ -92,88 +78,9 @@ RENAME_EXCHANGE = 2
 # Inode numbers for paths that exist only in the upper layer; far above what
 # real filesystems hand out so they do not collide with workspace inodes.
 SYNTHETIC_INO_BASE = 1 << 62
-#: Seconds a recorded staged-row change may wait for a transaction that
-#: carries it anyway (see the module doc): the window of changes a daemon
-#: killed with SIGKILL can lose.
-ROW_DELAY = 0.05
 #: Bound of ``Overlay.lower_shown`` (names); past it every later removal of
 #: a name of a multi-link workspace file renews the kernel's names.
 LOWER_SHOWN_LIMIT = 50_000
-
-
-class RowTimer:
-    """Calls ``fire`` ``delay`` seconds after :meth:`arm`, once per arming
-    (arming while armed changes nothing), on one thread that lives as long
-    as the timer: a ``threading.Timer`` per arming cost a thread start on
-    the request that recorded the first row of each window, 0.1 ms and, on
-    a busy machine, up to 3 ms (``git status`` records two: its
-    ``index.lock`` comes and goes).  The thread starts with the timer (the
-    daemon makes its view before the mount is ready) and ends at :meth:`stop`.
-
-    Threading: ``arm``, ``cancel`` and ``stop`` may be called under the
-    view's lock; ``fire`` runs on the timer's thread with no lock of the
-    timer held (it takes the view's lock itself), so the two locks are
-    never taken in the other order."""
-
-    def __init__(self, delay: float, fire):
-        self.delay = delay
-        self._fire = fire
-        self._cv = threading.Condition(threading.Lock())
-        self._due: float | None = None  # time.monotonic() of the next call
-        self._stopped = False
-        self.fired = 0  # calls made so far (tests wait on it)
-        self._thread = threading.Thread(target=self._run, name="stepfs-rows", daemon=True)
-        self._thread.start()
-
-    @property
-    def armed(self) -> bool:
-        return self._due is not None
-
-    def arm(self) -> None:
-        with self._cv:
-            if self._due is not None or self._stopped:
-                return
-            self._due = time.monotonic() + self.delay
-            self._cv.notify()
-
-    def cancel(self) -> None:
-        with self._cv:
-            self._due = None
-
-    def stop(self) -> None:
-        """Cancel and end the thread (it is not waited for)."""
-        with self._cv:
-            self._due = None
-            self._stopped = True
-            self._cv.notify()
-
-    def wait_fired(self, count: int, timeout: float) -> bool:
-        """Wait until ``fire`` was called ``count`` times (tests)."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self.fired >= count, timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while True:
-                    if self._stopped:
-                        return
-                    if self._due is None:
-                        self._cv.wait()
-                        continue
-                    left = self._due - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                self._due = None
-            try:
-                self._fire()
-            except Exception:  # the thread outlives a failed call: the next window still fires
-                log.exception("the row timer's call failed")
-            finally:
-                with self._cv:
-                    self.fired += 1
-                    self._cv.notify_all()
 
 
 class Overlay(ContentMixin):
@@ -230,11 +137,6 @@ class Overlay(ContentMixin):
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
         self.row_delay = row_delay
-        self._pending = PendingRows()
-        self._row_timer = RowTimer(row_delay, self._timed_sync) if row_delay and row_delay > 0 else None
-        # > 0 inside an operation that records several row changes which
-        # must reach the store together (``_one_change``).
-        self._change_depth = 0
         with ws.db.write() as conn:
             self.step = staging.open_step(conn, mountpoint, agent)
         # Failsafe: a store that cannot write makes this view read-only.
@@ -244,6 +146,8 @@ class Overlay(ContentMixin):
         self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
         self.own_publishes = self.commits.own_publishes
         self._await_settled = self.commits.await_settled
+        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled, self._unlink_retired,
+                               row_delay)
         self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
         os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
         with ws.db.read() as conn:
@@ -376,7 +280,7 @@ class Overlay(ContentMixin):
         self._nlink_cache.clear()
         if self.on_change is not None:
             self.on_change()
-        pending = self._pending
+        pending = self.rows.pending
         for path in trees:
             pending.remove_tree(rel(path))
         for path in removes:
@@ -386,66 +290,11 @@ class Overlay(ContentMixin):
             for name in (node.names if node.link_group is not None else (path,)):
                 pending.put(node.row(name))
             node.staged = True
-        self._rows_recorded()
-
-    def _rows_recorded(self) -> None:
-        if self.row_delay is None or self._change_depth:
-            return
-        if self.row_delay <= 0:
-            self.sync_rows(between=False)
-        else:
-            self._row_timer.arm()
-
-    @contextmanager
-    def _one_change(self):
-        """The rows recorded inside the block are one change: they reach
-        the store in one transaction, at its end (with ``row_delay=0``) or
-        with the next flush.  A rename records several (the old place, the
-        new place, every path below them); written one by one, a crash
-        between two of them would lose or half-move a subtree.  If the
-        block raises, what it recorded goes the same way (the upper layer
-        in memory has those changes).  Call under the lock."""
-        self._change_depth += 1
-        try:
-            yield
-        finally:
-            self._change_depth -= 1
-            if not self._change_depth and self._pending:
-                self._rows_recorded()
-
-    def _timed_sync(self) -> None:
-        with self.lock:
-            try:
-                self.sync_rows()
-            except Exception:  # a store error also made the view read-only
-                log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
+        self.rows.recorded()
 
     def sync_rows(self, between: bool = True) -> None:
-        """Write every recorded staged row now, in one transaction.
-        ``between``: called between operations (not from inside one, where
-        a node may be out of the tree on its way to another place), so
-        retired by-reference files can go too."""
-        with self.lock:
-            if self._pending:
-                self._await_settled(writing=True)
-                with self.ws.db.write() as conn:
-                    self._write_pending(conn)
-                self._pending_written()
-            if between:
-                self._unlink_retired()
-
-    def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
-        """Write the recorded rows through ``conn``, a write transaction of
-        the caller, who calls :meth:`_pending_written` once it committed.
-        ``superseded``: paths whose rows the caller writes next, in the same
-        transaction (their recorded rows are older)."""
-        for path in superseded:
-            self._pending.discard(rel(path))
-        if self._pending:
-            self._pending.write(conn, self.step, self._empty_oid)
-
-    def _pending_written(self) -> None:
-        self._pending.clear()
+        """Write every recorded staged row now (``rows.StagedRows.sync``)."""
+        self.rows.sync(between)
 
     def _unlink_retired(self) -> None:
         """Remove the retired by-reference files whose node is not in the
@@ -485,9 +334,6 @@ class Overlay(ContentMixin):
         for node in self.upper.nodes.values():
             if node.ref is not None and node.ref in oids:
                 node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
-
-    def _empty_oid(self, conn) -> str:
-        return self.ws.objects.put_bytes(conn, b"")
 
     def _new_scratch(self) -> str:
         return os.path.join(self.scratch_dir, str(next(self._scratch_seq)))
@@ -1276,7 +1122,7 @@ class Overlay(ContentMixin):
             return os.fsdecode(self.root.readlink(rel(path)))
 
     def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
-        with self.lock, self._one_change():
+        with self.lock, self.rows.one_change():
             if parent_name(new)[1].startswith(HIDDEN_PREFIX):
                 return self._hide(old, new, agent)
             self._check_writable(old)
@@ -1641,13 +1487,13 @@ class Overlay(ContentMixin):
             self._await_settled(writing=True)
             dropped: list[str] = []
             with self.ws.db.write() as conn:
-                self._write_pending(conn)  # staging.discard reads the rows it drops
+                self.rows.write(conn)  # staging.discard reads the rows it drops
                 oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
                 for path in paths:
                     dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
                                                                       mount=self.mountpoint)]
             self._imported(oids)
-            self._pending_written()
+            self.rows.written()
             for path in dropped:
                 node = self.upper.pop(path)
                 if node is not None:
@@ -1690,13 +1536,12 @@ class Overlay(ContentMixin):
         self.settled.wait()
         with self.lock:
             super().close()
-            if self._row_timer is not None:
-                self._row_timer.stop()
+            self.rows.stop()
             try:
                 self.sync_rows()
             except Exception:
-                log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
-            if not self._pending:
+                log.exception("writing %d staged rows at unmount failed; they are lost", len(self.rows.pending))
+            if not self.rows.pending:
                 self._unlink_retired()
 
     def status_text(self) -> str:

@@ -502,7 +502,7 @@ class ContentMixin:
                     if node is None:
                         lower = self._lower_stat(d.path)
                         if lower is not None:
-                            self._lower_name_gone(lower, d.path)  # this name is a file of its own now
+                            self.links.name_gone(lower, d.path)  # this name is a file of its own now
                             self._precapture(conn, d.path, lower)
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
@@ -537,7 +537,7 @@ class ContentMixin:
         if by_ref:
             node.scratch = d.scratch
             d.frozen = True
-        self._invalidate_names(node, except_path=d.path)
+        self.links.invalidate_names(node, except_path=d.path)
         self._bump(node)
         d.base = self.node_token(node)
         self.observe(d.agent, d.path, d.base)

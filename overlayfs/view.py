@@ -62,6 +62,7 @@ from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported, ViewError,
 )
+from .links import Links
 from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
@@ -78,9 +79,6 @@ RENAME_EXCHANGE = 2
 # Inode numbers for paths that exist only in the upper layer; far above what
 # real filesystems hand out so they do not collide with workspace inodes.
 SYNTHETIC_INO_BASE = 1 << 62
-#: Bound of ``Overlay.lower_shown`` (names); past it every later removal of
-#: a name of a multi-link workspace file renews the kernel's names.
-LOWER_SHOWN_LIMIT = 50_000
 
 
 class Overlay(ContentMixin):
@@ -119,17 +117,10 @@ class Overlay(ContentMixin):
         # Workspace directory -> when the view last changed its entries (ns):
         # shown as its mtime and ctime (see _entries_changed).
         self.dir_times: dict[str, int] = {}
-        # A workspace file with several names, some of which the view covers
-        # (removed, or copied up as a file of their own): (dev, ino) ->
-        # (the names covered, when).  Its other names show that many links
-        # fewer.  Kept exact across ``forget`` (``_recount_lower_gone``).
-        self.lower_gone: dict[tuple[int, int], tuple[set[str], int]] = {}
-        # The names the kernel may hold attributes of, of workspace files
-        # with several links: (dev, ino) -> view paths the view answered
-        # (see _lower_shown); ``_shown_lost``: the bound was hit.
-        self.lower_shown: dict[tuple[int, int], set[str]] = {}
-        self._shown_count = 0
-        self._shown_lost = False
+        # Link counts of multi-link workspace files and the kernel's cached
+        # names (the adapter sets ``renew_names`` and ``invalidate`` later).
+        self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
+        self.lower_shown = self.links.shown  # read by tests
         #: Workspace path -> its before state captured when this step first
         #: staged it (``ContentMixin._precapture``), for the commit to reuse
         #: while the path's token holds (``publish.precapture``).
@@ -384,7 +375,7 @@ class Overlay(ContentMixin):
         kind = self._kind(None, st)
         base = self._lower_token(path)
         attrs: dict[bytes, bytes] = {}
-        self._lower_name_gone(st, path)  # from now on this name is a file of its own
+        self.links.name_gone(st, path)  # from now on this name is a file of its own
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
                         mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
@@ -421,56 +412,6 @@ class Overlay(ContentMixin):
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
 
-    def _lower_name_gone(self, st: os.stat_result, path: str) -> None:
-        """The name ``path`` of the workspace file ``st`` is now covered by
-        the upper layer (see ``lower_gone``): the file's other names show one
-        link fewer and a new ctime from now on.  The kernel may hold their
-        old attributes (each name is an inode of its own to libfuse's
-        high-level API) for the attribute timeout; when one of them may be
-        held (``lower_shown``), the kernel is told to look every name up
-        again (:meth:`_renew_names`).  No directory scan: only the names the
-        view answered can be held."""
-        if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            key = (st.st_dev, st.st_ino)
-            gone = self.lower_gone.get(key)
-            names_gone = gone[0] if gone is not None else set()
-            names_gone.add(path)
-            self.lower_gone[key] = (names_gone, time.time_ns())
-            names = self.lower_shown.get(key)
-            if names is not None and path in names:
-                names.discard(path)  # unlinked, or a file of its own now: not a name of this file
-                self._shown_count -= 1
-                if not names:
-                    del self.lower_shown[key]
-            if names or self._shown_lost:
-                self._renew_names()
-
-    def _recount_lower_gone(self) -> None:
-        """After the workspace or the upper layer changed other than by the
-        view's own operations (a discard, a rollback): keep in ``lower_gone``
-        exactly the recorded names the upper layer still covers, under the
-        workspace file each one names now (a name given back, or whose file
-        was replaced, no longer takes a link from the old file).  One
-        ``lstat`` per recorded name; clearing it instead showed the names a
-        step removed as links again."""
-        if not self.lower_gone:
-            return
-        names = set().union(*(gone[0] for gone in self.lower_gone.values()))
-        when = {key: gone[1] for key, gone in self.lower_gone.items()}
-        now = time.time_ns()
-        self.lower_gone = {}
-        for path in names:
-            if not self._covered(path):
-                continue
-            st = self._lower_stat(path)
-            if st is None or st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode):
-                continue
-            key = (st.st_dev, st.st_ino)
-            gone = self.lower_gone.get(key)
-            if gone is None:
-                gone = self.lower_gone[key] = (set(), when.get(key, now))
-            gone[0].add(path)
-
     def _covered(self, path: str) -> bool:
         """The upper layer decides what ``path`` is (a node there, or an
         ancestor that hides the workspace below it: see ``_resolve``)."""
@@ -484,65 +425,6 @@ class Overlay(ContentMixin):
             if anc is not None and (anc.kind != "dir" or anc.opaque):
                 return True
         return False
-
-    def _lower_shown(self, st: os.stat_result, path: str) -> None:
-        """The view answered the attributes of ``path``, a name of the
-        workspace file ``st``: remember it if the file has several names.
-
-        Invariant: every name of a multi-link workspace file whose
-        attributes the kernel may use without asking again (until the
-        attribute timeout) is in ``lower_shown`` -- or ``_shown_lost`` is
-        set.  Every attribute the kernel holds came from ``getattr`` (libfuse
-        asks it for lookups too; a READDIRPLUS listing carries
-        attributes only from it: fuse_ops._FUSE._readdir_plus), from a
-        commit that turned staged names into workspace names (recorded in
-        :meth:`_after_commit`), or from before the last :meth:`_renew_names`,
-        after which the kernel asks again for every name it walks.
-        Extra paths (renamed since, or asked for by someone else) cost at
-        most a needless renewal.  O(1) per answer; bounded by
-        :data:`LOWER_SHOWN_LIMIT`."""
-        if st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode) or self._shown_lost:
-            return
-        key = (st.st_dev, st.st_ino)
-        names = self.lower_shown.get(key)
-        if names is not None and path in names:
-            return
-        if self._shown_count >= LOWER_SHOWN_LIMIT:
-            self._shown_lost = True  # any name may be held: renew at the next removal
-            return
-        if names is None:
-            names = self.lower_shown[key] = set()
-        names.add(path)
-        self._shown_count += 1
-
-    def _renew_names(self) -> None:
-        """Make the kernel look every name up again before it uses the
-        attributes it holds (a new FUSE epoch, ``KernelCache.new_epoch``);
-        its lookups reach :meth:`getattr`, which records the names afresh.
-        Costs one lookup per name the kernel holds, once: done only when a
-        link count the view shows changed under a name the kernel may hold.
-
-        Why not invalidate just the recorded names: libfuse3's
-        ``fuse_invalidate_path`` drops a name's pages as well as its
-        attributes, and on the FUSE loop thread (where unlink runs) that can
-        wait for a page locked by a read of that name queued behind this very
-        request: a deadlock.  In-mount links avoid it by opening every name
-        ``direct_io``; doing that for every multi-link workspace file would
-        take the page cache and shared mmap from whole package stores.  Off
-        the loop thread the invalidation could not be ordered before the
-        reply (the loop cannot wait for it), so the names would stay stale
-        for a moment.  A new epoch takes no lock and is in effect before the
-        reply."""
-        self.lower_shown.clear()
-        self._shown_count = 0
-        self._shown_lost = False
-        self.renew_names()
-
-    def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
-        if node.link_group is not None:
-            for name in node.names:
-                if name != except_path:
-                    self.invalidate(name)
 
     def _retoken(self, path: str, old: str, new: str, digest) -> None:
         """Same content, new token representation (copy-up for a metadata
@@ -589,7 +471,7 @@ class Overlay(ContentMixin):
         if node is None:
             lower = self._lower_stat(path)
             if lower is not None:
-                self._lower_name_gone(lower, path)
+                self.links.name_gone(lower, path)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
@@ -611,7 +493,7 @@ class Overlay(ContentMixin):
             if node.names:
                 node.ctime_ns = time.time_ns()
                 self._persist(puts=[next(iter(node.names))])  # their link count changed
-                self._invalidate_names(node)
+                self.links.invalidate_names(node)
                 return
         self._drop_scratch(node)
 
@@ -775,11 +657,7 @@ class Overlay(ContentMixin):
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
         if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            self._lower_shown(st, path)
-            if self.lower_gone:
-                gone = self.lower_gone.get((st.st_dev, st.st_ino))
-                if gone is not None:
-                    nlink, ctime = max(1, nlink - len(gone[0])), max(ctime, gone[1])
+            nlink, ctime = self.links.shown_lower(st, path, ctime)
         if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
             changed = self.dir_times.get(path, 0)
             mtime, ctime = max(mtime, changed), max(ctime, changed)
@@ -817,7 +695,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
-            self._invalidate_names(node, except_path=path)
+            self.links.invalidate_names(node, except_path=path)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
         with self.lock:
@@ -830,7 +708,7 @@ class Overlay(ContentMixin):
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
             self._sync_draft_meta(path, node)
-            self._invalidate_names(node, except_path=path)
+            self.links.invalidate_names(node, except_path=path)
 
     def _sync_draft_meta(self, path: str, node: Node) -> None:
         """A metadata change keeps the path's token, so every agent's draft of
@@ -939,7 +817,7 @@ class Overlay(ContentMixin):
                                         st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self._persist(puts=[path])
-            self._invalidate_names(node, except_path=path)
+            self.links.invalidate_names(node, except_path=path)
 
     def statfs(self, path: str) -> dict:
         sv = os.statvfs(self.root.fd)
@@ -1374,7 +1252,7 @@ class Overlay(ContentMixin):
             self.upper.set(path, node)
             self._persist(puts=[path])
             self._entries_changed(path)
-            self._invalidate_names(node, except_path=path)
+            self.links.invalidate_names(node, except_path=path)
             self.observe(agent, path, self.node_token(node))
 
     # -- the step ---------------------------------------------------------------
@@ -1449,7 +1327,7 @@ class Overlay(ContentMixin):
         self._unlink_retired()  # the commit consumed every staged row
         self._nlink_cache.clear()
         self.dir_times.clear()
-        self.lower_gone.clear()
+        self.links.gone.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
             node = self.upper.nodes[path]
@@ -1464,7 +1342,7 @@ class Overlay(ContentMixin):
             if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
                 self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
             if st is not None and node.link_group is not None:
-                self._lower_shown(st, path)  # the kernel holds this name's attributes from the node
+                self.links.shown_name(st, path)  # the kernel holds this name's attributes from the node
             renamed[path] = (old, new)
         for seen in self.observed.values():
             for path, (old, new) in renamed.items():
@@ -1510,10 +1388,10 @@ class Overlay(ContentMixin):
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
             self._nlink_cache.clear()
-            if self.lower_gone or self.lower_shown or self._shown_lost:
+            if self.links.held():
                 # The link counts shown for names the kernel may hold change
                 # (covered names show again, or the workspace's own changed).
-                self._renew_names()
+                self.links.renew()
             targets = set()
             for path in paths:
                 targets.add(path)
@@ -1524,7 +1402,7 @@ class Overlay(ContentMixin):
                     continue
                 self.upper.pop(p)
                 self._drop_scratch(node)
-            self._recount_lower_gone()
+            self.links.recount(self._covered, self._lower_stat)
             prefixes = tuple(p.rstrip("/") + "/" for p in paths)
             for d in list(self.drafts.values()):
                 if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):

@@ -297,7 +297,7 @@ class ContentMixin:
         """A read handle's own copy in memory of small staged file ``node``
         that has no scratch file (its idle memory draft was dropped), or -1:
         reading a file just written then costs no file on disk, and works
-        on a full disk.  Bigger files get a scratch file (``_materialize``)."""
+        on a full disk.  Bigger files get a scratch file (``ScratchFiles.materialize``)."""
         if not _MEMORY or node.scratch is not None or node.ref is not None or node.size >= MEMORY_DRAFT_MAX:
             return -1
         try:
@@ -305,7 +305,7 @@ class ContentMixin:
         except OSError:
             return -1  # out of descriptors or memory: a scratch file may still do
         try:
-            self._fill_from_store(fd, node)
+            self.scratch.fill(fd, node)
         except BaseException:
             os.close(fd)
             raise
@@ -322,7 +322,7 @@ class ContentMixin:
                 pass  # out of descriptors or memory: a scratch file may still do
             else:
                 return f"{_PROC_FD}/{mem}", mem
-        return self._new_scratch(), -1
+        return self.scratch.new(), -1
 
     def _discard_draft(self, d: Draft) -> None:
         if self.drafts.get((d.agent, d.path)) is d:
@@ -344,7 +344,7 @@ class ContentMixin:
         :data:`MEMORY_DRAFT_MAX`: copy its content (a node's content, or
         memory) into a new scratch file and move every handle of it there."""
         mine = [h for h in self.handles.values() if h.draft is d]
-        new = self._new_scratch()
+        new = self.scratch.new()
         dst = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         opened = d.mem < 0 and not mine
         try:
@@ -532,7 +532,7 @@ class ContentMixin:
         # The old content: every row naming it was just replaced, so even a
         # file held by reference can go now (readers keep their fds).
         if old_scratch is not None:
-            self._unlink_scratch(old_scratch)
+            self.scratch.unlink(old_scratch)
         node.scratch = None
         if by_ref:
             node.scratch = d.scratch
@@ -565,7 +565,7 @@ class ContentMixin:
         XXH3-128 is ``digest`` (compared byte for byte when the hash agrees)."""
         if node.size != os.fstat(fd).st_size or digest not in (node.ref_sum, node.oid):
             return False
-        self._materialize(node)
+        self.scratch.materialize(node)
         mine = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
         try:
             return _same_bytes(mine, fd)
@@ -718,7 +718,7 @@ class ContentMixin:
             elif node is not None:
                 fd = self._memory_copy(node)
                 if fd < 0:
-                    self._materialize(node)
+                    self.scratch.materialize(node)
                     fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
                 h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.node_token(node))
             else:

@@ -17,7 +17,7 @@ object and writes the staged row -- or, for a file of at least
 staged content (staged by reference; the commit imports the bytes, see
 ``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
 ``ContentMixin._thaw``) and is removed only once no staged row in the store
-names it (``_drop_scratch``, ``_unlink_retired``); a daemon start keeps the
+names it (``scratch.py``); a daemon start keeps the
 referenced files and removes the other scratch leftovers.  Mounting reads
 only the open step's staged rows: O(1) in the size of the workspace.
 
@@ -66,6 +66,7 @@ from .links import Links
 from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
+from .scratch import ScratchFiles
 from .upper import Node, Upper, parent_name, rel, view_path
 
 log = logging.getLogger("stepfs.view")
@@ -137,26 +138,17 @@ class Overlay(ContentMixin):
         self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
         self.own_publishes = self.commits.own_publishes
         self._await_settled = self.commits.await_settled
-        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled, self._unlink_retired,
-                               row_delay)
-        self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
-        os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
         with ws.db.read() as conn:
             rows = staging.load(conn, self.step)
-        # Leftovers of a dead daemon go, except the files staged rows
-        # reference (big files staged by reference: their only copy).
-        kept = {row.scratch for row in rows if row.scratch is not None}
-        for name in os.listdir(self.scratch_dir):
-            if name not in kept:
-                os.unlink(os.path.join(self.scratch_dir, name))
-        # Nodes staged by reference that left the tree: their files go at
-        # the next write of rows between operations (``_unlink_retired``).
-        self._retired: list[Node] = []
         self.upper = Upper()
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
+        self.scratch = ScratchFiles(ws.store_dir, self.step, {row.scratch for row in rows if row.scratch is not None},
+                                    self.upper, ws.db, ws.objects, self._release_scratch)
+        self.scratch_dir = self.scratch.dir
+        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
+                               self.scratch.unlink_retired, row_delay)
         ws.db.on_failure.append(self._store_failed)
         self.meta = MetaTree(self)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
@@ -174,7 +166,7 @@ class Overlay(ContentMixin):
             else:
                 node = Node.from_row(row, next(self._ino))
                 if node.ref is not None:
-                    node.scratch = os.path.join(self.scratch_dir, node.ref)
+                    node.scratch = self.scratch.path(node.ref)
                 self._bump(node)
                 if row.link_group is not None:
                     groups[row.link_group] = node
@@ -287,34 +279,13 @@ class Overlay(ContentMixin):
         """Write every recorded staged row now (``rows.StagedRows.sync``)."""
         self.rows.sync(between)
 
-    def _unlink_retired(self) -> None:
-        """Remove the retired by-reference files whose node is not in the
-        tree.  Call only between operations (inside one, a node may be out
-        of the tree on its way to another place: a directory rename or an
-        exchange takes nodes out, writes rows, and places them again) and
-        when the store's rows show the tree as it is, or were consumed."""
-        retired, self._retired = self._retired, []
-        if not retired:
-            return
-        # A node that left the tree may be back (a directory rename takes
-        # its nodes out and places them again): its file stays.
-        live = {id(n) for n in self.upper.nodes.values()}
-        for node in retired:
-            if id(node) not in live and node.scratch is not None and node.ref is not None:
-                self._unlink_scratch(node.scratch)
-                node.scratch = None  # its open readers stat it by size (``_stat_node``)
-
-    def _unlink_scratch(self, path: str) -> None:
-        """Remove a scratch file of a node.  A draft still open on it (its
+    def _release_scratch(self, path: str) -> None:
+        """Before scratch file ``path`` goes: a draft still open on it (its
         close published it by reference: ``Draft.frozen``) first moves to a
         copy, so it can keep reading, and writing, by name too."""
         for d in {id(h.draft): h.draft for h in self.handles.values()
                   if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
             self._thaw(d)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
 
     def _imported(self, oids: dict[str, str]) -> None:
         """The store took the by-reference files ``oids`` (scratch name ->
@@ -325,46 +296,6 @@ class Overlay(ContentMixin):
         for node in self.upper.nodes.values():
             if node.ref is not None and node.ref in oids:
                 node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
-
-    def _new_scratch(self) -> str:
-        return os.path.join(self.scratch_dir, str(next(self._scratch_seq)))
-
-    def _materialize(self, node: Node) -> None:
-        """Give a staged file node a scratch file holding its content."""
-        if node.scratch is not None:
-            return
-        path = self._new_scratch()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            self._fill_from_store(fd, node)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        node.scratch = path
-
-    def _fill_from_store(self, fd: int, node: Node) -> None:
-        """Write staged file ``node``'s content (its object) into the empty
-        file ``fd``, with the node's times."""
-        if node.oid is not None:
-            with self.ws.db.read() as conn:
-                self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
-        os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
-
-    def _drop_scratch(self, node: Node) -> None:
-        """The node leaves the tree, or its cache is no longer wanted.  A
-        file it holds by reference is its content: the node keeps it (it
-        may be placed again), and the file is removed after the next write
-        of staged rows if no node in the tree holds it then (until then the
-        store still names it: a crash must find it)."""
-        if node.scratch is None:
-            return
-        if node.ref is not None:
-            self._retired.append(node)
-            return
-        self._unlink_scratch(node.scratch)
-        node.scratch = None
 
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
@@ -495,7 +426,7 @@ class Overlay(ContentMixin):
                 self._persist(puts=[next(iter(node.names))])  # their link count changed
                 self.links.invalidate_names(node)
                 return
-        self._drop_scratch(node)
+        self.scratch.drop(node)
 
     # -- attributes ---------------------------------------------------------
 
@@ -1324,7 +1255,7 @@ class Overlay(ContentMixin):
             node = self.upper.get(path)
             if node is not None and not node.staged:
                 node.base = self._lower_token(path)
-        self._unlink_retired()  # the commit consumed every staged row
+        self.scratch.unlink_retired()  # the commit consumed every staged row
         self._nlink_cache.clear()
         self.dir_times.clear()
         self.links.gone.clear()
@@ -1335,7 +1266,7 @@ class Overlay(ContentMixin):
                 continue  # created but not yet closed: not part of the layer
             old = self.node_token(node)
             self.upper.pop(path)
-            self._drop_scratch(node)
+            self.scratch.drop(node)
             new, st, _digest = self.current_token(path)
             if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
@@ -1375,7 +1306,7 @@ class Overlay(ContentMixin):
             for path in dropped:
                 node = self.upper.pop(path)
                 if node is not None:
-                    self._drop_scratch(node)
+                    self.scratch.drop(node)
             self.forget(paths)
             return dropped
 
@@ -1401,7 +1332,7 @@ class Overlay(ContentMixin):
                 if node is None or node.staged or p in self.open_drafts:
                     continue
                 self.upper.pop(p)
-                self._drop_scratch(node)
+                self.scratch.drop(node)
             self.links.recount(self._covered, self._lower_stat)
             prefixes = tuple(p.rstrip("/") + "/" for p in paths)
             for d in list(self.drafts.values()):
@@ -1420,7 +1351,7 @@ class Overlay(ContentMixin):
             except Exception:
                 log.exception("writing %d staged rows at unmount failed; they are lost", len(self.rows.pending))
             if not self.rows.pending:
-                self._unlink_retired()
+                self.scratch.unlink_retired()
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""

@@ -234,9 +234,9 @@ def test_names_removed_in_the_view_stay_counted_after_a_discard_or_rollback_else
 def test_link_bookkeeping_is_bounded(tmp_path, monkeypatch):
     """Past the bound nothing more is recorded and the next removal of a
     name of any multi-link file renews (the kernel may hold any name)."""
-    from overlayfs import view as view_mod
+    from overlayfs import links
 
-    monkeypatch.setattr(view_mod, "LOWER_SHOWN_LIMIT", 2)
+    monkeypatch.setattr(links, "LOWER_SHOWN_LIMIT", 2)
     _linked_workspace(tmp_path, "a", "b", "c")
     _linked_workspace(tmp_path, "x", "y")
     _ws, view = open_view(tmp_path)

@@ -39,7 +39,7 @@ import stat as stat_mod
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import xxhash
 from sqlalchemy import select
@@ -53,8 +53,6 @@ from .errors import Invalid, NotADirectory, NotFound
 
 if TYPE_CHECKING:
     from store.workspace import Workspace
-
-    from .view import Overlay
 
 ROOT = "/.stepfs"
 LAYERS = ROOT + "/layers"
@@ -121,22 +119,25 @@ class MetaTree:
     LAYER_INO_BASE = INO_BASE + (1 << 40)
     LAYER_INO_SPAN = (1 << 61) - (1 << 40)
 
-    def __init__(self, view: "Overlay"):
-        self.view = view
-
-    @property
-    def ws(self) -> "Workspace":
-        return self.view.ws
+    def __init__(self, ws: "Workspace", mountpoint: str, await_settled: Callable[[], None],
+                 status_text: Callable[[], str]):
+        """``await_settled()``: waits until no commit of the view is
+        completing (history as of the last commit's answer);
+        ``status_text()``: the content of ``status``."""
+        self.ws = ws
+        self.mountpoint = mountpoint
+        self._await_settled = await_settled
+        self._status_text = status_text
 
     # -- lookup -------------------------------------------------------------
 
     def entry(self, path: str) -> MetaEntry:
         if path.startswith((LAYERS, CONFLICTS)):
-            self.view._await_settled()  # history as of the last commit's answer
+            self._await_settled()  # history as of the last commit's answer
         if path == ROOT:
             return MetaEntry("dir", self.INO_BASE + 1)
         if path == ROOT + "/status":
-            return MetaEntry("file", self.INO_BASE + 2, self.view.status_text().encode())
+            return MetaEntry("file", self.INO_BASE + 2, self._status_text().encode())
         if path == LAYERS:
             return MetaEntry("dir", self.INO_BASE + 3)
         if path == LAYERS + "/" + LATEST:
@@ -152,7 +153,7 @@ class MetaTree:
     def children(self, path: str) -> list[tuple[str, str, int]]:
         """``[(name, kind, ino)]`` of a directory of the tree."""
         if path.startswith((LAYERS, CONFLICTS)):
-            self.view._await_settled()
+            self._await_settled()
         if path == ROOT:
             return [("conflicts", "dir", self.INO_BASE + 5), ("layers", "dir", self.INO_BASE + 3),
                     ("status", "file", self.INO_BASE + 2)]
@@ -198,7 +199,7 @@ class MetaTree:
         c = schema.conflicts
         with self.ws.db.read() as conn:
             rows = conn.execute(
-                select(c.c.path, c.c.oid).where(c.c.mount == self.view.mountpoint).order_by(c.c.id)
+                select(c.c.path, c.c.oid).where(c.c.mount == self.mountpoint).order_by(c.c.id)
             ).all()
         return {"/" + os.fsdecode(bytes(r.path)): r.oid for r in rows}
 

@@ -66,6 +66,7 @@ from .links import Links
 from .listings import Listings
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
+from .status import status_text
 from .scratch import ScratchFiles
 from .upper import Node, Upper, parent_name, rel, view_path
 
@@ -150,7 +151,7 @@ class Overlay(ContentMixin):
         self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
                                self.scratch.unlink_retired, row_delay)
         ws.db.on_failure.append(self._store_failed)
-        self.meta = MetaTree(self)
+        self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
         # Set by the FUSE adapter: make the kernel look every name up again
@@ -1355,12 +1356,5 @@ class Overlay(ContentMixin):
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
-        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}", f"step: {self.step}"]
-        if self.readonly_reason:
-            lines.append(f"read-only: {self.readonly_reason}")
-        for agent, error in sorted(self.last_errors.items()):
-            lines.append(f"last error ({agent}): {error}")
-        staged = self.staged_paths()
-        lines.append(f"staged: {len(staged)}")
-        lines += [f"  {op} {path}" for op, path in staged]
-        return "\n".join(lines) + "\n"
+        return status_text(self.mountpoint, self.ws.path, self.step, self.readonly_reason, self.last_errors,
+                           self.staged_paths())

@@ -1,0 +1,17 @@
+"""The text of ``MOUNT/.stepfs/status``: what an agent needs to know about
+itself (FUSE-free)."""
+
+from __future__ import annotations
+
+
+def status_text(mountpoint: str, workspace: str, step: int, readonly: str | None,
+                last_errors: dict[str, str], staged: list[tuple[str, str]]) -> str:
+    """``staged``: ``[(op, path)]`` as ``Overlay.staged_paths`` gives them."""
+    lines = [f"mount: {mountpoint}", f"workspace: {workspace}", f"step: {step}"]
+    if readonly:
+        lines.append(f"read-only: {readonly}")
+    for agent, error in sorted(last_errors.items()):
+        lines.append(f"last error ({agent}): {error}")
+    lines.append(f"staged: {len(staged)}")
+    lines += [f"  {op} {path}" for op, path in staged]
+    return "\n".join(lines) + "\n"

@@ -47,7 +47,6 @@ import stat as stat_mod
 import time
 from dataclasses import dataclass, field
 
-import xxhash
 
 from store import publish, refs, schema, staging, tokens
 from store import xattrs as xattr_codec
@@ -55,6 +54,7 @@ from store import xattrs as xattr_codec
 from .agents import DEFAULT
 from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from .metatree import is_meta
+from .namespace import fd_digest
 from .upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
@@ -159,18 +159,6 @@ def _copy_range(src: int, dst: int, off: int, end: int) -> None:
         off += n
 
 
-def _fd_digest(fd: int) -> str:
-    """XXH3-128 (hex) of the whole content of ``fd``, read with ``pread``."""
-    h = xxhash.xxh3_128()
-    off = 0
-    while True:
-        data = os.pread(fd, 1 << 20, off)
-        if not data:
-            return h.hexdigest()
-        h.update(data)
-        off += len(data)
-
-
 def _same_bytes(a: int, b: int) -> bool:
     if os.fstat(a).st_size != os.fstat(b).st_size:
         return False
@@ -194,23 +182,16 @@ class ContentMixin:
             return tokens.ABSENT
         return f"u:{self.epoch}:{node.gen}"
 
-    def _lower_digest(self, path: str) -> str:
-        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            return _fd_digest(fd)
-        finally:
-            os.close(fd)
-
     def current_token(self, path: str):
         """``(token without hash, stat or None, digest())`` of ``path`` now."""
         try:
-            node, st = self._resolve(path)
+            node, st = self.ns.resolve(path)
         except NotFound:
             return tokens.ABSENT, None, lambda: ""
         if node is not None:
             return self.node_token(node), None, lambda: ""
         target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
-        return tokens.from_stat(st, target), st, lambda: self._lower_digest(path)
+        return tokens.from_stat(st, target), st, lambda: self.ns.lower_digest(path)
 
     def record_token(self, path: str) -> str:
         """A token worth remembering: hashed when taken inside the racy window."""
@@ -230,7 +211,7 @@ class ContentMixin:
         st = os.fstat(fd)
         tok = tokens.from_stat(st)
         if tokens.is_racy(st, time.time_ns()):
-            return tokens.with_hash(tok, _fd_digest(fd))
+            return tokens.with_hash(tok, fd_digest(fd))
         return tok
 
     def still(self, recorded: str, path: str) -> bool:
@@ -246,10 +227,10 @@ class ContentMixin:
     # -- drafts ---------------------------------------------------------------
 
     def _new_draft(self, path: str, agent: str) -> Draft:
-        node, st = self._resolve(path)
-        if self._kind(node, st) == "dir":
+        node, st = self.ns.resolve(path)
+        if self.ns.kind(node, st) == "dir":
             raise IsADirectory(path)
-        if self._kind(node, st) != "file":
+        if self.ns.kind(node, st) != "file":
             raise Invalid(path)
         scratch, mem = self._draft_storage(node.size if node is not None else st.st_size)
         dst = mem if mem >= 0 else os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -279,7 +260,7 @@ class ContentMixin:
                 base = tokens.from_stat(st)
                 recorded = base
                 if tokens.is_racy(st, time.time_ns()):
-                    recorded = tokens.with_hash(base, self._lower_digest(path))
+                    recorded = tokens.with_hash(base, self.ns.lower_digest(path))
                 d = Draft(agent, path, scratch, recorded, base, st.st_mode, st.st_ino, st.st_uid, st.st_gid,
                           xattrs=attrs)
         except BaseException:
@@ -384,7 +365,7 @@ class ContentMixin:
         if seen is not None and self.guard and not self.still(seen, path):
             self._note_error(agent, path, "ESTALE at open for writing: the file changed since you last read it")
             raise Stale(path)
-        if seen is None and self.require_read and self._exists(path):
+        if seen is None and self.require_read and self.ns.exists(path):
             self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
             raise NotObserved(path)
         d = self.drafts.get((agent, path))
@@ -500,7 +481,7 @@ class ContentMixin:
                 same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
                 if node is None or node.kind != "file":
                     if node is None:
-                        lower = self._lower_stat(d.path)
+                        lower = self.ns.lower_stat(d.path)
                         if lower is not None:
                             self.links.name_gone(lower, d.path)  # this name is a file of its own now
                             self._precapture(conn, d.path, lower)
@@ -574,7 +555,7 @@ class ContentMixin:
 
     def _lower_equals(self, path: str, fd: int) -> bool:
         try:
-            node, st = self._resolve(path)
+            node, st = self.ns.resolve(path)
         except NotFound:
             return False
         if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
@@ -651,30 +632,19 @@ class ContentMixin:
             return False
         if any(h.path == path for h in others):
             return True
-        ino = self._file_ino(path)
+        ino = self.ns.file_ino(path)
         return ino is not None and any(self._handle_ino(h) == ino for h in others)
-
-    def _shown_ino(self, dev: int, ino: int) -> int:
-        return self.ino_alias.get((dev, ino), ino) if self.ino_alias else ino
-
-    def _file_ino(self, path: str) -> int | None:
-        """The inode number of the file ``path`` names now, or None."""
-        try:
-            node, st = self._resolve(path)
-        except NotFound:
-            return None
-        return self._shown_ino(self.root_dev, node.ino) if node is not None else self._shown_ino(st.st_dev, st.st_ino)
 
     def _handle_ino(self, h: Handle) -> int | None:
         """The inode number of the file handle ``h`` holds, or None."""
         if h.draft is not None:
-            return self._shown_ino(self.root_dev, h.draft.ino)
+            return self.ns.shown_ino(self.ns.root_dev, h.draft.ino)
         if h.node is not None:
-            return self._shown_ino(self.root_dev, h.node.ino)
+            return self.ns.shown_ino(self.ns.root_dev, h.node.ino)
         if h.fd < 0:
             return None
         st = os.fstat(h.fd)
-        return self._shown_ino(st.st_dev, st.st_ino)
+        return self.ns.shown_ino(st.st_dev, st.st_ino)
 
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)
@@ -701,8 +671,8 @@ class ContentMixin:
                     d.dirty = h.wrote = True
                 self._open_drafts_add(d, 1)
                 return self._add_handle(h)
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) == "dir":
                 raise IsADirectory(path)
             d = self.drafts.get((agent, path))
             if d is not None and (d.stale or not self.still(d.base, path)):
@@ -737,20 +707,20 @@ class ContentMixin:
         with self.lock:
             self._check_new_name(path)  # first: creating /.stepfs itself is EEXIST, not EROFS
             self._check_writable(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
+            self.ns.require_dir(parent_name(path)[0])
+            if self.ns.exists(path):
                 if flags & os.O_EXCL:
                     from .errors import Exists
 
                     raise Exists(path)
                 return self.open(path, flags & ~os.O_CREAT, agent)
-            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
+            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
                         ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
                         gid=owner[1] if owner else os.getgid())
-            self._inherit_group(path, node)
+            self.ns.inherit_group(path, node)
             self._bump(node)
             self.upper.set(path, node)  # unstaged until the first close publishes it
-            self._entries_changed(path)
+            self.ns.entries_changed(path)
             old = self.drafts.get((agent, path))
             if old is not None:
                 if old.opens:

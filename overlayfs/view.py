@@ -40,7 +40,6 @@ mount but not committed; ownership changes are not staged yet.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import os
@@ -54,7 +53,7 @@ from store.workspace import Workspace
 
 from .agents import DEFAULT
 from store import xattrs as xattr_codec
-from store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
+from store.contained import NODE_KINDS, kind_of, rdev_target
 
 from .committing import Commits, Failsafe, ViewCommit
 from .content import ContentMixin, Draft, Handle
@@ -63,7 +62,7 @@ from .errors import (
     ReadOnly, Reserved, Unsupported, ViewError,
 )
 from .links import Links
-from .listings import Listings
+from .namespace import Namespace
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
 from .status import status_text
@@ -111,14 +110,6 @@ class Overlay(ContentMixin):
         # Set by an auto-step policy (overlayfs/autostep.py): told of every
         # staged change, under the lock; must not block.
         self.on_change = None
-        # Inode numbers stay stable for the life of the mount: a committed
-        # path keeps the number the view showed, though the workspace file
-        # behind it is new.  (dev, workspace ino) -> ino shown.
-        self.ino_alias: dict[tuple[int, int], int] = {}
-        self._nlink_cache: dict[str, int] = {}  # see _dir_nlink
-        # Workspace directory -> when the view last changed its entries (ns):
-        # shown as its mtime and ctime (see _entries_changed).
-        self.dir_times: dict[str, int] = {}
         # Link counts of multi-link workspace files and the kernel's cached
         # names (the adapter sets ``renew_names`` and ``invalidate`` later).
         self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
@@ -142,6 +133,8 @@ class Overlay(ContentMixin):
         with ws.db.read() as conn:
             rows = staging.load(conn, self.step)
         self.upper = Upper()
+        self.ns = Namespace(self.root, self.upper, self.links)
+        self.dir_times = self.ns.dir_times  # read by tests
         self.handles: dict[int, Handle] = {}
         self._fh = itertools.count(1)
         self._ino = itertools.count(SYNTHETIC_INO_BASE)
@@ -157,8 +150,6 @@ class Overlay(ContentMixin):
         # Set by the FUSE adapter: make the kernel look every name up again
         # before it uses the attributes it holds (KernelCache.new_epoch).
         self.renew_names = lambda: None
-        self.root_dev = os.fstat(self.root.fd).st_dev
-        self.listings = Listings(self.root)  # workspace directory listings (readdir)
         groups: dict[int, Node] = {}
         for row in rows:
             path = view_path(row.path)
@@ -178,62 +169,6 @@ class Overlay(ContentMixin):
         self._link_groups = itertools.count(max(groups, default=0) + 1)
 
     # -- resolution ---------------------------------------------------------
-
-    def _resolve(self, path: str) -> tuple[Node | None, os.stat_result | None]:
-        """``(node, None)`` for an upper path, ``(None, stat)`` for a workspace
-        path; raises NotFound."""
-        nodes = self.upper.nodes
-        if nodes:
-            node = nodes.get(path)
-            if node is not None:
-                if node.kind == "whiteout":
-                    raise NotFound(path)
-                return node, None
-            if path != "/" and self._children_covered(path.rpartition("/")[0] or "/"):
-                raise NotFound(path)  # below a file, a whiteout or an opaque directory
-        if path == "/":
-            return None, os.stat(self.root.fd)
-        try:
-            return None, self.root.lstat(rel(path))
-        except (FileNotFoundError, NotADirectoryError):
-            raise NotFound(path) from None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EXDEV):
-                raise NotFound(path) from None  # a symlink swapped in from outside
-            raise
-
-    def _exists(self, path: str) -> bool:
-        try:
-            self._resolve(path)
-            return True
-        except NotFound:
-            return False
-
-    def _kind(self, node: Node | None, st: os.stat_result | None) -> str:
-        return node.kind if node is not None else kind_of(st.st_mode)
-
-    def _require_dir(self, path: str) -> None:
-        node, st = self._resolve(path)
-        if self._kind(node, st) != "dir":
-            raise NotADirectory(path)
-
-    def _lower_stat(self, path: str) -> os.stat_result | None:
-        """The workspace's ``lstat`` of ``path``, or None when nothing is
-        reachable there (absent, or a file or symlink in place of a parent)."""
-        return self.root.lstat_or_none(rel(path))
-
-    def _lower_token(self, path: str) -> str:
-        st = self._lower_stat(path)
-        if st is None:
-            return tokens.ABSENT
-        target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
-        return tokens.from_stat(st, target)
-
-    def _base_for(self, path: str) -> str:
-        node = self.upper.get(path)
-        if node is None:
-            return self._lower_token(path)
-        return node.name_bases.get(path, node.base)
 
     def _store_failed(self, err: Exception) -> None:
         """``Database.on_failure`` listener (any thread, maybe under the lock)."""
@@ -261,7 +196,7 @@ class Overlay(ContentMixin):
         """Record the rows of ``puts`` (by their current nodes), the deletion
         of the rows of ``removes`` and of everything below ``trees``; they
         reach the store at the next flush (module doc)."""
-        self._nlink_cache.clear()
+        self.ns.nlink_cache.clear()
         if self.on_change is not None:
             self.on_change()
         pending = self.rows.pending
@@ -301,16 +236,16 @@ class Overlay(ContentMixin):
     def _node_for_meta(self, path: str) -> Node:
         """An upper node for a metadata change of ``path`` (copied up without
         a scratch file: files are stored as an object once)."""
-        node, st = self._resolve(path)
+        node, st = self.ns.resolve(path)
         if node is not None:
             return node
-        kind = self._kind(None, st)
-        base = self._lower_token(path)
+        kind = self.ns.kind(None, st)
+        base = self.ns.lower_token(path)
         attrs: dict[bytes, bytes] = {}
         self.links.name_gone(st, path)  # from now on this name is a file of its own
         if kind == "dir":
             node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
-                        mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
+                        mtime_ns=max(st.st_mtime_ns, self.ns.dir_times.pop(path, 0)))
             fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
             try:
                 attrs = xattr_codec.read_fd(fd)
@@ -343,20 +278,6 @@ class Overlay(ContentMixin):
         digest = node.oid.split(".", 1)[0] if node.oid else ""
         self._retoken(path, base, self.node_token(node), lambda: digest)
         return node
-
-    def _covered(self, path: str) -> bool:
-        """The upper layer decides what ``path`` is (a node there, or an
-        ancestor that hides the workspace below it: see ``_resolve``)."""
-        nodes = self.upper.nodes
-        if path in nodes:
-            return True
-        p = path
-        while p != "/":
-            p = p.rpartition("/")[0] or "/"
-            anc = nodes.get(p)
-            if anc is not None and (anc.kind != "dir" or anc.opaque):
-                return True
-        return False
 
     def _retoken(self, path: str, old: str, new: str, digest) -> None:
         """Same content, new token representation (copy-up for a metadata
@@ -399,16 +320,16 @@ class Overlay(ContentMixin):
                     else:
                         del self.drafts[(a, p)]
         node = self.upper.get(path)
-        base = node.base if node is not None else self._lower_token(path)
+        base = node.base if node is not None else self.ns.lower_token(path)
         if node is None:
-            lower = self._lower_stat(path)
+            lower = self.ns.lower_stat(path)
             if lower is not None:
                 self.links.name_gone(lower, path)
         below = self.upper.below(path)
         for child in below:
             self._detach(child, self.upper.pop(child))
         self._detach(path, self.upper.pop(path))
-        if self._lower_stat(path) is not None:
+        if self.ns.lower_stat(path) is not None:
             self.upper.set(path, Node("whiteout", 0, base=base, ino=0))
             self._persist(puts=[path], trees=[path] if below else [])
         else:
@@ -445,7 +366,7 @@ class Overlay(ContentMixin):
                             out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
                         return out
                     if h.node is not None:
-                        out = self._stat_node(h.node)
+                        out = self.ns.stat_node(h.node)
                         if self.upper.get(h.path) is not h.node:
                             out["st_nlink"] = 0  # unlinked or replaced while open
                         return out
@@ -463,16 +384,16 @@ class Overlay(ContentMixin):
                 if d is not None and d.opens > 0:
                     return self._stat_draft(d, self.upper.get(path))
             try:
-                node, st = self._resolve(path)
+                node, st = self.ns.resolve(path)
             except NotFound:
                 if len(os.fsencode(path.rpartition("/")[2])) > 255:
                     raise NameTooLong(path) from None  # a lookup of a name no directory can hold
                 raise
             if node is None:
-                return self._stat_lower(path, st)
-            out = self._stat_node(node)
+                return self.ns.stat_lower(path, st)
+            out = self.ns.stat_node(node)
             if node.kind == "dir":
-                out["st_nlink"] = self._dir_nlink(path)
+                out["st_nlink"] = self.ns.dir_nlink(path)
             return out
 
     def getattr_listed(self, path: str, names: list[str], agent=DEFAULT) -> list[dict | None]:
@@ -501,7 +422,7 @@ class Overlay(ContentMixin):
             hidden = self.hidden
             open_drafts = self.open_drafts
             dfd = -1
-            if not self._children_covered(path):
+            if not self.ns.children_covered(path):
                 try:
                     dfd = self.root.open(rel(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
                 except OSError:
@@ -521,28 +442,11 @@ class Overlay(ContentMixin):
                     except OSError:
                         out.append(None)  # gone since the listing: the kernel looks it up
                         continue
-                    out.append(self._stat_lower(child, st))
+                    out.append(self.ns.stat_lower(child, st))
             finally:
                 if dfd >= 0:
                     os.close(dfd)
         return out
-
-    def _children_covered(self, path: str) -> bool:
-        """An upper node at directory ``path`` or above it hides the
-        workspace below ``path``: one that is not a directory, or an opaque
-        one (the ancestor rule of :meth:`_resolve` and of
-        :meth:`getattr_listed`)."""
-        nodes = self.upper.nodes
-        if not nodes:
-            return False
-        p = path
-        while True:
-            anc = nodes.get(p)
-            if anc is not None and (anc.kind != "dir" or anc.opaque):
-                return True
-            if p == "/":
-                return False
-            p = p.rpartition("/")[0] or "/"
 
     def handle_workspace_token(self, fh: int) -> str | None:
         """The version token of a read-only handle on the workspace file
@@ -554,16 +458,6 @@ class Overlay(ContentMixin):
             return None
         return h.token or None
 
-    def _dir_nlink(self, path: str) -> int:
-        """2 + subdirectories, for a directory the open step changed (the
-        workspace's own count is right for the others).  Cached until the
-        next namespace change (``_persist`` clears the cache)."""
-        n = self._nlink_cache.get(path)
-        if n is None:
-            n = 2 + sum(1 for _name, kind, _ino in self.readdir(path)[2:] if kind == stat_mod.S_IFDIR)
-            self._nlink_cache[path] = n
-        return n
-
     def _stat_lower_handle(self, h: Handle) -> dict:
         """``fstat`` of a handle reading a workspace file: the file it holds,
         whatever its path shows now (unlinked, or replaced by a rename:
@@ -571,50 +465,15 @@ class Overlay(ContentMixin):
         same file, shown with its node's attributes."""
         st = os.fstat(h.fd)
         try:
-            node, cur = self._resolve(h.path)
+            node, cur = self.ns.resolve(h.path)
         except NotFound:
             node = cur = None
         if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
-            return self._stat_lower(h.path, cur)
+            return self.ns.stat_lower(h.path, cur)
         if node is not None and node.kind == "file" and h.token == self.node_token(node):
-            return self._stat_node(node)
-        out = self._stat_lower(h.path, st)
+            return self.ns.stat_node(node)
+        out = self.ns.stat_lower(h.path, st)
         out["st_nlink"] = 0
-        return out
-
-    def _stat_lower(self, path: str, st: os.stat_result) -> dict:
-        nlink = st.st_nlink
-        if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
-            nlink = self._dir_nlink(path)  # the upper layer changed its entries
-        ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
-        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-        if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            nlink, ctime = self.links.shown_lower(st, path, ctime)
-        if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
-            changed = self.dir_times.get(path, 0)
-            mtime, ctime = max(mtime, changed), max(ctime, changed)
-        return {
-            "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
-            "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
-            "st_mtime": mtime, "st_ctime": ctime, "st_blocks": st.st_blocks,
-            "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
-        }
-
-    def _stat_node(self, node: Node) -> dict:
-        out = {
-            "st_mode": node.type_bits | stat_mod.S_IMODE(node.mode), "st_ino": node.ino,
-            "st_nlink": node.nlink, "st_uid": node.uid, "st_gid": node.gid, "st_size": node.size,
-            "st_atime": node.atime_ns, "st_mtime": node.mtime_ns, "st_ctime": node.ctime_ns,
-            "st_blocks": (node.size + 511) // 512, "st_blksize": 4096,
-        }
-        if node.kind == "file" and node.scratch is not None:
-            out["st_blocks"] = os.stat(node.scratch).st_blocks  # holes stay holes
-        elif node.kind == "dir":
-            out.update(st_size=4096, st_blocks=8)
-        elif node.kind == "symlink":
-            out.update(st_size=len(node.target or b""), st_blocks=0)
-        elif node.kind in DEVICE_KINDS:
-            out["st_rdev"] = rdev_of(node.kind, node.target)
         return out
 
     def chmod(self, path: str, mode: int) -> None:
@@ -668,25 +527,12 @@ class Overlay(ContentMixin):
             raise NotSupported(name)
         return raw
 
-    def _xattrs_of(self, path: str) -> dict[bytes, bytes]:
-        node, st = self._resolve(path)
-        if node is not None:
-            return node.xattrs
-        kind = self._kind(None, st)
-        if kind not in ("file", "dir"):
-            return {}
-        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if kind == "dir" else 0))
-        try:
-            return xattr_codec.read_fd(fd)
-        finally:
-            os.close(fd)
-
     def getxattr(self, path: str, name: str) -> bytes:
         with self.lock:
             if is_meta(path):
                 raise NoAttribute(name)
             raw = os.fsencode(name)
-            value = self._xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
+            value = self.ns.xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
             if value is None:
                 raise NoAttribute(name)
             return value
@@ -695,7 +541,7 @@ class Overlay(ContentMixin):
         with self.lock:
             if is_meta(path):
                 return []
-            return [os.fsdecode(n) for n in sorted(self._xattrs_of(path))]
+            return [os.fsdecode(n) for n in sorted(self.ns.xattrs_of(path))]
 
     XATTR_CREATE, XATTR_REPLACE = 1, 2
 
@@ -719,7 +565,7 @@ class Overlay(ContentMixin):
         with self.lock:
             self._check_writable(path)
             raw = self._xattr_name(name)
-            if raw not in self._xattrs_of(path):
+            if raw not in self.ns.xattrs_of(path):
                 raise NoAttribute(name)
             node = self._node_for_meta(path)
             del node.xattrs[raw]
@@ -767,42 +613,7 @@ class Overlay(ContentMixin):
         with self.lock:
             if is_meta(path):
                 return self.meta.readdir(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "dir":
-                raise NotADirectory(path)
-            ino = node.ino if node is not None else st.st_ino
-            out = [(".", stat_mod.S_IFDIR, ino), ("..", stat_mod.S_IFDIR, 1)]
-            lower: list[tuple[str, int, int]] = []
-            if node is None or not node.opaque:
-                try:
-                    wpath = rel(path)
-                    # An upper directory over a workspace one: its own stamp.
-                    wst = st if st is not None else self.root.lstat(wpath)
-                    lower = self.listings.listdir(wpath, wst)
-                except (FileNotFoundError, NotADirectoryError):
-                    pass
-            upper_names = self.upper.child_names(path)
-            alias = self.ino_alias
-            if not upper_names and not alias:
-                out += lower  # sorted by name already (Listings)
-                return out
-            dev = self.root_dev
-            entries: dict[str, tuple[int, int]] = {
-                name: (kind, alias.get((dev, ino), ino) if alias else ino) for name, kind, ino in lower}
-            prefix = path if path != "/" else ""
-            for name in upper_names:
-                child = self.upper.nodes.get(prefix + "/" + name)
-                if child is None:
-                    continue  # an unchanged directory on the way to staged paths
-                if child.kind == "whiteout":
-                    entries.pop(name, None)
-                else:
-                    entries[name] = (child.type_bits, child.ino)
-            out += [(name, kind, i) for name, (kind, i) in sorted(entries.items())]
-            return out
-
-    def _is_empty_dir(self, path: str) -> bool:
-        return len(self.readdir(path)) <= 2
+            return self.ns.listing(path)
 
     def _check_new_name(self, path: str) -> None:
         """Called before ``_check_writable`` so that creating ``/.stepfs``
@@ -817,51 +628,26 @@ class Overlay(ContentMixin):
         existing parent directory, and nothing there yet."""
         self._check_new_name(path)
         self._check_writable(path)
-        self._require_dir(parent_name(path)[0])
-        if self._exists(path):
+        self.ns.require_dir(parent_name(path)[0])
+        if self.ns.exists(path):
             raise Exists(path)
 
     def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
         """Stage a node made for a new name (directory, symlink, FIFO)."""
         node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
-        self._inherit_group(path, node)
+        self.ns.inherit_group(path, node)
         self._bump(node)
         self.upper.set(path, node)
         self._persist(puts=[path])
-        self._entries_changed(path)
+        self.ns.entries_changed(path)
         self.observe(agent, path, self.node_token(node))
-
-    def _inherit_group(self, path: str, node: Node) -> None:
-        """In a set-group-ID directory a new name takes the directory's
-        group, and a new directory the S_ISGID bit too (the kernel leaves
-        this to the filesystem; BSD group semantics)."""
-        pnode, pst = self._resolve(parent_name(path)[0])
-        pmode, pgid = (pnode.mode, pnode.gid) if pnode is not None else (pst.st_mode, pst.st_gid)
-        if pmode & stat_mod.S_ISGID:
-            node.gid = pgid
-            if node.kind == "dir":
-                node.mode |= stat_mod.S_ISGID
-
-    def _entries_changed(self, *paths: str) -> None:
-        """The directories holding ``paths`` gained or lost an entry: their
-        mtime and ctime become now.  Shown for the life of the mount, not
-        staged (the commit's own changes give workspace directories new
-        times); a directory node keeps them in memory the same way."""
-        now = time.time_ns()
-        for path in paths:
-            parent = parent_name(path)[0]
-            node = self.upper.get(parent)
-            if node is not None:
-                node.mtime_ns = node.ctime_ns = now
-            else:
-                self.dir_times[parent] = now
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_create(path)
             # Opaque: whatever the workspace has (or will get) at this path
             # was not what this agent saw; its new directory starts empty.
-            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self._base_for(path),
+            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
                         ino=next(self._ino), opaque=True)
             self._add_new(path, node, owner, agent)
 
@@ -870,13 +656,13 @@ class Overlay(ContentMixin):
             self._check_writable(path)
             if path == "/":
                 raise Invalid(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "dir":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) != "dir":
                 raise NotADirectory(path)
-            if not self._is_empty_dir(path):
+            if not self.ns.is_empty_dir(path):
                 raise NotEmpty(path)
             self._remove(path, agent)
-            self._entries_changed(path)
+            self.ns.entries_changed(path)
 
     # -- names ------------------------------------------------------------------
 
@@ -885,18 +671,18 @@ class Overlay(ContentMixin):
             if self.hidden.pop(path, None) is not None:
                 return
             self._check_writable(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) == "dir":
                 raise IsADirectory(path)
             self._remove(path, agent)
-            self._entries_changed(path)
+            self.ns.entries_changed(path)
 
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
                 agent: str = DEFAULT) -> None:
         with self.lock:
             self._check_create(path)
             data = os.fsencode(target)
-            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self._base_for(path), ino=next(self._ino),
+            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self.ns.base_for(path), ino=next(self._ino),
                         target=data, size=len(data))
             self._add_new(path, node, owner, agent)
 
@@ -916,7 +702,7 @@ class Overlay(ContentMixin):
             if kind not in NODE_KINDS:
                 raise Unsupported(path)
             self._check_create(path)
-            node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self._base_for(path),
+            node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
                         ino=next(self._ino), target=rdev_target(kind, dev))
             self._add_new(path, node, owner, agent)
 
@@ -924,8 +710,8 @@ class Overlay(ContentMixin):
         with self.lock:
             if is_meta(path):
                 return self.meta.readlink(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "symlink":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) != "symlink":
                 raise Invalid(path)
             if node is not None:
                 return os.fsdecode(node.target)
@@ -940,35 +726,35 @@ class Overlay(ContentMixin):
             self._check_new_name(new)
             if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
                 raise Invalid(f"rename flags {flags:#x}")
-            src, src_st = self._resolve(old)
+            src, src_st = self.ns.resolve(old)
             if flags & RENAME_EXCHANGE:
-                self._resolve(new)  # both must exist
+                self.ns.resolve(new)  # both must exist
                 if old != new:
                     self._exchange(old, new, agent)
-                    self._entries_changed(old, new)
+                    self.ns.entries_changed(old, new)
                 return
-            src_kind = self._kind(src, src_st)
-            self._require_dir(parent_name(new)[0])
+            src_kind = self.ns.kind(src, src_st)
+            self.ns.require_dir(parent_name(new)[0])
             dst_kind = None
-            if self._exists(new):
+            if self.ns.exists(new):
                 if flags & RENAME_NOREPLACE:
                     raise Exists(new)  # even onto itself, as renameat2(2) does
                 if old == new:
                     return
                 if old.startswith(new + "/"):
                     raise NotEmpty(new)  # onto its own ancestor (the kernel's order of checks)
-                dnode, dst_st = self._resolve(new)
+                dnode, dst_st = self.ns.resolve(new)
                 if dnode is not None and dnode is src:
                     return  # two names of one hard-linked file: POSIX says do nothing
                 if dnode is None and src is None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
                     return  # the same, for a workspace file
-                dst_kind = self._kind(dnode, dst_st)
+                dst_kind = self.ns.kind(dnode, dst_st)
             if src_kind == "dir":
                 if new.startswith(old + "/"):
                     raise Invalid(new)
                 if dst_kind is not None and dst_kind != "dir":
                     raise NotADirectory(new)
-                if dst_kind == "dir" and not self._is_empty_dir(new):
+                if dst_kind == "dir" and not self.ns.is_empty_dir(new):
                     raise NotEmpty(new)
                 fresh = self._fresh_under(agent, old)
                 self._unkey(agent, new)
@@ -981,15 +767,15 @@ class Overlay(ContentMixin):
                 fresh = self._fresh_under(agent, old)
                 self._rename_leaf(old, new, agent)
             self._moved(agent, old, new, fresh)
-            self._entries_changed(old, new)
+            self.ns.entries_changed(old, new)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
         """An unlink of an open file (libfuse's hidden rename): the path is
         removed as by ``unlink``; open descriptors keep working under the
         hidden name, which reports ``st_nlink`` 0 -- or, for a hard-linked
         file, the names it still has."""
-        node, st = self._resolve(old)
-        attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
+        node, st = self.ns.resolve(old)
+        attrs = self.ns.stat_node(node) if node is not None else self.ns.stat_lower(old, st)
         d = self.drafts.get((agent, old))
         self.unlink(old, agent)
         # libfuse subtracts one from the st_nlink of a hidden name it is given
@@ -1069,8 +855,8 @@ class Overlay(ContentMixin):
 
     def _rename_leaf(self, old: str, new: str, agent: str) -> None:
         node = self._take_leaf(old)
-        new_base = self._base_for(new)
-        if self._exists(new):
+        new_base = self.ns.base_for(new)
+        if self.ns.exists(new):
             # Replacing a file the acting agent has open detaches its draft,
             # exactly as its own unlink would: its descriptors keep working
             # and their close succeeds (POSIX); other agents' drafts lose.
@@ -1083,7 +869,7 @@ class Overlay(ContentMixin):
             node.name_bases.pop(old, None)
             node.names.add(new)
             node.name_bases[new] = new_base
-        old_lower = self._lower_stat(old) is not None
+        old_lower = self.ns.lower_stat(old) is not None
         if old_lower:
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
         node.base = new_base
@@ -1101,12 +887,12 @@ class Overlay(ContentMixin):
         while todo:
             suffix = todo.pop()
             path = top + suffix
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) == "dir":
                 moved = Node("dir", (node.mode if node else st.st_mode), base="", ino=(node.ino if node else st.st_ino),
                              opaque=True, mtime_ns=(node.mtime_ns if node else st.st_mtime_ns),
                              uid=(node.uid if node else st.st_uid), gid=(node.gid if node else st.st_gid))
-                moved.xattrs = dict(node.xattrs) if node else self._xattrs_of(path)
+                moved.xattrs = dict(node.xattrs) if node else self.ns.xattrs_of(path)
                 subtree.append((suffix, moved))
                 todo.extend(suffix + "/" + n for n, _k, _i in self.readdir(path)[2:])
             else:
@@ -1117,7 +903,7 @@ class Overlay(ContentMixin):
         puts = []
         for suffix, node in subtree:
             path = dest + suffix
-            node.base = self._base_for(path)
+            node.base = self.ns.base_for(path)
             if node.link_group is not None:
                 node.names.add(path)
                 node.name_bases[path] = node.base
@@ -1131,7 +917,7 @@ class Overlay(ContentMixin):
         """Move a directory: every path below it is staged at its new place;
         the old place becomes a whiteout."""
         subtree = self._capture(old)
-        if self._exists(new):
+        if self.ns.exists(new):
             self._remove(new)
         self._remove(old)
         self._persist(puts=self._place(new, subtree))
@@ -1167,23 +953,23 @@ class Overlay(ContentMixin):
             self._check_new_name(path)
             self._check_writable(path)
             self._check_writable(existing)
-            self._require_dir(parent_name(path)[0])
-            node, st = self._resolve(existing)
-            if self._kind(node, st) not in publish.LEAF_KINDS:
+            self.ns.require_dir(parent_name(path)[0])
+            node, st = self.ns.resolve(existing)
+            if self.ns.kind(node, st) not in publish.LEAF_KINDS:
                 raise Unsupported(existing)  # a directory (the kernel refuses those first)
-            if self._exists(path):
+            if self.ns.exists(path):
                 raise Exists(path)
             node = self._node_for_meta(existing)
             if node.link_group is None:
                 node.link_group = next(self._link_groups)
                 node.names = {existing}
                 node.name_bases = {existing: node.base}
-            node.name_bases[path] = self._base_for(path)
+            node.name_bases[path] = self.ns.base_for(path)
             node.names.add(path)
             node.ctime_ns = time.time_ns()
             self.upper.set(path, node)
             self._persist(puts=[path])
-            self._entries_changed(path)
+            self.ns.entries_changed(path)
             self.links.invalidate_names(node, except_path=path)
             self.observe(agent, path, self.node_token(node))
 
@@ -1255,10 +1041,10 @@ class Overlay(ContentMixin):
         for path in covered:
             node = self.upper.get(path)
             if node is not None and not node.staged:
-                node.base = self._lower_token(path)
+                node.base = self.ns.lower_token(path)
         self.scratch.unlink_retired()  # the commit consumed every staged row
-        self._nlink_cache.clear()
-        self.dir_times.clear()
+        self.ns.nlink_cache.clear()
+        self.ns.dir_times.clear()
         self.links.gone.clear()
         renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
         for path in list(self.upper.nodes):
@@ -1272,7 +1058,7 @@ class Overlay(ContentMixin):
             if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
             if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
-                self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
+                self.ns.ino_alias[(st.st_dev, st.st_ino)] = node.ino
             if st is not None and node.link_group is not None:
                 self.links.shown_name(st, path)  # the kernel holds this name's attributes from the node
             renamed[path] = (old, new)
@@ -1319,7 +1105,7 @@ class Overlay(ContentMixin):
         token against the new workspace state.  Drafts in use stay too, and
         their close fails with ESTALE (the path changed since they opened)."""
         with self.lock:
-            self._nlink_cache.clear()
+            self.ns.nlink_cache.clear()
             if self.links.held():
                 # The link counts shown for names the kernel may hold change
                 # (covered names show again, or the workspace's own changed).
@@ -1334,7 +1120,7 @@ class Overlay(ContentMixin):
                     continue
                 self.upper.pop(p)
                 self.scratch.drop(node)
-            self.links.recount(self._covered, self._lower_stat)
+            self.links.recount(self.ns.covered, self.ns.lower_stat)
             prefixes = tuple(p.rstrip("/") + "/" for p in paths)
             for d in list(self.drafts.values()):
                 if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):

@@ -1,8 +1,4 @@
-"""File content in the view: drafts, handles, version tokens (FUSE-free).
-
-This is the half of :class:`overlayfs.view.Overlay` that deals with open
-files; ``view.py`` holds the namespace half.  Both run under the view's one
-lock.
+"""Open files of the view: drafts, handles and the close's compare-and-swap (FUSE-free).
 
 Model
 -----
@@ -15,14 +11,9 @@ Model
   visibility inside an agent); another agent writing the same path gets its
   own draft, so exactly one of them wins.  A draft with no open handle is
   kept as a cache of its version if it is a file, dropped if in memory.
-* **Version tokens** identify published versions: ``u:<epoch>:<gen>`` for an
-  upper node (``gen`` changes on every publish or metadata change),
-  ``store.tokens.from_stat`` for a workspace path (plus a content hash when
-  the stat is inside the racy window), ``absent``.  Tokens are compared only
-  with :func:`store.tokens.same`.
-* Every open records the published token in the agent's **observation
-  registry**.  Opening for writing fails with ``Stale`` if the path moved on
-  since the agent last observed it (read it again to refresh).
+* Every open records the published token (``versions.py``) in the agent's
+  observations.  Opening for writing fails with ``Stale`` if the path moved
+  on since the agent last observed it (read it again to refresh).
 * The close after writing (``flush``) is the **compare-and-swap**: the draft's
   base token must still be the path's token; then the draft is published
   (stored as an object, staged row written, new token; a big draft's
@@ -34,6 +25,8 @@ Model
   (``dup``, ``fork``), because ``release``'s result is ignored by the kernel.
 * A rewrite whose content equals the published content publishes nothing and
   changes no token.
+
+Lock rule: every public method of :class:`Content` takes the view's lock.
 """
 
 from __future__ import annotations
@@ -41,6 +34,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import stat as stat_mod
@@ -54,22 +48,19 @@ from store import xattrs as xattr_codec
 from .agents import DEFAULT
 from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from .metatree import is_meta
-from .namespace import fd_digest
 from .upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 #: A draft smaller than this starts in memory (a memfd) instead of a scratch
-#: file, and moves to a scratch file (``ContentMixin._thaw``) before a change
-#: makes it this big.  Creating a file on the workspace's filesystem takes
-#: an inode and a journal handle: 0.03 ms on a quiet disk, 0.5-2 ms while
-#: other processes fsync, which made it most of the cost of ``tar -x`` or an
-#: npm install through the mount (issue #7).  An idle memory draft whose
-#: bytes are published (or unchanged) is dropped at its last release, so
-#: memory is held by open files only: at most this much per open draft.
+#: file, and moves to a scratch file (:meth:`Content.thaw`) before a change
+#: makes it this big: creating a file on the workspace's filesystem waits
+#: for the journal.  An idle memory draft whose bytes are published (or
+#: unchanged) is dropped at its last release, so memory is held by open
+#: files only: at most this much per open draft.
 MEMORY_DRAFT_MAX = 256 << 10
-#: Before states captured ahead of the commit (``ContentMixin._precapture``)
+#: Before states captured ahead of the commit (:meth:`Content._precapture`)
 #: that a view keeps at most; paths staged beyond that are captured by the
 #: commit itself.
 PRECAPTURED_MAX = 4096
@@ -103,7 +94,7 @@ class Draft:
     frozen: bool = False
     xattrs: dict = field(default_factory=dict)  # of the workspace file it copies
     # A small draft lives in memory: ``mem`` is its memfd and ``scratch``
-    # names it through /proc (see ``ContentMixin._memory_draft``); -1 for a
+    # names it through /proc (see :meth:`Content._draft_storage`); -1 for a
     # draft in a scratch file.
     mem: int = -1
 
@@ -172,57 +163,35 @@ def _same_bytes(a: int, b: int) -> bool:
         off += len(x)
 
 
-class ContentMixin:
-    """Drafts, handles and tokens; mixed into ``Overlay`` (see module doc)."""
+class Content:
+    """Drafts and handles of one view (see the module doc).
 
-    # -- tokens -------------------------------------------------------------
+    Receives what it works on: ``ns`` (lookup), ``versions`` (tokens and
+    observations), ``scratch``, ``rows``, ``links``, the view's ``lock``
+    (held by every public method), ``ws`` (objects and conflicts),
+    ``meta`` (the ``.stepfs`` tree's files), and callables: ``check_writable``
+    and ``check_new_name`` (the view's refusals), ``await_settled``
+    (a commit completing consumes the step's rows) and ``changed`` (an
+    auto-step policy is told of every staged change)."""
 
-    def node_token(self, node: Node) -> str:
-        if node.kind == "whiteout":
-            return tokens.ABSENT
-        return f"u:{self.epoch}:{node.gen}"
-
-    def current_token(self, path: str):
-        """``(token without hash, stat or None, digest())`` of ``path`` now."""
-        try:
-            node, st = self.ns.resolve(path)
-        except NotFound:
-            return tokens.ABSENT, None, lambda: ""
-        if node is not None:
-            return self.node_token(node), None, lambda: ""
-        target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
-        return tokens.from_stat(st, target), st, lambda: self.ns.lower_digest(path)
-
-    def record_token(self, path: str) -> str:
-        """A token worth remembering: hashed when taken inside the racy window."""
-        tok, st, digest = self.current_token(path)
-        if st is not None and tokens.is_racy(st, time.time_ns()):
-            return tokens.with_hash(tok, digest())
-        return tok
-
-    @staticmethod
-    def _open_token(fd: int) -> str:
-        """:meth:`record_token` of the workspace file open at ``fd``: from
-        its ``fstat``, hashed through ``fd`` inside the racy window.  The
-        token of the very file the handle reads, even if the path was
-        replaced since it was opened (a token of the path would credit the
-        reader with a version it never read); and no second resolution of
-        the path."""
-        st = os.fstat(fd)
-        tok = tokens.from_stat(st)
-        if tokens.is_racy(st, time.time_ns()):
-            return tokens.with_hash(tok, fd_digest(fd))
-        return tok
-
-    def still(self, recorded: str, path: str) -> bool:
-        tok, _st, digest = self.current_token(path)
-        return tokens.same(recorded, tok, digest)
-
-    def observe(self, agent: str, path: str, token: str) -> None:
-        self.observed.setdefault(agent, {})[path] = token
-
-    def _bump(self, node: Node) -> None:
-        node.gen = next(self._gen)
+    def __init__(self, *, ws, step: int, mountpoint: str, lock, ns, versions, scratch, rows, links, meta,
+                 check_writable, check_new_name, await_settled, changed, guard: bool, require_read: bool):
+        self.ws, self.step, self.mountpoint, self.lock = ws, step, mountpoint, lock
+        self.ns, self.versions, self.scratch, self.rows, self.links, self.meta = ns, versions, scratch, rows, links, meta
+        self._check_writable, self._check_new_name = check_writable, check_new_name
+        self._await_settled, self._changed = await_settled, changed
+        self.guard, self.require_read = guard, require_read
+        self.drafts: dict[tuple[str, str], Draft] = {}
+        self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
+        self.last_errors: dict[str, str] = {}
+        self.handles: dict[int, Handle] = {}
+        self._fh = itertools.count(1)
+        # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
+        self.hidden: dict[str, tuple[Draft | None, dict]] = {}
+        #: Workspace path -> its before state captured when this step first
+        #: staged it (:meth:`_precapture`), for the commit to reuse while the
+        #: path's token holds (``publish.precapture``).
+        self.precaptured: dict[bytes, object] = {}
 
     # -- drafts ---------------------------------------------------------------
 
@@ -246,10 +215,10 @@ class ContentMixin:
                     with self.ws.db.read() as conn:
                         self.ws.objects.write_to_fd(conn, node.oid, dst)
                 os.utime(dst, ns=(node.atime_ns, node.mtime_ns))
-                d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino,
+                d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino,
                           node.uid, node.gid)
             else:
-                src = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                src = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
                 try:
                     st = os.fstat(src)  # token and content from the same open file
                     sparse_copy(src, dst, st.st_size)
@@ -305,7 +274,7 @@ class ContentMixin:
                 return f"{_PROC_FD}/{mem}", mem
         return self.scratch.new(), -1
 
-    def _discard_draft(self, d: Draft) -> None:
+    def discard_draft(self, d: Draft) -> None:
         if self.drafts.get((d.agent, d.path)) is d:
             del self.drafts[(d.agent, d.path)]
         if d.frozen:
@@ -320,7 +289,7 @@ class ContentMixin:
         except FileNotFoundError:
             pass
 
-    def _thaw(self, d: Draft) -> None:
+    def thaw(self, d: Draft) -> None:
         """Before a frozen draft changes, or a memory draft grows past
         :data:`MEMORY_DRAFT_MAX`: copy its content (a node's content, or
         memory) into a new scratch file and move every handle of it there."""
@@ -356,37 +325,37 @@ class ContentMixin:
     def _writable(self, d: Draft, end: int = 0) -> Draft:
         """``d``, ready for a change that reaches byte ``end``."""
         if d.frozen or (d.mem >= 0 and end >= MEMORY_DRAFT_MAX):
-            self._thaw(d)
+            self.thaw(d)
         return d
 
     def _draft_for_write(self, path: str, agent: str) -> Draft:
         """The agent's draft of ``path``, after the read-then-write check."""
-        seen = self.observed.get(agent, {}).get(path)
-        if seen is not None and self.guard and not self.still(seen, path):
+        seen = self.versions.observed.get(agent, {}).get(path)
+        if seen is not None and self.guard and not self.versions.still(seen, path):
             self._note_error(agent, path, "ESTALE at open for writing: the file changed since you last read it")
             raise Stale(path)
         if seen is None and self.require_read and self.ns.exists(path):
             self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
             raise NotObserved(path)
         d = self.drafts.get((agent, path))
-        if d is not None and d.frozen and not d.stale and not d.detached and self.still(d.base, path):
+        if d is not None and d.frozen and not d.stale and not d.detached and self.versions.still(d.base, path):
             if d.opens:
-                self._thaw(d)  # shared with its open descriptors, as before its close
+                self.thaw(d)  # shared with its open descriptors, as before its close
             else:
-                self._discard_draft(d)  # a new draft copies the node anyway
+                self.discard_draft(d)  # a new draft copies the node anyway
                 d = None
-        if d is not None and (d.stale or d.detached or not self.still(d.base, path)):
+        if d is not None and (d.stale or d.detached or not self.versions.still(d.base, path)):
             # A copy of an outdated version is never shared with a new open
             # (the agent has seen the current version, or it would have got
             # Stale above): its own descriptors keep it and lose at close.
             if d.opens:
                 del self.drafts[(agent, path)]
             else:
-                self._discard_draft(d)
+                self.discard_draft(d)
             d = None
         if d is None:
             d = self._new_draft(path, agent)
-        self.observe(agent, path, d.base)
+        self.versions.observe(agent, path, d.base)
         self._attach_readers(d)
         return d
 
@@ -398,7 +367,7 @@ class ContentMixin:
         they opened) and other agents' handles keep what they opened."""
         for h in self.handles.values():
             if (h.agent == d.agent and h.path == d.path and h.draft is None and not h.writable and h.data is None
-                    and h.token and self.still(h.token, d.path)):
+                    and h.token and self.versions.still(h.token, d.path)):
                 os.close(h.fd)
                 h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                 h.draft, h.node = d, None
@@ -412,7 +381,7 @@ class ContentMixin:
         else:
             self.open_drafts.pop(d.path, None)
 
-    def _reindex_draft(self, d: Draft, new_path: str) -> None:
+    def reindex_draft(self, d: Draft, new_path: str) -> None:
         """Move a draft to another path (rename by its own agent)."""
         if d.opens:
             count = self.open_drafts.get(d.path, 0) - d.opens
@@ -432,7 +401,7 @@ class ContentMixin:
         if d.detached or not d.dirty:
             d.dirty = False
             return "ok"
-        tok, _st, digest = self.current_token(d.path)
+        tok, _st, digest = self.versions.current_token(d.path)
         if self.guard and not tokens.same(d.base, tok, digest):
             self._conflict(d, tok)
             d.stale = True
@@ -442,11 +411,10 @@ class ContentMixin:
         return "ok"
 
     def _publish(self, d: Draft) -> None:
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
         if d.mem >= 0 and os.fstat(d.mem).st_size >= refs.MIN_SIZE:
-            self._thaw(d)  # staged by reference below: its content must be a scratch file
-        node = self.upper.get(d.path)
+            self.thaw(d)  # staged by reference below: its content must be a scratch file
+        node = self.ns.upper.get(d.path)
         fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
@@ -488,7 +456,7 @@ class ContentMixin:
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)
-                    self.upper.set(d.path, node)
+                    self.ns.upper.set(d.path, node)
                 old_ref = (node.oid, node.ref, node.ref_sum)
                 node.oid, node.size = oid, size
                 node.ref = os.path.basename(d.scratch) if by_ref else None
@@ -519,9 +487,9 @@ class ContentMixin:
             node.scratch = d.scratch
             d.frozen = True
         self.links.invalidate_names(node, except_path=d.path)
-        self._bump(node)
-        d.base = self.node_token(node)
-        self.observe(d.agent, d.path, d.base)
+        self.versions.bump(node)
+        d.base = self.versions.node_token(node)
+        self.versions.observe(d.agent, d.path, d.base)
 
     def _precapture(self, conn, path: str, lower: os.stat_result) -> None:
         """A workspace file is staged for the first time: capture its
@@ -560,7 +528,7 @@ class ContentMixin:
             return False
         if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
             return False
-        lower = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+        lower = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
         try:
             return _same_bytes(lower, fd)
         finally:
@@ -622,10 +590,10 @@ class ContentMixin:
         open records an observation); otherwise a pass over the open
         handles, which are few, and, if none was opened on ``path``, one
         ``lstat`` and an ``fstat`` per other agent's workspace handle."""
-        node = self.upper.get(path)
+        node = self.ns.upper.get(path)
         if node is not None and node.link_group is not None:
             return True  # the kernel caches each name of a hard link as its own inode
-        if len(self.observed) < 2 and agent in self.observed:
+        if len(self.versions.observed) < 2 and agent in self.versions.observed:
             return False
         others = [h for h in self.handles.values() if h.agent != agent and h.data is None]
         if not others:
@@ -675,11 +643,11 @@ class ContentMixin:
             if self.ns.kind(node, st) == "dir":
                 raise IsADirectory(path)
             d = self.drafts.get((agent, path))
-            if d is not None and (d.stale or not self.still(d.base, path)):
+            if d is not None and (d.stale or not self.versions.still(d.base, path)):
                 # An outdated copy (still open elsewhere, or idle): a new open
                 # reads the published version, never an older one.
                 if d.opens == 0:
-                    self._discard_draft(d)
+                    self.discard_draft(d)
                 d = None
             if d is not None:
                 h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct,
@@ -690,16 +658,16 @@ class ContentMixin:
                 if fd < 0:
                     self.scratch.materialize(node)
                     fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.node_token(node))
+                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.versions.node_token(node))
             else:
-                fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                fd = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
                 try:
-                    token = self._open_token(fd)
+                    token = self.versions.open_token(fd)
                 except BaseException:
                     os.close(fd)
                     raise
                 h = Handle(path, fd, agent, False, direct=direct, token=token)
-            self.observe(agent, path, h.token)
+            self.versions.observe(agent, path, h.token)
             return self._add_handle(h)
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
@@ -715,11 +683,11 @@ class ContentMixin:
                     raise Exists(path)
                 return self.open(path, flags & ~os.O_CREAT, agent)
             node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
-                        ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
+                        ino=self.ns.new_ino(), uid=owner[0] if owner else os.getuid(),
                         gid=owner[1] if owner else os.getgid())
             self.ns.inherit_group(path, node)
-            self._bump(node)
-            self.upper.set(path, node)  # unstaged until the first close publishes it
+            self.versions.bump(node)
+            self.ns.upper.set(path, node)  # unstaged until the first close publishes it
             self.ns.entries_changed(path)
             old = self.drafts.get((agent, path))
             if old is not None:
@@ -728,7 +696,7 @@ class ContentMixin:
                     # descriptors keep the scratch file and lose at their close.
                     del self.drafts[(agent, path)]
                 else:
-                    self._discard_draft(old)
+                    self.discard_draft(old)
             scratch, mem = self._draft_storage(0)
             try:
                 fd = os.open(scratch, os.O_RDWR | os.O_CLOEXEC | (flags & os.O_APPEND)
@@ -737,12 +705,12 @@ class ContentMixin:
                 if mem >= 0:
                     os.close(mem)
                 raise
-            d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid,
+            d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid,
                       mem=mem)
             d.dirty = True  # a new file is a change even if nothing is written
             self.drafts[(agent, path)] = d
             self._open_drafts_add(d, 1)
-            self.observe(agent, path, d.base)
+            self.versions.observe(agent, path, d.base)
             return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
                                            direct=self._needs_direct_io(path, agent), token=d.base))
 
@@ -757,8 +725,8 @@ class ContentMixin:
                 # is of the very version this handle was opened on (not of a
                 # file that replaced it since).
                 d = self.drafts.get((h.agent, h.path))
-                if (d is not None and d.opens > 0 and not d.stale and self.still(h.token, h.path)
-                        and self.still(d.base, h.path)):
+                if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
+                        and self.versions.still(d.base, h.path)):
                     os.close(h.fd)
                     h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                     h.draft, h.node = d, None
@@ -834,7 +802,7 @@ class ContentMixin:
         close, and every recorded staged row written (view.py).  Content
         staged by reference lives in its scratch file: that is synced too."""
         self.flush(fh)
-        self.sync_rows()
+        self.rows.sync()
         with self.lock:
             h = self.handles.get(fh)
             if h is not None and h.draft is not None and h.draft.frozen:
@@ -859,11 +827,11 @@ class ContentMixin:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)
             if d.opens == 0 and (d.stale or d.detached or d.frozen or self.drafts.get((d.agent, d.path)) is not d):
-                self._discard_draft(d)  # lost, unlinked, published by reference, or replaced by a newer draft
+                self.discard_draft(d)  # lost, unlinked, published by reference, or replaced by a newer draft
             elif d.opens == 0 and d.mem >= 0 and not d.dirty:
                 # Its bytes are published (or were never changed): memory is
                 # held for open files only; a later open copies them again.
-                self._discard_draft(d)
+                self.discard_draft(d)
 
     def close(self) -> None:
         """Decide every open handle (unmount)."""
@@ -871,9 +839,106 @@ class ContentMixin:
             for fh in list(self.handles):
                 self.release(fh)
 
+    # -- drafts following namespace changes ----------------------------------------
+
+    def sync_draft_meta(self, path: str, node: Node) -> None:
+        """A metadata change keeps the path's token, so every agent's draft of
+        it stays current and may publish later, perhaps after a commit has
+        dropped ``node`` (a draft then publishes with its own metadata): it
+        must carry the new mode, owner and xattrs, or its close would put
+        the old ones back."""
+        for d in self.drafts_at(path):
+            d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+
+    def drafts_at(self, path: str) -> list[Draft]:
+        """Every agent's draft of ``path``, looked up agent by agent (an agent
+        with a draft has observed its path, so it is a key of ``observed``).
+        Idle drafts stay cached, so scanning them all made ``tar -x``, which
+        changes the metadata of every file it writes, O(n^2)."""
+        drafts = self.drafts
+        return [d for d in (drafts.get((agent, path)) for agent in self.versions.observed) if d is not None]
+
+    def retoken(self, path: str, old: str, new: str, digest) -> None:
+        """Same content, new token representation (copy-up for a metadata
+        change): nobody's observation of the current version goes stale.
+        ``old`` is the workspace token without hash, ``digest()`` the
+        content's; a token taken in the racy window must match both (its
+        stat fields alone may also describe an older, same-size version)."""
+        for seen in self.versions.observed.values():
+            tok = seen.get(path)
+            if tok is not None and tokens.same(tok, old, digest):
+                seen[path] = new
+        for (_a, p), d in self.drafts.items():
+            if p == path and tokens.same(d.base, old, digest):
+                d.base = new
+        for h in self.handles.values():
+            if h.path == path and h.token and tokens.same(h.token, old, digest):
+                h.token = new
+
     # -- attributes of open content ---------------------------------------------
 
-    def _stat_draft(self, d: Draft, node: Node | None) -> dict:
+    def stat_handle(self, fh: int) -> dict | None:
+        """Attributes of what open handle ``fh`` holds, or None (a file of
+        the ``.stepfs`` tree, or no such handle: the path decides)."""
+        h = self.handles.get(fh)
+        if h is None:
+            return None
+        if h.draft is not None:
+            out = self.stat_draft(h.draft, self.ns.upper.get(h.path))
+            if self.hidden and h.path in self.hidden:
+                out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
+            return out
+        if h.node is not None:
+            out = self.ns.stat_node(h.node)
+            if self.ns.upper.get(h.path) is not h.node:
+                out["st_nlink"] = 0  # unlinked or replaced while open
+            return out
+        if h.fd >= 0 and h.data is None:
+            return self._stat_lower_handle(h)
+        return None
+
+    def stat_open(self, path: str, agent) -> dict | None:
+        """Attributes of a hidden name (an unlinked open file) or of the
+        agent's open draft of ``path``, or None.  ``agent`` may be a
+        callable, asked only when the path has open drafts."""
+        if self.hidden and path in self.hidden:
+            d, attrs = self.hidden[path]
+            out = self.stat_draft(d, None) if d is not None else dict(attrs)
+            out["st_nlink"] = attrs["st_nlink"]
+            return out
+        if path in self.open_drafts:
+            d = self.drafts.get((agent() if callable(agent) else agent, path))
+            if d is not None and d.opens > 0:
+                return self.stat_draft(d, self.ns.upper.get(path))
+        return None
+
+    def _stat_lower_handle(self, h: Handle) -> dict:
+        """``fstat`` of a handle reading a workspace file: the file it holds,
+        whatever its path shows now (unlinked, or replaced by a rename:
+        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
+        same file, shown with its node's attributes."""
+        st = os.fstat(h.fd)
+        try:
+            node, cur = self.ns.resolve(h.path)
+        except NotFound:
+            node = cur = None
+        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
+            return self.ns.stat_lower(h.path, cur)
+        if node is not None and node.kind == "file" and h.token == self.versions.node_token(node):
+            return self.ns.stat_node(node)
+        out = self.ns.stat_lower(h.path, st)
+        out["st_nlink"] = 0
+        return out
+
+    def release_scratch(self, path: str) -> None:
+        """Before scratch file ``path`` goes: a draft still open on it (its
+        close published it by reference: ``Draft.frozen``) first moves to a
+        copy, so it can keep reading, and writing, by name too."""
+        for d in {id(h.draft): h.draft for h in self.handles.values()
+                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
+            self.thaw(d)
+
+    def stat_draft(self, d: Draft, node: Node | None) -> dict:
         st = os.fstat(d.mem) if d.mem >= 0 else os.stat(d.scratch)
         mode = node.mode if node is not None else d.mode
         return {
@@ -886,4 +951,4 @@ class ContentMixin:
         }
 
 
-__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy", "field"]
+__all__ = ["Content", "Draft", "Handle", "sparse_copy"]

@@ -18,6 +18,7 @@ Lock rule: called only under the view's lock.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import stat as stat_mod
 import time
@@ -32,6 +33,11 @@ from .errors import NotADirectory, NotFound
 from .links import Links
 from .listings import Listings
 from .upper import Node, Upper, parent_name, rel
+
+
+# Inode numbers for paths that exist only in the upper layer; far above what
+# real filesystems hand out so they do not collide with workspace inodes.
+SYNTHETIC_INO_BASE = 1 << 62
 
 
 def fd_digest(fd: int) -> str:
@@ -64,6 +70,11 @@ class Namespace:
         #: Workspace directory -> when the view last changed its entries
         #: (ns): shown as its mtime and ctime (:meth:`entries_changed`).
         self.dir_times: dict[str, int] = {}
+        self._ino = itertools.count(SYNTHETIC_INO_BASE)
+
+    def new_ino(self) -> int:
+        """An inode number for a path only the upper layer has."""
+        return next(self._ino)
 
     def resolve(self, path: str) -> tuple[Node | None, os.stat_result | None]:
         """``(node, None)`` for an upper path, ``(None, stat)`` for a workspace

@@ -16,7 +16,7 @@ object and writes the staged row -- or, for a file of at least
 ``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
 staged content (staged by reference; the commit imports the bytes, see
 ``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
-``ContentMixin._thaw``) and is removed only once no staged row in the store
+``Content.thaw``) and is removed only once no staged row in the store
 names it (``scratch.py``); a daemon start keeps the
 referenced files and removes the other scratch leftovers.  Mounting reads
 only the open step's staged rows: O(1) in the size of the workspace.
@@ -56,7 +56,7 @@ from store import xattrs as xattr_codec
 from store.contained import NODE_KINDS, kind_of, rdev_target
 
 from .committing import Commits, Failsafe, ViewCommit
-from .content import ContentMixin, Draft, Handle
+from .content import Content
 from .errors import (
     Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
     ReadOnly, Reserved, Unsupported, ViewError,
@@ -68,6 +68,7 @@ from .rows import StagedRows
 from .status import status_text
 from .scratch import ScratchFiles
 from .upper import Node, Upper, parent_name, rel, view_path
+from .versions import Versions
 
 log = logging.getLogger("stepfs.view")
 
@@ -77,12 +78,9 @@ log = logging.getLogger("stepfs.view")
 HIDDEN_PREFIX = ".fuse_hidden"
 RENAME_NOREPLACE = 1
 RENAME_EXCHANGE = 2
-# Inode numbers for paths that exist only in the upper layer; far above what
-# real filesystems hand out so they do not collide with workspace inodes.
-SYNTHETIC_INO_BASE = 1 << 62
 
 
-class Overlay(ContentMixin):
+class Overlay:
     """The merged view of ``ws`` for the open step of ``mountpoint``."""
 
     def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
@@ -96,70 +94,61 @@ class Overlay(ContentMixin):
         self.mountpoint = mountpoint
         self.agent = agent
         self.default_agent = DEFAULT
-        self.require_read = require_read
-        # STEPFS_GUARD=0 turns the version-token checks off: only for the
-        # benchmark that measures what they cost.  Never for real use.
-        self.guard = os.environ.get("STEPFS_GUARD", "1") != "0"
+        self.row_delay = row_delay
         self.lock = threading.RLock()
-        self.epoch = time.time_ns()  # makes upper tokens unique across daemon runs
-        self._gen = itertools.count(1)
-        self.drafts: dict[tuple[str, str], Draft] = {}
-        self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
-        self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
-        self.last_errors: dict[str, str] = {}
         # Set by an auto-step policy (overlayfs/autostep.py): told of every
         # staged change, under the lock; must not block.
         self.on_change = None
-        # Link counts of multi-link workspace files and the kernel's cached
-        # names (the adapter sets ``renew_names`` and ``invalidate`` later).
-        self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
-        self.lower_shown = self.links.shown  # read by tests
-        #: Workspace path -> its before state captured when this step first
-        #: staged it (``ContentMixin._precapture``), for the commit to reuse
-        #: while the path's token holds (``publish.precapture``).
-        self.precaptured: dict[bytes, object] = {}
-        # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
-        self.hidden: dict[str, tuple[Draft | None, dict]] = {}
-        self.row_delay = row_delay
-        with ws.db.write() as conn:
-            self.step = staging.open_step(conn, mountpoint, agent)
-        # Failsafe: a store that cannot write makes this view read-only.
-        self.failsafe = Failsafe(mountpoint)
-        self.commits = Commits(ws, self.step, agent, mountpoint, self.lock, self.failsafe)
-        # Shared with the watcher thread (fuse_ops) and the metadata tree.
-        self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
-        self.own_publishes = self.commits.own_publishes
-        self._await_settled = self.commits.await_settled
-        with ws.db.read() as conn:
-            rows = staging.load(conn, self.step)
-        self.upper = Upper()
-        self.ns = Namespace(self.root, self.upper, self.links)
-        self.dir_times = self.ns.dir_times  # read by tests
-        self.handles: dict[int, Handle] = {}
-        self._fh = itertools.count(1)
-        self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self.scratch = ScratchFiles(ws.store_dir, self.step, {row.scratch for row in rows if row.scratch is not None},
-                                    self.upper, ws.db, ws.objects, self._release_scratch)
-        self.scratch_dir = self.scratch.dir
-        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
-                               self.scratch.unlink_retired, row_delay)
-        ws.db.on_failure.append(self._store_failed)
-        self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text)
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
         # Set by the FUSE adapter: make the kernel look every name up again
         # before it uses the attributes it holds (KernelCache.new_epoch).
         self.renew_names = lambda: None
+        with ws.db.write() as conn:
+            self.step = staging.open_step(conn, mountpoint, agent)
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Failsafe: a store that cannot write makes this view read-only.
+        self.failsafe = Failsafe(mountpoint)
+        ws.db.on_failure.append(self._store_failed)
+        self.commits = Commits(ws, self.step, agent, mountpoint, self.lock, self.failsafe)
+        self._await_settled = self.commits.await_settled
+        # The collaborators (each module says what it holds).  Late-bound
+        # lambdas: the adapter and tests replace the callbacks above later.
+        self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
+        self.upper = Upper()
+        self.ns = Namespace(self.root, self.upper, self.links)
+        self.versions = Versions(self.ns)
+        self.scratch = ScratchFiles(ws.store_dir, self.step, {row.scratch for row in rows if row.scratch is not None},
+                                    self.upper, ws.db, ws.objects, lambda path: self.content.release_scratch(path))
+        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
+                               self.scratch.unlink_retired, row_delay)
+        self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text)
+        # STEPFS_GUARD=0 turns the version-token checks off: only for the
+        # benchmark that measures what they cost.  Never for real use.
+        self.content = Content(
+            ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns, versions=self.versions,
+            scratch=self.scratch, rows=self.rows, links=self.links, meta=self.meta,
+            check_writable=self._check_writable, check_new_name=self._check_new_name,
+            await_settled=self._await_settled, changed=self._changed,
+            guard=os.environ.get("STEPFS_GUARD", "1") != "0", require_read=require_read)
+        # The same objects under the names the adapter, the watcher, the
+        # auto-step policy and the tests read.
+        self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
+        self.own_publishes = self.commits.own_publishes
+        self.handles, self.drafts, self.observed = self.content.handles, self.content.drafts, self.versions.observed
+        self.precaptured, self.last_errors = self.content.precaptured, self.content.last_errors
+        self.scratch_dir, self.dir_times, self.lower_shown = self.scratch.dir, self.ns.dir_times, self.links.shown
         groups: dict[int, Node] = {}
         for row in rows:
             path = view_path(row.path)
             if row.link_group is not None and row.link_group in groups:
                 node = groups[row.link_group]  # another name of the same file
             else:
-                node = Node.from_row(row, next(self._ino))
+                node = Node.from_row(row, self.ns.new_ino())
                 if node.ref is not None:
                     node.scratch = self.scratch.path(node.ref)
-                self._bump(node)
+                self.versions.bump(node)
                 if row.link_group is not None:
                     groups[row.link_group] = node
             if node.link_group is not None:
@@ -168,7 +157,51 @@ class Overlay(ContentMixin):
             self.upper.set(path, node)
         self._link_groups = itertools.count(max(groups, default=0) + 1)
 
-    # -- resolution ---------------------------------------------------------
+    # -- open files and tokens (content.py, versions.py) ----------------------
+
+    def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
+        return self.content.open(path, flags, agent)
+
+    def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
+               agent: str = DEFAULT) -> int:
+        return self.content.create(path, mode, flags, owner, agent)
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        return self.content.read(fh, size, offset)
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        return self.content.write(fh, data, offset)
+
+    def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
+        self.content.truncate(path, length, fh, agent)
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        self.content.fallocate(fh, mode, offset, length)
+
+    def flush(self, fh: int) -> None:
+        self.content.flush(fh)
+
+    def fsync(self, fh: int, datasync: bool) -> None:
+        self.content.fsync(fh, datasync)
+
+    def release(self, fh: int) -> None:
+        self.content.release(fh)
+
+    def handle_direct_io(self, fh: int) -> bool:
+        return self.content.handle_direct_io(fh)
+
+    def record_token(self, path: str) -> str:
+        return self.versions.record_token(path)
+
+    def current_token(self, path: str):
+        return self.versions.current_token(path)
+
+    def still(self, recorded: str, path: str) -> bool:
+        return self.versions.still(recorded, path)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _store_failed(self, err: Exception) -> None:
         """``Database.on_failure`` listener (any thread, maybe under the lock)."""
@@ -214,14 +247,6 @@ class Overlay(ContentMixin):
     def sync_rows(self, between: bool = True) -> None:
         """Write every recorded staged row now (``rows.StagedRows.sync``)."""
         self.rows.sync(between)
-
-    def _release_scratch(self, path: str) -> None:
-        """Before scratch file ``path`` goes: a draft still open on it (its
-        close published it by reference: ``Draft.frozen``) first moves to a
-        copy, so it can keep reading, and writing, by name too."""
-        for d in {id(h.draft): h.draft for h in self.handles.values()
-                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
-            self._thaw(d)
 
     def _imported(self, oids: dict[str, str]) -> None:
         """The store took the by-reference files ``oids`` (scratch name ->
@@ -273,28 +298,11 @@ class Overlay(ContentMixin):
         node.xattrs = attrs
         node.atime_ns = st.st_atime_ns
         node.ctime_ns = max(st.st_ctime_ns, node.mtime_ns)
-        self._bump(node)
+        self.versions.bump(node)
         self.upper.set(path, node)
         digest = node.oid.split(".", 1)[0] if node.oid else ""
-        self._retoken(path, base, self.node_token(node), lambda: digest)
+        self.content.retoken(path, base, self.versions.node_token(node), lambda: digest)
         return node
-
-    def _retoken(self, path: str, old: str, new: str, digest) -> None:
-        """Same content, new token representation (copy-up for a metadata
-        change): nobody's observation of the current version goes stale.
-        ``old`` is the workspace token without hash, ``digest()`` the
-        content's; a token taken in the racy window must match both (its
-        stat fields alone may also describe an older, same-size version)."""
-        for seen in self.observed.values():
-            tok = seen.get(path)
-            if tok is not None and tokens.same(tok, old, digest):
-                seen[path] = new
-        for (_a, p), d in self.drafts.items():
-            if p == path and tokens.same(d.base, old, digest):
-                d.base = new
-        for h in self.handles.values():
-            if h.path == path and h.token and tokens.same(h.token, old, digest):
-                h.token = new
 
     def _remove(self, path: str, agent: str | None = None) -> None:
         """Make ``path`` (and everything below it) absent in the view.  The
@@ -308,17 +316,17 @@ class Overlay(ContentMixin):
             here = self.upper.get(path)
             heir = min((n for n in here.names if n != path), default=None) \
                 if here is not None and here.link_group is not None else None
-            for (a, p), d in list(self.drafts.items()):
-                if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
-                    del self.drafts[(a, p)]
-                    self._reindex_draft(d, heir)
-                    self.drafts[(a, heir)] = d
+            for (a, p), d in list(self.content.drafts.items()):
+                if a == agent and p == path and heir is not None and (a, heir) not in self.content.drafts:
+                    del self.content.drafts[(a, p)]
+                    self.content.reindex_draft(d, heir)
+                    self.content.drafts[(a, heir)] = d
                 elif a == agent and (p == path or p.startswith(prefix)):
                     d.detached = True
                     if d.opens == 0:
-                        self._discard_draft(d)
+                        self.content.discard_draft(d)
                     else:
-                        del self.drafts[(a, p)]
+                        del self.content.drafts[(a, p)]
         node = self.upper.get(path)
         base = node.base if node is not None else self.ns.lower_token(path)
         if node is None:
@@ -358,31 +366,15 @@ class Overlay(ContentMixin):
         the hot path free of /proc reads."""
         with self.lock:
             if fh is not None:
-                h = self.handles.get(fh)
-                if h is not None:
-                    if h.draft is not None:
-                        out = self._stat_draft(h.draft, self.upper.get(h.path))
-                        if self.hidden and h.path in self.hidden:
-                            out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
-                        return out
-                    if h.node is not None:
-                        out = self.ns.stat_node(h.node)
-                        if self.upper.get(h.path) is not h.node:
-                            out["st_nlink"] = 0  # unlinked or replaced while open
-                        return out
-                    if h.fd >= 0 and h.data is None:
-                        return self._stat_lower_handle(h)
+                out = self.content.stat_handle(fh)
+                if out is not None:
+                    return out
             if path.startswith(META_ROOT) and is_meta(path):
                 return self.meta.getattr(path)
-            if self.hidden and path in self.hidden:
-                d, attrs = self.hidden[path]
-                out = self._stat_draft(d, None) if d is not None else dict(attrs)
-                out["st_nlink"] = attrs["st_nlink"]
-                return out
-            if path in self.open_drafts:
-                d = self.drafts.get((agent() if callable(agent) else agent, path))
-                if d is not None and d.opens > 0:
-                    return self._stat_draft(d, self.upper.get(path))
+            if path in self.content.open_drafts or (self.content.hidden and path in self.content.hidden):
+                out = self.content.stat_open(path, agent)
+                if out is not None:
+                    return out
             try:
                 node, st = self.ns.resolve(path)
             except NotFound:
@@ -419,8 +411,8 @@ class Overlay(ContentMixin):
         out: list[dict | None] = []
         with self.lock:
             nodes = self.upper.nodes
-            hidden = self.hidden
-            open_drafts = self.open_drafts
+            hidden = self.content.hidden
+            open_drafts = self.content.open_drafts
             dfd = -1
             if not self.ns.children_covered(path):
                 try:
@@ -453,39 +445,21 @@ class Overlay(ContentMixin):
         itself (None for drafts, staged nodes, ``.stepfs`` files and
         direct I/O): the FUSE adapter lets the kernel keep the pages of such
         a file across opens while this token stays the same."""
-        h = self.handles.get(fh)
+        h = self.content.handles.get(fh)
         if h is None or h.writable or h.direct or h.draft is not None or h.node is not None or h.data is not None:
             return None
         return h.token or None
 
-    def _stat_lower_handle(self, h: Handle) -> dict:
-        """``fstat`` of a handle reading a workspace file: the file it holds,
-        whatever its path shows now (unlinked, or replaced by a rename:
-        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
-        same file, shown with its node's attributes."""
-        st = os.fstat(h.fd)
-        try:
-            node, cur = self.ns.resolve(h.path)
-        except NotFound:
-            node = cur = None
-        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
-            return self.ns.stat_lower(h.path, cur)
-        if node is not None and node.kind == "file" and h.token == self.node_token(node):
-            return self.ns.stat_node(node)
-        out = self.ns.stat_lower(h.path, st)
-        out["st_nlink"] = 0
-        return out
-
     def chmod(self, path: str, mode: int) -> None:
         with self.lock:
-            if path in self.hidden:
+            if path in self.content.hidden:
                 return
             self._check_writable(path)
             node = self._node_for_meta(path)
             node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
+            self.content.sync_draft_meta(path, node)
             self.links.invalidate_names(node, except_path=path)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
@@ -498,25 +472,8 @@ class Overlay(ContentMixin):
                 node.gid = gid
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
+            self.content.sync_draft_meta(path, node)
             self.links.invalidate_names(node, except_path=path)
-
-    def _sync_draft_meta(self, path: str, node: Node) -> None:
-        """A metadata change keeps the path's token, so every agent's draft of
-        it stays current and may publish later, perhaps after a commit has
-        dropped ``node`` (a draft then publishes with its own metadata): it
-        must carry the new mode, owner and xattrs, or its close would put
-        the old ones back."""
-        for d in self._drafts_at(path):
-            d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
-
-    def _drafts_at(self, path: str) -> list[Draft]:
-        """Every agent's draft of ``path``, looked up agent by agent (an agent
-        with a draft has observed its path, so it is a key of ``observed``).
-        Idle drafts stay cached, so scanning them all made ``tar -x``, which
-        changes the metadata of every file it writes, O(n^2)."""
-        drafts = self.drafts
-        return [d for d in (drafts.get((agent, path)) for agent in self.observed) if d is not None]
 
     # -- extended attributes (user.*; see store/xattrs.py) -----------------
 
@@ -559,7 +516,7 @@ class Overlay(ContentMixin):
             node.xattrs[raw] = bytes(value)
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
+            self.content.sync_draft_meta(path, node)
 
     def removexattr(self, path: str, name: str) -> None:
         with self.lock:
@@ -571,7 +528,7 @@ class Overlay(ContentMixin):
             del node.xattrs[raw]
             node.ctime_ns = time.time_ns()
             self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
+            self.content.sync_draft_meta(path, node)
 
     UTIME_NOW = (1 << 30) - 1
     UTIME_OMIT = (1 << 30) - 2
@@ -580,7 +537,7 @@ class Overlay(ContentMixin):
         """``times`` in ns; libfuse3 passes UTIME_NOW / UTIME_OMIT through as
         the nanosecond field with zero seconds."""
         with self.lock:
-            if path in self.hidden:
+            if path in self.content.hidden:
                 return
             self._check_writable(path)
             node = self._node_for_meta(path)
@@ -589,7 +546,7 @@ class Overlay(ContentMixin):
             new_a = node.atime_ns if atime == self.UTIME_OMIT else now if atime == self.UTIME_NOW else atime
             new_m = node.mtime_ns if mtime == self.UTIME_OMIT else now if mtime == self.UTIME_NOW else mtime
             # Open drafts of the path carry the times their handles report.
-            for d in self._drafts_at(path):
+            for d in self.content.drafts_at(path):
                 st = os.stat(d.scratch)
                 os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
                                         st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
@@ -636,11 +593,11 @@ class Overlay(ContentMixin):
         """Stage a node made for a new name (directory, symlink, FIFO)."""
         node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
         self.ns.inherit_group(path, node)
-        self._bump(node)
+        self.versions.bump(node)
         self.upper.set(path, node)
         self._persist(puts=[path])
         self.ns.entries_changed(path)
-        self.observe(agent, path, self.node_token(node))
+        self.versions.observe(agent, path, self.versions.node_token(node))
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
         with self.lock:
@@ -648,7 +605,7 @@ class Overlay(ContentMixin):
             # Opaque: whatever the workspace has (or will get) at this path
             # was not what this agent saw; its new directory starts empty.
             node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
-                        ino=next(self._ino), opaque=True)
+                        ino=self.ns.new_ino(), opaque=True)
             self._add_new(path, node, owner, agent)
 
     def rmdir(self, path: str, agent: str = DEFAULT) -> None:
@@ -668,7 +625,7 @@ class Overlay(ContentMixin):
 
     def unlink(self, path: str, agent: str = DEFAULT) -> None:
         with self.lock:
-            if self.hidden.pop(path, None) is not None:
+            if self.content.hidden.pop(path, None) is not None:
                 return
             self._check_writable(path)
             node, st = self.ns.resolve(path)
@@ -682,7 +639,7 @@ class Overlay(ContentMixin):
         with self.lock:
             self._check_create(path)
             data = os.fsencode(target)
-            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self.ns.base_for(path), ino=next(self._ino),
+            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self.ns.base_for(path), ino=self.ns.new_ino(),
                         target=data, size=len(data))
             self._add_new(path, node, owner, agent)
 
@@ -703,7 +660,7 @@ class Overlay(ContentMixin):
                 raise Unsupported(path)
             self._check_create(path)
             node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
-                        ino=next(self._ino), target=rdev_target(kind, dev))
+                        ino=self.ns.new_ino(), target=rdev_target(kind, dev))
             self._add_new(path, node, owner, agent)
 
     def readlink(self, path: str) -> str:
@@ -776,13 +733,13 @@ class Overlay(ContentMixin):
         file, the names it still has."""
         node, st = self.ns.resolve(old)
         attrs = self.ns.stat_node(node) if node is not None else self.ns.stat_lower(old, st)
-        d = self.drafts.get((agent, old))
+        d = self.content.drafts.get((agent, old))
         self.unlink(old, agent)
         # libfuse subtracts one from the st_nlink of a hidden name it is given
         # (a positive one): the names left, plus one.
         attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
-        self.hidden[new] = (d, attrs)
-        for h in self.handles.values():
+        self.content.hidden[new] = (d, attrs)
+        for h in self.content.handles.values():
             if h.path == old:
                 h.path = new
 
@@ -792,25 +749,25 @@ class Overlay(ContentMixin):
         new files there: a later open must not share those dead copies.
         Their own descriptors keep them, and they lose at their close."""
         prefix = path + "/"
-        for (a, p), d in list(self.drafts.items()):
+        for (a, p), d in list(self.content.drafts.items()):
             if a == agent and (p == path or p.startswith(prefix)):
                 if d.opens:
-                    del self.drafts[(a, p)]
+                    del self.content.drafts[(a, p)]
                 else:
-                    self._discard_draft(d)
+                    self.content.discard_draft(d)
 
     def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
         """Before a rename: which of the acting agent's drafts and handles
         (by id) and observations at or below ``old`` still match the
         published version."""
         prefix = old + "/"
-        fresh = {id(d) for (a, p), d in self.drafts.items()
-                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
-        fresh |= {id(h) for h in self.handles.values()
+        fresh = {id(d) for (a, p), d in self.content.drafts.items()
+                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.versions.still(d.base, p)}
+        fresh |= {id(h) for h in self.content.handles.values()
                   if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
-                  and self.still(h.token, h.path)}
-        seen = {p for p, tok in self.observed.get(agent, {}).items()
-                if (p == old or p.startswith(prefix)) and self.still(tok, p)}
+                  and self.versions.still(h.token, h.path)}
+        seen = {p for p, tok in self.versions.observed.get(agent, {}).items()
+                if (p == old or p.startswith(prefix)) and self.versions.still(tok, p)}
         return fresh, seen
 
     def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
@@ -822,26 +779,26 @@ class Overlay(ContentMixin):
         a stale writer into a winner that overwrites another agent's bytes."""
         fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
         prefix = old + "/"
-        for (a, path), d in list(self.drafts.items()):
+        for (a, path), d in list(self.content.drafts.items()):
             if a == agent and (path == old or path.startswith(prefix)):
-                del self.drafts[(a, path)]
-                self._reindex_draft(d, new + path[len(old):])
+                del self.content.drafts[(a, path)]
+                self.content.reindex_draft(d, new + path[len(old):])
                 if id(d) in fresh_ids:
-                    d.base = self.current_token(d.path)[0]
-                self.drafts[(a, d.path)] = d
-        for h in self.handles.values():
+                    d.base = self.versions.current_token(d.path)[0]
+                self.content.drafts[(a, d.path)] = d
+        for h in self.content.handles.values():
             if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
                 h.path = new + h.path[len(old):]
                 if id(h) in fresh_ids:
-                    h.token = self.current_token(h.path)[0]
-        seen = self.observed.get(agent, {})
+                    h.token = self.versions.current_token(h.path)[0]
+        seen = self.versions.observed.get(agent, {})
         outdated = {}
         for path in [p for p in seen if p == old or p.startswith(prefix)]:
             tok = seen.pop(path)
             if path not in fresh_seen:
                 outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
-        self.observe(agent, new, self.current_token(new)[0])
-        seen = self.observed[agent]
+        self.versions.observe(agent, new, self.versions.current_token(new)[0])
+        seen = self.versions.observed[agent]
         seen.update(outdated)
 
     def _take_leaf(self, path: str) -> Node:
@@ -874,7 +831,7 @@ class Overlay(ContentMixin):
             self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
         node.base = new_base
         node.ctime_ns = time.time_ns()
-        self._bump(node)
+        self.versions.bump(node)
         self.upper.set(new, node)
         self._persist(puts=[new] + ([old] if old_lower else []), removes=[] if old_lower else [old])
 
@@ -908,7 +865,7 @@ class Overlay(ContentMixin):
                 node.names.add(path)
                 node.name_bases[path] = node.base
             node.ctime_ns = time.time_ns()
-            self._bump(node)
+            self.versions.bump(node)
             self.upper.set(path, node)
             puts.append(path)
         return puts
@@ -931,17 +888,17 @@ class Overlay(ContentMixin):
         self._remove(b)
         self._persist(puts=self._place(b, sub_a) + self._place(a, sub_b))
         swap = {a: b, b: a}
-        moved = [self.drafts.pop(key) for key in list(self.drafts) if key[0] == agent and key[1] in swap]
+        moved = [self.content.drafts.pop(key) for key in list(self.content.drafts) if key[0] == agent and key[1] in swap]
         for d in moved:
-            self._reindex_draft(d, swap[d.path])
+            self.content.reindex_draft(d, swap[d.path])
         for d in moved:
-            d.base = self.current_token(d.path)[0]
-            self.drafts[(d.agent, d.path)] = d
-        for h in self.handles.values():
+            d.base = self.versions.current_token(d.path)[0]
+            self.content.drafts[(d.agent, d.path)] = d
+        for h in self.content.handles.values():
             if h.agent == agent and h.path in swap:
                 h.path = swap[h.path]
-        self.observe(agent, a, self.current_token(a)[0])
-        self.observe(agent, b, self.current_token(b)[0])
+        self.versions.observe(agent, a, self.versions.current_token(a)[0])
+        self.versions.observe(agent, b, self.versions.current_token(b)[0])
 
     def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
         """A hard link ``path`` to ``existing`` (anything but a directory).
@@ -971,7 +928,7 @@ class Overlay(ContentMixin):
             self._persist(puts=[path])
             self.ns.entries_changed(path)
             self.links.invalidate_names(node, except_path=path)
-            self.observe(agent, path, self.node_token(node))
+            self.versions.observe(agent, path, self.versions.node_token(node))
 
     # -- the step ---------------------------------------------------------------
 
@@ -1006,7 +963,7 @@ class Overlay(ContentMixin):
                      overwrite: set[bytes] = frozenset()) -> ViewCommit:
         """The commit in two phases, for a caller that answers between them
         (the daemon): see ``committing.py``."""
-        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.precaptured,
+        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.content.precaptured,
                           message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
 
     def _before_commit(self) -> tuple[list[str], list[str]]:
@@ -1051,10 +1008,10 @@ class Overlay(ContentMixin):
             node = self.upper.nodes[path]
             if not node.staged:
                 continue  # created but not yet closed: not part of the layer
-            old = self.node_token(node)
+            old = self.versions.node_token(node)
             self.upper.pop(path)
             self.scratch.drop(node)
-            new, st, _digest = self.current_token(path)
+            new, st, _digest = self.versions.current_token(path)
             if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
                 new = tokens.with_hash(new, node.oid.split(".", 1)[0])
             if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
@@ -1062,15 +1019,15 @@ class Overlay(ContentMixin):
             if st is not None and node.link_group is not None:
                 self.links.shown_name(st, path)  # the kernel holds this name's attributes from the node
             renamed[path] = (old, new)
-        for seen in self.observed.values():
+        for seen in self.versions.observed.values():
             for path, (old, new) in renamed.items():
                 if seen.get(path) == old:
                     seen[path] = new
-        for d in self.drafts.values():
+        for d in self.content.drafts.values():
             if d.path in renamed and d.base == renamed[d.path][0]:
                 d.base = renamed[d.path][1]
                 d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
-        for h in self.handles.values():
+        for h in self.content.handles.values():
             if h.path in renamed and h.token == renamed[h.path][0]:
                 h.token = renamed[h.path][1]
 
@@ -1116,22 +1073,22 @@ class Overlay(ContentMixin):
                 targets.update(self.upper.below(path))
             for p in targets:
                 node = self.upper.get(p)
-                if node is None or node.staged or p in self.open_drafts:
+                if node is None or node.staged or p in self.content.open_drafts:
                     continue
                 self.upper.pop(p)
                 self.scratch.drop(node)
             self.links.recount(self.ns.covered, self.ns.lower_stat)
             prefixes = tuple(p.rstrip("/") + "/" for p in paths)
-            for d in list(self.drafts.values()):
+            for d in list(self.content.drafts.values()):
                 if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):
-                    self._discard_draft(d)
+                    self.content.discard_draft(d)
 
     def close(self) -> None:
         """Unmount: decide every open handle, then write the recorded rows
         (once a commit still completing has ended: the store closes next)."""
         self.settled.wait()
         with self.lock:
-            super().close()
+            self.content.close()
             self.rows.stop()
             try:
                 self.sync_rows()
@@ -1142,5 +1099,5 @@ class Overlay(ContentMixin):
 
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
-        return status_text(self.mountpoint, self.ws.path, self.step, self.readonly_reason, self.last_errors,
+        return status_text(self.mountpoint, self.ws.path, self.step, self.readonly_reason, self.content.last_errors,
                            self.staged_paths())

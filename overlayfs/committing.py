@@ -34,6 +34,7 @@ from store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from store.workspace import Workspace
 
 from .errors import ReadOnly
+from .metatree import is_meta
 
 log = logging.getLogger("stepfs.view")
 
@@ -45,6 +46,14 @@ class Failsafe:
     def __init__(self, mountpoint: str):
         self.mountpoint = mountpoint
         self.reason: str | None = None
+
+    def check_writable(self, path: str) -> None:
+        """Refuse a change of ``path``: the ``.stepfs`` tree is read-only,
+        and so is everything once the failsafe tripped."""
+        if is_meta(path):
+            raise ReadOnly(path)
+        if self.reason is not None:
+            raise ReadOnly(self.reason)
 
     def trip(self, reason: str) -> None:
         if self.reason is None:

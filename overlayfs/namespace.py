@@ -29,9 +29,10 @@ from store import tokens
 from store import xattrs as xattr_codec
 from store.contained import DEVICE_KINDS, Root, kind_of, rdev_of
 
-from .errors import NotADirectory, NotFound
+from .errors import NameTooLong, NotADirectory, NotFound, Reserved
 from .links import Links
 from .listings import Listings
+from .metatree import ROOT as META_ROOT
 from .upper import Node, Upper, parent_name, rel
 
 
@@ -50,6 +51,16 @@ def fd_digest(fd: int) -> str:
             return h.hexdigest()
         h.update(data)
         off += len(data)
+
+
+def check_new_name(path: str) -> None:
+    """A name a change may create: checked before the failsafe's refusal,
+    so that creating ``/.stepfs`` itself is Reserved (EEXIST) while
+    anything below it is ReadOnly."""
+    if path == META_ROOT:
+        raise Reserved(path)
+    if len(os.fsencode(parent_name(path)[1])) > 255:
+        raise NameTooLong(path)
 
 
 class Namespace:

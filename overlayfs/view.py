@@ -40,10 +40,8 @@ mount but not committed; ownership changes are not staged yet.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import stat as stat_mod
 import threading
 import time
 
@@ -53,35 +51,29 @@ from store.workspace import Workspace
 
 from .agents import DEFAULT
 from store import xattrs as xattr_codec
-from store.contained import NODE_KINDS, kind_of, rdev_target
 
 from .committing import Commits, Failsafe, ViewCommit
+from .changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
 from .content import Content
-from .errors import (
-    Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
-    ReadOnly, Reserved, Unsupported, ViewError,
-)
+from .errors import Invalid, NameTooLong, NoAttribute, NotFound, ViewError
 from .links import Links
-from .namespace import Namespace
+from .namespace import Namespace, check_new_name
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
 from .status import status_text
 from .scratch import ScratchFiles
-from .upper import Node, Upper, parent_name, rel, view_path
+from .upper import Node, Upper, rel, view_path
 from .versions import Versions
 
 log = logging.getLogger("stepfs.view")
 
-# libfuse's high-level API renames a file that is unlinked while open to
-# ".fuse_hidden<N>" and unlinks that name at the last release; the view keeps
-# such files out of the namespace (never listed, staged or committed).
-HIDDEN_PREFIX = ".fuse_hidden"
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
+__all__ = ["HIDDEN_PREFIX", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "Overlay"]
 
 
 class Overlay:
     """The merged view of ``ws`` for the open step of ``mountpoint``."""
+
+    UTIME_NOW, UTIME_OMIT = UTIME_NOW, UTIME_OMIT  # as utimens takes them
 
     def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
                  row_delay: float | None = 0.0):
@@ -129,7 +121,7 @@ class Overlay:
         self.content = Content(
             ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns, versions=self.versions,
             scratch=self.scratch, rows=self.rows, links=self.links, meta=self.meta,
-            check_writable=self._check_writable, check_new_name=self._check_new_name,
+            check_writable=self.failsafe.check_writable, check_new_name=check_new_name,
             await_settled=self._await_settled, changed=self._changed,
             guard=os.environ.get("STEPFS_GUARD", "1") != "0", require_read=require_read)
         # The same objects under the names the adapter, the watcher, the
@@ -155,7 +147,49 @@ class Overlay:
                 node.names.add(path)
                 node.name_bases[path] = row.base
             self.upper.set(path, node)
-        self._link_groups = itertools.count(max(groups, default=0) + 1)
+        self.changes = Changes(ws=ws, lock=self.lock, ns=self.ns, versions=self.versions, content=self.content,
+                               rows=self.rows, links=self.links, scratch=self.scratch, failsafe=self.failsafe,
+                               changed=self._changed,
+                               first_link_group=max(groups, default=0) + 1)
+
+    # -- namespace and metadata changes (changes.py) ---------------------------
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.changes.chmod(path, mode)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        self.changes.chown(path, uid, gid)
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        self.changes.setxattr(path, name, value, options)
+
+    def removexattr(self, path: str, name: str) -> None:
+        self.changes.removexattr(path, name)
+
+    def utimens(self, path: str, times: tuple[int, int] | None) -> None:
+        self.changes.utimens(path, times)
+
+    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.mkdir(path, mode, owner, agent)
+
+    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.rmdir(path, agent)
+
+    def unlink(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.unlink(path, agent)
+
+    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.symlink(path, target, owner, agent)
+
+    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
+              agent: str = DEFAULT) -> None:
+        self.changes.mknod(path, mode, dev, owner, agent)
+
+    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
+        self.changes.rename(old, new, flags, agent)
+
+    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
+        self.changes.link(path, existing, agent)
 
     # -- open files and tokens (content.py, versions.py) ----------------------
 
@@ -217,32 +251,7 @@ class Overlay:
     def readonly_reason(self) -> str | None:
         return self.failsafe.reason
 
-    def _check_writable(self, path: str) -> None:
-        if is_meta(path):
-            raise ReadOnly(path)
-        if self.readonly_reason is not None:
-            raise ReadOnly(self.readonly_reason)
-
     # -- persistence (write-through of staged rows) ------------------------------
-
-    def _persist(self, puts: list[str] = (), removes: list[str] = (), trees: list[str] = ()) -> None:
-        """Record the rows of ``puts`` (by their current nodes), the deletion
-        of the rows of ``removes`` and of everything below ``trees``; they
-        reach the store at the next flush (module doc)."""
-        self.ns.nlink_cache.clear()
-        if self.on_change is not None:
-            self.on_change()
-        pending = self.rows.pending
-        for path in trees:
-            pending.remove_tree(rel(path))
-        for path in removes:
-            pending.remove(rel(path))
-        for path in puts:
-            node = self.upper.nodes[path]
-            for name in (node.names if node.link_group is not None else (path,)):
-                pending.put(node.row(name))
-            node.staged = True
-        self.rows.recorded()
 
     def sync_rows(self, between: bool = True) -> None:
         """Write every recorded staged row now (``rows.StagedRows.sync``)."""
@@ -257,106 +266,6 @@ class Overlay:
         for node in self.upper.nodes.values():
             if node.ref is not None and node.ref in oids:
                 node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
-
-    def _node_for_meta(self, path: str) -> Node:
-        """An upper node for a metadata change of ``path`` (copied up without
-        a scratch file: files are stored as an object once)."""
-        node, st = self.ns.resolve(path)
-        if node is not None:
-            return node
-        kind = self.ns.kind(None, st)
-        base = self.ns.lower_token(path)
-        attrs: dict[bytes, bytes] = {}
-        self.links.name_gone(st, path)  # from now on this name is a file of its own
-        if kind == "dir":
-            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
-                        mtime_ns=max(st.st_mtime_ns, self.ns.dir_times.pop(path, 0)))
-            fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                attrs = xattr_codec.read_fd(fd)
-            finally:
-                os.close(fd)
-        elif kind in NODE_KINDS:
-            node = Node(kind, st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid,
-                        gid=st.st_gid, target=rdev_target(kind, st.st_rdev))
-        elif kind == "symlink":
-            node = Node("symlink", st.st_mode, base=base, ino=st.st_ino, target=self.root.readlink(rel(path)),
-                        size=st.st_size, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
-        elif kind == "file":
-            fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                st = os.fstat(fd)
-                with self.ws.db.write() as conn:
-                    oid, size = self.ws.objects.put_fd(conn, fd)
-                attrs = xattr_codec.read_fd(fd)
-            finally:
-                os.close(fd)
-            node = Node("file", st.st_mode, base=tokens.from_stat(st), ino=st.st_ino, size=size, oid=oid,
-                        mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
-        else:
-            raise Unsupported(path)
-        node.xattrs = attrs
-        node.atime_ns = st.st_atime_ns
-        node.ctime_ns = max(st.st_ctime_ns, node.mtime_ns)
-        self.versions.bump(node)
-        self.upper.set(path, node)
-        digest = node.oid.split(".", 1)[0] if node.oid else ""
-        self.content.retoken(path, base, self.versions.node_token(node), lambda: digest)
-        return node
-
-    def _remove(self, path: str, agent: str | None = None) -> None:
-        """Make ``path`` (and everything below it) absent in the view.  The
-        acting agent's own drafts there are detached (its open descriptors
-        keep working, POSIX-style); other agents' drafts lose at their close."""
-        if agent is not None:
-            prefix = path + "/"
-            # A name of a hard-linked file: the file lives on under another
-            # name, and so does the agent's draft of it (writes through an
-            # open descriptor reach the remaining names).
-            here = self.upper.get(path)
-            heir = min((n for n in here.names if n != path), default=None) \
-                if here is not None and here.link_group is not None else None
-            for (a, p), d in list(self.content.drafts.items()):
-                if a == agent and p == path and heir is not None and (a, heir) not in self.content.drafts:
-                    del self.content.drafts[(a, p)]
-                    self.content.reindex_draft(d, heir)
-                    self.content.drafts[(a, heir)] = d
-                elif a == agent and (p == path or p.startswith(prefix)):
-                    d.detached = True
-                    if d.opens == 0:
-                        self.content.discard_draft(d)
-                    else:
-                        del self.content.drafts[(a, p)]
-        node = self.upper.get(path)
-        base = node.base if node is not None else self.ns.lower_token(path)
-        if node is None:
-            lower = self.ns.lower_stat(path)
-            if lower is not None:
-                self.links.name_gone(lower, path)
-        below = self.upper.below(path)
-        for child in below:
-            self._detach(child, self.upper.pop(child))
-        self._detach(path, self.upper.pop(path))
-        if self.ns.lower_stat(path) is not None:
-            self.upper.set(path, Node("whiteout", 0, base=base, ino=0))
-            self._persist(puts=[path], trees=[path] if below else [])
-        else:
-            self._persist(trees=[path])
-
-    def _detach(self, path: str, node: Node | None) -> None:
-        """A name leaves the tree; the node goes with its last name (open
-        readers keep its scratch through their fds)."""
-        if node is None:
-            return
-        if node.link_group is not None:
-            node.names.discard(path)
-            node.name_bases.pop(path, None)
-            if node.names:
-                node.ctime_ns = time.time_ns()
-                self._persist(puts=[next(iter(node.names))])  # their link count changed
-                self.links.invalidate_names(node)
-                return
-        self.scratch.drop(node)
 
     # -- attributes ---------------------------------------------------------
 
@@ -450,39 +359,7 @@ class Overlay:
             return None
         return h.token or None
 
-    def chmod(self, path: str, mode: int) -> None:
-        with self.lock:
-            if path in self.content.hidden:
-                return
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self.content.sync_draft_meta(path, node)
-            self.links.invalidate_names(node, except_path=path)
-
-    def chown(self, path: str, uid: int, gid: int) -> None:
-        with self.lock:
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            if uid != -1:
-                node.uid = uid
-            if gid != -1:
-                node.gid = gid
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self.content.sync_draft_meta(path, node)
-            self.links.invalidate_names(node, except_path=path)
-
     # -- extended attributes (user.*; see store/xattrs.py) -----------------
-
-    @staticmethod
-    def _xattr_name(name: str) -> bytes:
-        raw = os.fsencode(name)
-        if not raw.startswith(xattr_codec.PREFIX):
-            raise NotSupported(name)
-        return raw
 
     def getxattr(self, path: str, name: str) -> bytes:
         with self.lock:
@@ -499,60 +376,6 @@ class Overlay:
             if is_meta(path):
                 return []
             return [os.fsdecode(n) for n in sorted(self.ns.xattrs_of(path))]
-
-    XATTR_CREATE, XATTR_REPLACE = 1, 2
-
-    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
-        with self.lock:
-            self._check_writable(path)
-            raw = self._xattr_name(name)
-            node = self._node_for_meta(path)
-            if node.kind not in ("file", "dir"):
-                raise Unsupported(path)  # Linux allows user.* only on files and directories
-            if options & self.XATTR_CREATE and raw in node.xattrs:
-                raise Exists(name)
-            if options & self.XATTR_REPLACE and raw not in node.xattrs:
-                raise NoAttribute(name)
-            node.xattrs[raw] = bytes(value)
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self.content.sync_draft_meta(path, node)
-
-    def removexattr(self, path: str, name: str) -> None:
-        with self.lock:
-            self._check_writable(path)
-            raw = self._xattr_name(name)
-            if raw not in self.ns.xattrs_of(path):
-                raise NoAttribute(name)
-            node = self._node_for_meta(path)
-            del node.xattrs[raw]
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self.content.sync_draft_meta(path, node)
-
-    UTIME_NOW = (1 << 30) - 1
-    UTIME_OMIT = (1 << 30) - 2
-
-    def utimens(self, path: str, times: tuple[int, int] | None) -> None:
-        """``times`` in ns; libfuse3 passes UTIME_NOW / UTIME_OMIT through as
-        the nanosecond field with zero seconds."""
-        with self.lock:
-            if path in self.content.hidden:
-                return
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            now = time.time_ns()
-            atime, mtime = times if times is not None else (self.UTIME_NOW, self.UTIME_NOW)
-            new_a = node.atime_ns if atime == self.UTIME_OMIT else now if atime == self.UTIME_NOW else atime
-            new_m = node.mtime_ns if mtime == self.UTIME_OMIT else now if mtime == self.UTIME_NOW else mtime
-            # Open drafts of the path carry the times their handles report.
-            for d in self.content.drafts_at(path):
-                st = os.stat(d.scratch)
-                os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
-                                        st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
-            node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
-            self._persist(puts=[path])
-            self.links.invalidate_names(node, except_path=path)
 
     def statfs(self, path: str) -> dict:
         sv = os.statvfs(self.root.fd)
@@ -572,96 +395,7 @@ class Overlay:
                 return self.meta.readdir(path)
             return self.ns.listing(path)
 
-    def _check_new_name(self, path: str) -> None:
-        """Called before ``_check_writable`` so that creating ``/.stepfs``
-        itself is Reserved (EEXIST) while anything below it is ReadOnly."""
-        if path == META_ROOT:
-            raise Reserved(path)
-        if len(os.fsencode(parent_name(path)[1])) > 255:
-            raise NameTooLong(path)
-
-    def _check_create(self, path: str) -> None:
-        """What every new name needs: a legal name, a writable mount, an
-        existing parent directory, and nothing there yet."""
-        self._check_new_name(path)
-        self._check_writable(path)
-        self.ns.require_dir(parent_name(path)[0])
-        if self.ns.exists(path):
-            raise Exists(path)
-
-    def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
-        """Stage a node made for a new name (directory, symlink, FIFO)."""
-        node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
-        self.ns.inherit_group(path, node)
-        self.versions.bump(node)
-        self.upper.set(path, node)
-        self._persist(puts=[path])
-        self.ns.entries_changed(path)
-        self.versions.observe(agent, path, self.versions.node_token(node))
-
-    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_create(path)
-            # Opaque: whatever the workspace has (or will get) at this path
-            # was not what this agent saw; its new directory starts empty.
-            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
-                        ino=self.ns.new_ino(), opaque=True)
-            self._add_new(path, node, owner, agent)
-
-    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_writable(path)
-            if path == "/":
-                raise Invalid(path)
-            node, st = self.ns.resolve(path)
-            if self.ns.kind(node, st) != "dir":
-                raise NotADirectory(path)
-            if not self.ns.is_empty_dir(path):
-                raise NotEmpty(path)
-            self._remove(path, agent)
-            self.ns.entries_changed(path)
-
     # -- names ------------------------------------------------------------------
-
-    def unlink(self, path: str, agent: str = DEFAULT) -> None:
-        with self.lock:
-            if self.content.hidden.pop(path, None) is not None:
-                return
-            self._check_writable(path)
-            node, st = self.ns.resolve(path)
-            if self.ns.kind(node, st) == "dir":
-                raise IsADirectory(path)
-            self._remove(path, agent)
-            self.ns.entries_changed(path)
-
-    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
-                agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_create(path)
-            data = os.fsencode(target)
-            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self.ns.base_for(path), ino=self.ns.new_ino(),
-                        target=data, size=len(data))
-            self._add_new(path, node, owner, agent)
-
-    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
-              agent: str = DEFAULT) -> None:
-        """FIFOs, device nodes and sockets (staged and committed like any
-        path; the kernel lets only CAP_MKNOD make a device), and regular files."""
-        with self.lock:
-            if stat_mod.S_ISREG(mode):
-                fh = self.create(path, mode, os.O_WRONLY | os.O_EXCL, owner=owner, agent=agent)
-                try:
-                    self.flush(fh)
-                finally:
-                    self.release(fh)
-                return
-            kind = kind_of(mode)
-            if kind not in NODE_KINDS:
-                raise Unsupported(path)
-            self._check_create(path)
-            node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
-                        ino=self.ns.new_ino(), target=rdev_target(kind, dev))
-            self._add_new(path, node, owner, agent)
 
     def readlink(self, path: str) -> str:
         with self.lock:
@@ -673,262 +407,6 @@ class Overlay:
             if node is not None:
                 return os.fsdecode(node.target)
             return os.fsdecode(self.root.readlink(rel(path)))
-
-    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
-        with self.lock, self.rows.one_change():
-            if parent_name(new)[1].startswith(HIDDEN_PREFIX):
-                return self._hide(old, new, agent)
-            self._check_writable(old)
-            self._check_writable(new)
-            self._check_new_name(new)
-            if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
-                raise Invalid(f"rename flags {flags:#x}")
-            src, src_st = self.ns.resolve(old)
-            if flags & RENAME_EXCHANGE:
-                self.ns.resolve(new)  # both must exist
-                if old != new:
-                    self._exchange(old, new, agent)
-                    self.ns.entries_changed(old, new)
-                return
-            src_kind = self.ns.kind(src, src_st)
-            self.ns.require_dir(parent_name(new)[0])
-            dst_kind = None
-            if self.ns.exists(new):
-                if flags & RENAME_NOREPLACE:
-                    raise Exists(new)  # even onto itself, as renameat2(2) does
-                if old == new:
-                    return
-                if old.startswith(new + "/"):
-                    raise NotEmpty(new)  # onto its own ancestor (the kernel's order of checks)
-                dnode, dst_st = self.ns.resolve(new)
-                if dnode is not None and dnode is src:
-                    return  # two names of one hard-linked file: POSIX says do nothing
-                if dnode is None and src is None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
-                    return  # the same, for a workspace file
-                dst_kind = self.ns.kind(dnode, dst_st)
-            if src_kind == "dir":
-                if new.startswith(old + "/"):
-                    raise Invalid(new)
-                if dst_kind is not None and dst_kind != "dir":
-                    raise NotADirectory(new)
-                if dst_kind == "dir" and not self.ns.is_empty_dir(new):
-                    raise NotEmpty(new)
-                fresh = self._fresh_under(agent, old)
-                self._unkey(agent, new)
-                self._rename_dir(old, new)
-            else:
-                if dst_kind == "dir":
-                    raise IsADirectory(new)
-                if src_kind == "special":
-                    raise Unsupported(old)  # sockets and devices stay where they are
-                fresh = self._fresh_under(agent, old)
-                self._rename_leaf(old, new, agent)
-            self._moved(agent, old, new, fresh)
-            self.ns.entries_changed(old, new)
-
-    def _hide(self, old: str, new: str, agent: str) -> None:
-        """An unlink of an open file (libfuse's hidden rename): the path is
-        removed as by ``unlink``; open descriptors keep working under the
-        hidden name, which reports ``st_nlink`` 0 -- or, for a hard-linked
-        file, the names it still has."""
-        node, st = self.ns.resolve(old)
-        attrs = self.ns.stat_node(node) if node is not None else self.ns.stat_lower(old, st)
-        d = self.content.drafts.get((agent, old))
-        self.unlink(old, agent)
-        # libfuse subtracts one from the st_nlink of a hidden name it is given
-        # (a positive one): the names left, plus one.
-        attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
-        self.content.hidden[new] = (d, attrs)
-        for h in self.content.handles.values():
-            if h.path == old:
-                h.path = new
-
-    def _unkey(self, agent: str, path: str) -> None:
-        """Forget the acting agent's drafts at or below a path that is absent
-        in the view (someone else removed their files) before a rename puts
-        new files there: a later open must not share those dead copies.
-        Their own descriptors keep them, and they lose at their close."""
-        prefix = path + "/"
-        for (a, p), d in list(self.content.drafts.items()):
-            if a == agent and (p == path or p.startswith(prefix)):
-                if d.opens:
-                    del self.content.drafts[(a, p)]
-                else:
-                    self.content.discard_draft(d)
-
-    def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
-        """Before a rename: which of the acting agent's drafts and handles
-        (by id) and observations at or below ``old`` still match the
-        published version."""
-        prefix = old + "/"
-        fresh = {id(d) for (a, p), d in self.content.drafts.items()
-                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.versions.still(d.base, p)}
-        fresh |= {id(h) for h in self.content.handles.values()
-                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
-                  and self.versions.still(h.token, h.path)}
-        seen = {p for p, tok in self.versions.observed.get(agent, {}).items()
-                if (p == old or p.startswith(prefix)) and self.versions.still(tok, p)}
-        return fresh, seen
-
-    def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
-        """The acting agent's drafts, handles and observations follow a
-        rename; other agents' stay at the old path and lose at their close.
-        Only what was current before the move (``fresh``, from
-        :meth:`_fresh_under`) is re-based on the moved version: an outdated
-        draft, handle or observation stays outdated, or a rename would turn
-        a stale writer into a winner that overwrites another agent's bytes."""
-        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
-        prefix = old + "/"
-        for (a, path), d in list(self.content.drafts.items()):
-            if a == agent and (path == old or path.startswith(prefix)):
-                del self.content.drafts[(a, path)]
-                self.content.reindex_draft(d, new + path[len(old):])
-                if id(d) in fresh_ids:
-                    d.base = self.versions.current_token(d.path)[0]
-                self.content.drafts[(a, d.path)] = d
-        for h in self.content.handles.values():
-            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
-                h.path = new + h.path[len(old):]
-                if id(h) in fresh_ids:
-                    h.token = self.versions.current_token(h.path)[0]
-        seen = self.versions.observed.get(agent, {})
-        outdated = {}
-        for path in [p for p in seen if p == old or p.startswith(prefix)]:
-            tok = seen.pop(path)
-            if path not in fresh_seen:
-                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
-        self.versions.observe(agent, new, self.versions.current_token(new)[0])
-        seen = self.versions.observed[agent]
-        seen.update(outdated)
-
-    def _take_leaf(self, path: str) -> Node:
-        """The published node of a file or symlink, copied up if needed.
-        (Drafts are not published by a rename: they follow it and publish
-        at their own close.)"""
-        node = self.upper.get(path)
-        if node is None:
-            return self._node_for_meta(path)
-        return node
-
-    def _rename_leaf(self, old: str, new: str, agent: str) -> None:
-        node = self._take_leaf(old)
-        new_base = self.ns.base_for(new)
-        if self.ns.exists(new):
-            # Replacing a file the acting agent has open detaches its draft,
-            # exactly as its own unlink would: its descriptors keep working
-            # and their close succeeds (POSIX); other agents' drafts lose.
-            self._remove(new, agent)
-        else:
-            self._unkey(agent, new)
-        self.upper.pop(old)
-        if node.link_group is not None:
-            node.names.discard(old)
-            node.name_bases.pop(old, None)
-            node.names.add(new)
-            node.name_bases[new] = new_base
-        old_lower = self.ns.lower_stat(old) is not None
-        if old_lower:
-            self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
-        node.base = new_base
-        node.ctime_ns = time.time_ns()
-        self.versions.bump(node)
-        self.upper.set(new, node)
-        self._persist(puts=[new] + ([old] if old_lower else []), removes=[] if old_lower else [old])
-
-    def _capture(self, top: str) -> list[tuple[str, Node]]:
-        """The merged subtree at ``top`` as ``(suffix, node)`` pairs, files
-        copied up as objects: what a move needs to restage it elsewhere
-        (O(size of the subtree))."""
-        subtree: list[tuple[str, Node]] = []
-        todo = [""]
-        while todo:
-            suffix = todo.pop()
-            path = top + suffix
-            node, st = self.ns.resolve(path)
-            if self.ns.kind(node, st) == "dir":
-                moved = Node("dir", (node.mode if node else st.st_mode), base="", ino=(node.ino if node else st.st_ino),
-                             opaque=True, mtime_ns=(node.mtime_ns if node else st.st_mtime_ns),
-                             uid=(node.uid if node else st.st_uid), gid=(node.gid if node else st.st_gid))
-                moved.xattrs = dict(node.xattrs) if node else self.ns.xattrs_of(path)
-                subtree.append((suffix, moved))
-                todo.extend(suffix + "/" + n for n, _k, _i in self.readdir(path)[2:])
-            else:
-                subtree.append((suffix, self._take_leaf(path)))
-        return subtree
-
-    def _place(self, dest: str, subtree: list[tuple[str, Node]]) -> list[str]:
-        puts = []
-        for suffix, node in subtree:
-            path = dest + suffix
-            node.base = self.ns.base_for(path)
-            if node.link_group is not None:
-                node.names.add(path)
-                node.name_bases[path] = node.base
-            node.ctime_ns = time.time_ns()
-            self.versions.bump(node)
-            self.upper.set(path, node)
-            puts.append(path)
-        return puts
-
-    def _rename_dir(self, old: str, new: str) -> None:
-        """Move a directory: every path below it is staged at its new place;
-        the old place becomes a whiteout."""
-        subtree = self._capture(old)
-        if self.ns.exists(new):
-            self._remove(new)
-        self._remove(old)
-        self._persist(puts=self._place(new, subtree))
-
-    def _exchange(self, a: str, b: str, agent: str) -> None:
-        """RENAME_EXCHANGE: swap two existing paths (of any kinds)."""
-        if b.startswith(a + "/") or a.startswith(b + "/"):
-            raise Invalid(b)
-        sub_a, sub_b = self._capture(a), self._capture(b)
-        self._remove(a)
-        self._remove(b)
-        self._persist(puts=self._place(b, sub_a) + self._place(a, sub_b))
-        swap = {a: b, b: a}
-        moved = [self.content.drafts.pop(key) for key in list(self.content.drafts) if key[0] == agent and key[1] in swap]
-        for d in moved:
-            self.content.reindex_draft(d, swap[d.path])
-        for d in moved:
-            d.base = self.versions.current_token(d.path)[0]
-            self.content.drafts[(d.agent, d.path)] = d
-        for h in self.content.handles.values():
-            if h.agent == agent and h.path in swap:
-                h.path = swap[h.path]
-        self.versions.observe(agent, a, self.versions.current_token(a)[0])
-        self.versions.observe(agent, b, self.versions.current_token(b)[0])
-
-    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
-        """A hard link ``path`` to ``existing`` (anything but a directory).
-        Both names share one node: edits through either are seen through both, and the
-        commit publishes them as hard links.  Workspace files that were
-        already hard links are copied up separately (the workspace link is not
-        followed into the upper layer)."""
-        with self.lock:
-            self._check_new_name(path)
-            self._check_writable(path)
-            self._check_writable(existing)
-            self.ns.require_dir(parent_name(path)[0])
-            node, st = self.ns.resolve(existing)
-            if self.ns.kind(node, st) not in publish.LEAF_KINDS:
-                raise Unsupported(existing)  # a directory (the kernel refuses those first)
-            if self.ns.exists(path):
-                raise Exists(path)
-            node = self._node_for_meta(existing)
-            if node.link_group is None:
-                node.link_group = next(self._link_groups)
-                node.names = {existing}
-                node.name_bases = {existing: node.base}
-            node.name_bases[path] = self.ns.base_for(path)
-            node.names.add(path)
-            node.ctime_ns = time.time_ns()
-            self.upper.set(path, node)
-            self._persist(puts=[path])
-            self.ns.entries_changed(path)
-            self.links.invalidate_names(node, except_path=path)
-            self.versions.observe(agent, path, self.versions.node_token(node))
 
     # -- the step ---------------------------------------------------------------
 

@@ -27,25 +27,31 @@ Model
   changes no token.
 
 Lock rule: every public method of :class:`Content` takes the view's lock.
+
+Why one module of about 700 lines: drafts and handles are one unit (a
+thaw moves every handle of a draft to its new file, an open attaches the
+agent's read handles to its draft, a release decides and drops it), so
+both live in one object; the close's compare-and-swap (``cas.py``) and the
+records themselves (``drafts.py``) are apart.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
 import itertools
 import logging
 import os
 import stat as stat_mod
 import time
-from dataclasses import dataclass, field
 
 
-from store import publish, refs, schema, staging, tokens
+from store import tokens
 from store import xattrs as xattr_codec
 
 from .agents import DEFAULT
+from .drafts import Draft, Handle, sparse_copy
+from .cas import CompareAndSwap
 from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from .metatree import is_meta
 from .upper import Node, parent_name, rel
@@ -60,107 +66,10 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 #: unchanged) is dropped at its last release, so memory is held by open
 #: files only: at most this much per open draft.
 MEMORY_DRAFT_MAX = 256 << 10
-#: Before states captured ahead of the commit (:meth:`Content._precapture`)
-#: that a view keeps at most; paths staged beyond that are captured by the
-#: commit itself.
-PRECAPTURED_MAX = 4096
 #: A memory draft is reopened by name through /proc, so every handle gets
 #: its own open file (its own O_APPEND), as with a scratch file.
 _PROC_FD = "/proc/self/fd"
 _MEMORY = hasattr(os, "memfd_create") and os.path.isdir(_PROC_FD)
-
-
-@dataclass(eq=False)
-class Draft:
-    """One agent's working copy of one path."""
-
-    agent: str
-    path: str
-    scratch: str
-    base: str  # the published token this draft starts from / last published
-    node_base: str  # workspace token for a node created when publishing
-    mode: int
-    ino: int
-    uid: int
-    gid: int
-    opens: int = 0
-    dirty: bool = False
-    stale: bool = False  # a close already lost the compare-and-swap
-    detached: bool = False  # unlinked by its own agent: closes succeed, bytes go nowhere
-    # Its close published ``scratch`` by reference: the file is the node's
-    # content now and is never written again; a write first moves the draft
-    # to a copy (``_thaw``).  A frozen draft is forgotten when its last
-    # handle closes.
-    frozen: bool = False
-    xattrs: dict = field(default_factory=dict)  # of the workspace file it copies
-    # A small draft lives in memory: ``mem`` is its memfd and ``scratch``
-    # names it through /proc (see :meth:`Content._draft_storage`); -1 for a
-    # draft in a scratch file.
-    mem: int = -1
-
-
-@dataclass(eq=False)
-class Handle:
-    """An open file: ``fd`` reads the draft, the published scratch, or the
-    workspace file; ``data`` serves files of the ``.stepfs`` tree."""
-
-    path: str
-    fd: int
-    agent: str
-    writable: bool
-    draft: Draft | None = None
-    node: Node | None = None
-    wrote: bool = False
-    result: str | None = None  # last compare-and-swap decision: "ok" | "stale"
-    data: bytes | None = None
-    direct: bool = False
-    token: str = ""  # the published version this handle was opened on
-
-
-def sparse_copy(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes, leaving holes where the source has them."""
-    pos = 0
-    while pos < size:
-        try:
-            data_start = os.lseek(src, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole remains
-                break
-            raise
-        hole = os.lseek(src, data_start, os.SEEK_HOLE)
-        _copy_range(src, dst, data_start, hole)
-        pos = hole
-    os.ftruncate(dst, size)
-
-
-def _copy_range(src: int, dst: int, off: int, end: int) -> None:
-    """Copy bytes ``[off, end)`` to the same offsets; ``copy_file_range``
-    refuses to cross filesystems (EXDEV: a memory draft and a file), then
-    the bytes go through user space (memory drafts are small)."""
-    while off < end:
-        try:
-            n = os.copy_file_range(src, dst, end - off, off, off)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            data = os.pread(src, min(end - off, 1 << 20), off)
-            n = len(data) and os.pwrite(dst, data, off)
-        if n == 0:
-            break
-        off += n
-
-
-def _same_bytes(a: int, b: int) -> bool:
-    if os.fstat(a).st_size != os.fstat(b).st_size:
-        return False
-    off = 0
-    while True:
-        x, y = os.pread(a, 1 << 20, off), os.pread(b, 1 << 20, off)
-        if x != y:
-            return False
-        if not x:
-            return True
-        off += len(x)
 
 
 class Content:
@@ -188,10 +97,9 @@ class Content:
         self._fh = itertools.count(1)
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
-        #: Workspace path -> its before state captured when this step first
-        #: staged it (:meth:`_precapture`), for the commit to reuse while the
-        #: path's token holds (``publish.precapture``).
-        self.precaptured: dict[bytes, object] = {}
+        self.cas = CompareAndSwap(ws=ws, step=step, mountpoint=mountpoint, ns=ns, versions=versions, rows=rows,
+                                  scratch=scratch, links=links, guard=guard, await_settled=await_settled,
+                                  changed=changed, thaw=self.thaw, note_error=self._note_error)
 
     # -- drafts ---------------------------------------------------------------
 
@@ -391,165 +299,6 @@ class Content:
                 self.open_drafts.pop(d.path, None)
             self.open_drafts[new_path] = self.open_drafts.get(new_path, 0) + d.opens
         d.path = new_path
-
-    # -- publish and conflicts ---------------------------------------------------
-
-    def _close_write(self, d: Draft) -> str:
-        """The compare-and-swap; returns "ok" or "stale"."""
-        if d.stale:
-            return "stale"
-        if d.detached or not d.dirty:
-            d.dirty = False
-            return "ok"
-        tok, _st, digest = self.versions.current_token(d.path)
-        if self.guard and not tokens.same(d.base, tok, digest):
-            self._conflict(d, tok)
-            d.stale = True
-            d.dirty = False
-            return "stale"
-        self._publish(d)
-        return "ok"
-
-    def _publish(self, d: Draft) -> None:
-        self._changed()
-        if d.mem >= 0 and os.fstat(d.mem).st_size >= refs.MIN_SIZE:
-            self.thaw(d)  # staged by reference below: its content must be a scratch file
-        node = self.ns.upper.get(d.path)
-        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if node is None and self._lower_equals(d.path, fd):
-                d.dirty = False  # identical rewrite of a workspace file: nothing to stage
-                return
-            # A big file is staged by reference (store/refs.py): its draft's
-            # file becomes the node's content, the store takes the bytes at
-            # the commit.  Copying them into SQLite here cost more than the
-            # writes themselves (issue #7).
-            by_ref = st.st_size >= refs.MIN_SIZE
-            ref_sum = refs.content_sum(fd) if by_ref else None
-            if by_ref and node is not None and node.kind == "file" and node.staged \
-                    and self._same_content(node, fd, ref_sum):
-                d.dirty = False  # identical rewrite: same content, same token
-                return
-            old_scratch = node.scratch if node is not None else None
-            self._await_settled(writing=True)  # a commit completing consumes this step's rows
-            with self.ws.db.write() as conn:
-                if by_ref:
-                    oid, size = None, st.st_size
-                else:
-                    # One read of the known size: put_fd's 1 MiB read buffer
-                    # cost an mmap, mremap and munmap per close of a small file.
-                    data = os.pread(fd, st.st_size, 0)
-                    oid, size = self.ws.objects.put_bytes(conn, data), len(data)
-                if not by_ref and node is not None and node.kind == "file" and node.oid == oid and node.staged:
-                    d.dirty = False  # identical rewrite: same content, same token
-                    return
-                # A created file closed still empty: it is staged now, but every
-                # agent already saw this empty file, so its token stays.
-                same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
-                if node is None or node.kind != "file":
-                    if node is None:
-                        lower = self.ns.lower_stat(d.path)
-                        if lower is not None:
-                            self.links.name_gone(lower, d.path)  # this name is a file of its own now
-                            self._precapture(conn, d.path, lower)
-                    node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
-                                uid=d.uid, gid=d.gid)
-                    node.xattrs = dict(d.xattrs)
-                    self.ns.upper.set(d.path, node)
-                old_ref = (node.oid, node.ref, node.ref_sum)
-                node.oid, node.size = oid, size
-                node.ref = os.path.basename(d.scratch) if by_ref else None
-                node.ref_sum = ref_sum
-                node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
-                node.ctime_ns = time.time_ns()
-                names = node.names if node.link_group is not None else (d.path,)
-                try:
-                    self.rows.write(conn, superseded=[rel(n) for n in names])  # recorded rows ride along
-                    for name in names:
-                        staging.put(conn, self.step, node.row(name))
-                except BaseException:
-                    node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
-                    raise
-            self.rows.written()
-        finally:
-            os.close(fd)
-        node.staged = True
-        d.dirty = False
-        if same:
-            return
-        # The old content: every row naming it was just replaced, so even a
-        # file held by reference can go now (readers keep their fds).
-        if old_scratch is not None:
-            self.scratch.unlink(old_scratch)
-        node.scratch = None
-        if by_ref:
-            node.scratch = d.scratch
-            d.frozen = True
-        self.links.invalidate_names(node, except_path=d.path)
-        self.versions.bump(node)
-        d.base = self.versions.node_token(node)
-        self.versions.observe(d.agent, d.path, d.base)
-
-    def _precapture(self, conn, path: str, lower: os.stat_result) -> None:
-        """A workspace file is staged for the first time: capture its
-        before state now, in the close's transaction, so the commit only
-        checks its token instead of reading, hashing and storing it on the
-        step's critical path (``publish.precapture``; reused only while the
-        token holds).  Small files only, a bounded number of them; a file
-        that cannot be read is left to the commit, which reports it."""
-        if (not stat_mod.S_ISREG(lower.st_mode) or lower.st_size >= publish.PRECAPTURE_MAX
-                or len(self.precaptured) >= PRECAPTURED_MAX):
-            return
-        try:
-            before = publish.precapture(self.ws, conn, rel(path))
-        except OSError as exc:
-            log.debug("no before state captured ahead for %s: %s", path, exc)
-            return
-        if before is not None:
-            self.precaptured[rel(path)] = before
-
-    def _same_content(self, node: Node, fd: int, digest: str) -> bool:
-        """Whether staged file ``node`` holds the bytes of ``fd``, whose
-        XXH3-128 is ``digest`` (compared byte for byte when the hash agrees)."""
-        if node.size != os.fstat(fd).st_size or digest not in (node.ref_sum, node.oid):
-            return False
-        self.scratch.materialize(node)
-        mine = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _same_bytes(mine, fd)
-        finally:
-            os.close(mine)
-
-    def _lower_equals(self, path: str, fd: int) -> bool:
-        try:
-            node, st = self.ns.resolve(path)
-        except NotFound:
-            return False
-        if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
-            return False
-        lower = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            return _same_bytes(lower, fd)
-        finally:
-            os.close(lower)
-
-    def _conflict(self, d: Draft, theirs: str) -> None:
-        """Keep the losing bytes; nothing a user wrote is dropped silently."""
-        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with self.ws.db.write() as conn:
-                oid, _size = self.ws.objects.put_fd(conn, fd)
-                conn.execute(schema.conflicts.insert().values(
-                    created_ns=time.time_ns(), path=rel(d.path), mount=self.mountpoint, agent=d.agent,
-                    reason="stale-close", oid=oid, mode=stat_mod.S_IMODE(d.mode), token_mine=d.base,
-                    token_theirs=theirs,
-                ))
-        finally:
-            os.close(fd)
-        self._note_error(d.agent, d.path, "ESTALE at close: another writer changed the file after you opened it; "
-                                          f"your bytes are in .stepfs/conflicts{d.path}")
-        log.warning("stale close of %s by agent %s: kept as a conflict", d.path, d.agent)
 
     def _note_error(self, agent: str, path: str, what: str) -> None:
         self.last_errors[agent] = f"{path}: {what}; re-read the file, then retry"
@@ -793,7 +542,7 @@ class Content:
                 return
             if h.wrote:
                 h.wrote = False
-                h.result = self._close_write(h.draft)
+                h.result = self.cas.close_write(h.draft)
             if h.result == "stale" or (h.result is None and h.draft.stale):
                 raise Stale(h.path)
 
@@ -822,7 +571,7 @@ class Content:
                 return
             if h.writable and h.wrote:
                 try:
-                    self._close_write(d)
+                    self.cas.close_write(d)
                 except Exception:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)

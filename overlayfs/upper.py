@@ -4,7 +4,7 @@
 FUSE hands them over) to :class:`Node` objects, and keeps a parent -> names
 index so a directory listing costs what that directory holds.  A node is one
 of: a file (its published content as an object id; drafts being written
-live in ``content.Draft``), a directory (``opaque`` hides the workspace directory
+live in ``drafts.Draft``), a directory (``opaque`` hides the workspace directory
 of the same path), a symlink, a FIFO, a device node (its number in
 ``target``, as in the store), a socket, or a whiteout (the path is deleted).
 

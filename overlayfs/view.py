@@ -129,7 +129,7 @@ class Overlay:
         self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
         self.own_publishes = self.commits.own_publishes
         self.handles, self.drafts, self.observed = self.content.handles, self.content.drafts, self.versions.observed
-        self.precaptured, self.last_errors = self.content.precaptured, self.content.last_errors
+        self.precaptured, self.last_errors = self.content.cas.precaptured, self.content.last_errors
         self.scratch_dir, self.dir_times, self.lower_shown = self.scratch.dir, self.ns.dir_times, self.links.shown
         groups: dict[int, Node] = {}
         for row in rows:
@@ -441,7 +441,7 @@ class Overlay:
                      overwrite: set[bytes] = frozenset()) -> ViewCommit:
         """The commit in two phases, for a caller that answers between them
         (the daemon): see ``committing.py``."""
-        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.content.precaptured,
+        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.content.cas.precaptured,
                           message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
 
     def _before_commit(self) -> tuple[list[str], list[str]]:

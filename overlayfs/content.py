@@ -624,6 +624,17 @@ class Content:
             if h.path == path and h.token and tokens.same(h.token, old, digest):
                 h.token = new
 
+    def carry_over(self, renamed: dict[str, tuple[str, str]]) -> None:
+        """A commit gave paths new tokens for the same content (``path ->
+        (old, new)``): drafts and handles based on the old one move along."""
+        for d in self.drafts.values():
+            if d.path in renamed and d.base == renamed[d.path][0]:
+                d.base = renamed[d.path][1]
+                d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
+        for h in self.handles.values():
+            if h.path in renamed and h.token == renamed[h.path][0]:
+                h.token = renamed[h.path][1]
+
     # -- attributes of open content ---------------------------------------------
 
     def stat_handle(self, fh: int) -> dict | None:

@@ -81,3 +81,11 @@ class Versions:
 
     def bump(self, node: Node) -> None:
         node.gen = next(self._gen)
+
+    def carry_over(self, renamed: dict[str, tuple[str, str]]) -> None:
+        """A commit gave ``path`` a new token for the same content (``path ->
+        (old, new)``): an observation of the old one holds the new one."""
+        for seen in self.observed.values():
+            for path, (old, new) in renamed.items():
+                if seen.get(path) == old:
+                    seen[path] = new

@@ -1,29 +1,27 @@
 """The overlay view of one mount: workspace below, open step above (FUSE-free).
 
 This is the whole filesystem logic; ``fuse_ops.py`` only translates calls
-and errors.  Lookup precedence for a path ``p``:
+and errors.  :class:`Overlay` is a facade: it owns the lock and builds the
+collaborators, each of which gets what it works on explicitly:
 
-1. an upper node at ``p`` wins (a whiteout means "absent");
-2. otherwise, if an ancestor of ``p`` is a whiteout, a non-directory, or an
-   opaque directory in the upper layer, ``p`` is absent;
-3. otherwise the workspace decides (``store.contained.Root``: no symlink
-   followed, nothing outside the workspace, never ``.stepfs``).
+* ``namespace.py``  lookup precedence, listings, the attributes shown;
+* ``changes.py``    namespace and metadata edits of the upper layer;
+* ``content.py``    drafts and handles (``drafts.py``: the records), with
+  the close's compare-and-swap in ``cas.py``;
+* ``versions.py``   version tokens and the agents' observations;
+* ``rows.py``       staged rows and when they reach the store;
+* ``scratch.py``    the step's scratch files;
+* ``links.py``      link counts of multi-link workspace files and the names
+  the kernel may hold;
+* ``committing.py`` a commit in the store's two phases, and the failsafe;
+* ``stepnodes.py``  what a commit, discard or rollback does to the nodes;
+* ``metatree.py``   the read-only ``.stepfs`` tree; ``status.py`` its status.
 
 Copy-up: the first open for writing (or truncate) of a workspace file copies
-it into a scratch file (sparse-aware, O(size of that file)); writes go to
-the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row -- or, for a file of at least
-``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
-staged content (staged by reference; the commit imports the bytes, see
-``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
-``Content.thaw``) and is removed only once no staged row in the store
-names it (``scratch.py``); a daemon start keeps the
-referenced files and removes the other scratch leftovers.  Mounting reads
-only the open step's staged rows: O(1) in the size of the workspace.
-
-Staged rows: namespace and metadata changes change the upper layer in
-memory at once; their rows reach the store in batches (``rows.py`` says
-when, and what a crash loses).
+it into a scratch file (sparse-aware, O(size of that file)); the close
+after writing stores it as an object -- or, for a big file, hands the
+scratch file over as the staged content (``store/refs.py``).  Mounting
+reads only the open step's staged rows: O(1) in the size of the workspace.
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
 its whole duration, except a commit (``committing.py``), which releases it once
@@ -43,15 +41,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 
-from store import publish, refs, staging, tokens
+from store import staging
 from store.errors import StepfsError
 from store.workspace import Workspace
 
-from .agents import DEFAULT
 from store import xattrs as xattr_codec
 
+from .agents import DEFAULT
 from .committing import Commits, Failsafe, ViewCommit
 from .changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
 from .content import Content
@@ -61,6 +58,7 @@ from .namespace import Namespace, check_new_name
 from .metatree import ROOT as META_ROOT, MetaTree, is_meta
 from .rows import StagedRows
 from .status import status_text
+from .stepnodes import StepNodes
 from .scratch import ScratchFiles
 from .upper import Node, Upper, rel, view_path
 from .versions import Versions
@@ -124,6 +122,9 @@ class Overlay:
             check_writable=self.failsafe.check_writable, check_new_name=check_new_name,
             await_settled=self._await_settled, changed=self._changed,
             guard=os.environ.get("STEPFS_GUARD", "1") != "0", require_read=require_read)
+        self.step_nodes = StepNodes(ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns,
+                                    versions=self.versions, content=self.content, rows=self.rows,
+                                    scratch=self.scratch, links=self.links, await_settled=self._await_settled)
         # The same objects under the names the adapter, the watcher, the
         # auto-step policy and the tests read.
         self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
@@ -256,16 +257,6 @@ class Overlay:
     def sync_rows(self, between: bool = True) -> None:
         """Write every recorded staged row now (``rows.StagedRows.sync``)."""
         self.rows.sync(between)
-
-    def _imported(self, oids: dict[str, str]) -> None:
-        """The store took the by-reference files ``oids`` (scratch name ->
-        object id) as objects: their nodes name the objects now, and their
-        files are ordinary caches (no row references them any more)."""
-        if not oids:
-            return
-        for node in self.upper.nodes.values():
-            if node.ref is not None and node.ref in oids:
-                node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
 
     # -- attributes ---------------------------------------------------------
 
@@ -412,19 +403,15 @@ class Overlay:
 
     def staged_paths(self) -> list[tuple[str, str]]:
         """``[(op, path)]`` with op A (added), M (modified) or D (deleted)."""
-        with self.lock:
-            out = []
-            for path, node in sorted(self.upper.nodes.items()):
-                if not node.staged:
-                    continue
-                if node.kind == "whiteout":
-                    op = "D"
-                elif node.base == tokens.ABSENT:
-                    op = "A"
-                else:
-                    op = "M"
-                out.append((op, path))
-            return out
+        return self.step_nodes.staged()
+
+    def discard(self, paths: list[str]) -> list[str]:
+        """Drop staged paths (and everything below them) from the open step."""
+        return self.step_nodes.discard(paths)
+
+    def forget(self, paths: list[str]) -> None:
+        """Drop what the view holds for ``paths`` after a rollback changed them."""
+        self.step_nodes.forget(paths)
 
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
                overwrite: set[bytes] = frozenset()) -> int:
@@ -441,125 +428,9 @@ class Overlay:
                      overwrite: set[bytes] = frozenset()) -> ViewCommit:
         """The commit in two phases, for a caller that answers between them
         (the daemon): see ``committing.py``."""
-        return ViewCommit(self.commits, self._before_commit, self._after_commit, self.content.cas.precaptured,
+        return ViewCommit(self.commits, self.step_nodes.before_commit, self.step_nodes.after_commit,
+                          self.content.cas.precaptured,
                           message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
-
-    def _before_commit(self) -> tuple[list[str], list[str]]:
-        """Under the lock, before the store plans: write the recorded rows
-        (the commit reads them from the store) and give files staged by
-        reference their objects.  Returns the unclosed nodes over staged
-        rows and the staged paths."""
-        self.sync_rows()
-        if any(n.ref is not None for n in self.upper.nodes.values()):
-            # Files staged by reference become objects first (the commit
-            # would import them too, but the nodes must learn the oids).
-            self._imported(publish.import_refs(self.ws, self.step))
-        return self._unstaged_over_rows(), [p for p, n in self.upper.nodes.items() if n.staged]
-
-    def _unstaged_over_rows(self) -> list[str]:
-        """Paths of created-but-unclosed nodes that replaced a staged row (a
-        file created where this step had staged a deletion): the commit
-        publishes that row, under the unclosed node."""
-        pending = [p for p, n in self.upper.nodes.items() if not n.staged]
-        if not pending:
-            return []
-        with self.ws.db.read() as conn:
-            rows = {view_path(r.path) for r in staging.load(conn, self.step)}
-        return [p for p in pending if p in rows]
-
-    def _after_commit(self, covered) -> None:
-        """The workspace now holds every staged node: drop them, and carry
-        tokens over so nobody's observation goes stale by our own commit.
-        ``covered``: unclosed nodes whose path the commit changed underneath
-        them; their base becomes the new workspace state, or their own
-        commit would later be refused as a conflict with ours."""
-        for path in covered:
-            node = self.upper.get(path)
-            if node is not None and not node.staged:
-                node.base = self.ns.lower_token(path)
-        self.scratch.unlink_retired()  # the commit consumed every staged row
-        self.ns.nlink_cache.clear()
-        self.ns.dir_times.clear()
-        self.links.gone.clear()
-        renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
-        for path in list(self.upper.nodes):
-            node = self.upper.nodes[path]
-            if not node.staged:
-                continue  # created but not yet closed: not part of the layer
-            old = self.versions.node_token(node)
-            self.upper.pop(path)
-            self.scratch.drop(node)
-            new, st, _digest = self.versions.current_token(path)
-            if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
-                new = tokens.with_hash(new, node.oid.split(".", 1)[0])
-            if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
-                self.ns.ino_alias[(st.st_dev, st.st_ino)] = node.ino
-            if st is not None and node.link_group is not None:
-                self.links.shown_name(st, path)  # the kernel holds this name's attributes from the node
-            renamed[path] = (old, new)
-        for seen in self.versions.observed.values():
-            for path, (old, new) in renamed.items():
-                if seen.get(path) == old:
-                    seen[path] = new
-        for d in self.content.drafts.values():
-            if d.path in renamed and d.base == renamed[d.path][0]:
-                d.base = renamed[d.path][1]
-                d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
-        for h in self.content.handles.values():
-            if h.path in renamed and h.token == renamed[h.path][0]:
-                h.token = renamed[h.path][1]
-
-    def discard(self, paths: list[str]) -> list[str]:
-        """Drop staged paths (and everything below them) from the open step:
-        the workspace shows through again.  Staged file bytes are kept as
-        ``discarded`` conflict rows (``store.staging.discard``).  Drafts in
-        use keep working and lose at their close (their version is gone)."""
-        with self.lock:
-            self._await_settled(writing=True)
-            dropped: list[str] = []
-            with self.ws.db.write() as conn:
-                self.rows.write(conn)  # staging.discard reads the rows it drops
-                oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
-                for path in paths:
-                    dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
-                                                                      mount=self.mountpoint)]
-            self._imported(oids)
-            self.rows.written()
-            for path in dropped:
-                node = self.upper.pop(path)
-                if node is not None:
-                    self.scratch.drop(node)
-            self.forget(paths)
-            return dropped
-
-    def forget(self, paths: list[str]) -> None:
-        """Drop what the view holds for ``paths`` (and below) after the
-        workspace changed under it (a rollback): idle drafts and unstaged
-        nodes go, so the workspace shows through.  Staged nodes stay: they
-        are this mount's own changes, and committing them checks their base
-        token against the new workspace state.  Drafts in use stay too, and
-        their close fails with ESTALE (the path changed since they opened)."""
-        with self.lock:
-            self.ns.nlink_cache.clear()
-            if self.links.held():
-                # The link counts shown for names the kernel may hold change
-                # (covered names show again, or the workspace's own changed).
-                self.links.renew()
-            targets = set()
-            for path in paths:
-                targets.add(path)
-                targets.update(self.upper.below(path))
-            for p in targets:
-                node = self.upper.get(p)
-                if node is None or node.staged or p in self.content.open_drafts:
-                    continue
-                self.upper.pop(p)
-                self.scratch.drop(node)
-            self.links.recount(self.ns.covered, self.ns.lower_stat)
-            prefixes = tuple(p.rstrip("/") + "/" for p in paths)
-            for d in list(self.content.drafts.values()):
-                if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):
-                    self.content.discard_draft(d)
 
     def close(self) -> None:
         """Unmount: decide every open handle, then write the recorded rows

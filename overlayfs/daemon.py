@@ -54,31 +54,19 @@ SPARES_WAIT = 10.0
 
 def settle(ws: Workspace) -> None:
     """Finish the daemon's start-up work before the mount reports ready,
-    so that none of it lands in the first commands run in the mount (a
-    cold ``find`` or ``git status`` right after mounting measured 20-50%
-    slower with it, and bimodal):
+    so that none of it lands in the first commands run in the mount:
 
-    * the first round of spare inodes (``store.spares``, started before the
-      view was built): on a workspace's first mount, or after a daemon
-      used them up, about half of the 64 creates (about 1 ms of kernel
-      time each on the bench disk) were still running when the mount was
-      ready, competing for the CPU, the GIL and the file system journal.
-      Waited for at most :data:`SPARES_WAIT` seconds (a slow disk only
-      delays the mount, never blocks it); a remount finds its spares on
-      disk and waits for nothing;
-    * the cyclic garbage collector's start-up heap (``gc.freeze``): its
-      first full pass came due once the first requests had allocated a
-      quarter of that heap again, and walked the whole of it: 14-24 ms with
-      nothing to collect, inside every cold run measured.  Frozen objects
-      are never walked again, so later full passes see only what the
-      mount allocated since.  Garbage cycles alive at this point (a few,
-      from imports) are never collected: a little memory, once;
-      reference counting still frees frozen objects as before;
-    * the store's prepared statements (``db.Prepared.warm``): each was
-      compiled at its first use, about 1 ms in the first close-write after
-      a mount (``git status`` writes and removes ``index.lock`` in every
-      run) and 2.5 ms in the first commit.  Compiled while the spares are
-      still being made (their creates wait on the disk, not on the GIL)."""
+    * the first round of spare inodes (``store.spares``), whose creates
+      would compete with those commands for the CPU, the GIL and the
+      journal; waited for at most :data:`SPARES_WAIT` seconds (a slow disk
+      only delays the mount, never blocks it);
+    * the cyclic garbage collector's start-up heap (``gc.freeze``), whose
+      first full pass would otherwise walk it all inside the first
+      requests.  Frozen objects are never walked again; the few garbage
+      cycles alive at this point are never collected;
+    * the store's prepared statements (``db.Prepared.warm``), compiled
+      while the spares are still being made instead of at the first
+      close-write and the first commit."""
     Prepared.warm(ws.db)
     ws.spares.wait_filled(SPARES_WAIT)
     gc.freeze()

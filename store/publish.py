@@ -1,5 +1,9 @@
 """Atomic publish of a step into the workspace, and crash recovery.
 
+Why one module of about 1,250 lines: the commit, the switch and recovery
+share the temporary-file names, the durable seam and the crash invariants
+written below; a reader checks the protocol against FORMAT.md in one place.
+
 Commit protocol (the order is the whole point; FORMAT.md repeats it).  Every
 call that moves or persists state goes through ``store.durable`` (the seam
 the crash tests count, fail and kill at).  What a crash (process kill or

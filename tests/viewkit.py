@@ -38,7 +38,7 @@ def reopen(view: Overlay) -> Overlay:
     if view.rows.timer is not None:
         view.rows.timer.stop()
     view.rows.pending.clear()
-    view.upper = None  # any further use of the dead view fails loudly
+    view.upper = view.ns.upper = view.scratch.upper = None  # any further use of the dead view fails loudly
     return Overlay(view.ws, mountpoint=view.mountpoint, row_delay=view.row_delay)
 
 

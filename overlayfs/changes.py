@@ -144,24 +144,13 @@ class Changes:
         acting agent's own drafts there are detached (its open descriptors
         keep working, POSIX-style); other agents' drafts lose at their close."""
         if agent is not None:
-            prefix = path + "/"
             # A name of a hard-linked file: the file lives on under another
             # name, and so does the agent's draft of it (writes through an
             # open descriptor reach the remaining names).
             here = self.ns.upper.get(path)
             heir = min((n for n in here.names if n != path), default=None) \
                 if here is not None and here.link_group is not None else None
-            for (a, p), d in list(self.content.drafts.items()):
-                if a == agent and p == path and heir is not None and (a, heir) not in self.content.drafts:
-                    del self.content.drafts[(a, p)]
-                    self.content.reindex_draft(d, heir)
-                    self.content.drafts[(a, heir)] = d
-                elif a == agent and (p == path or p.startswith(prefix)):
-                    d.detached = True
-                    if d.opens == 0:
-                        self.content.discard_draft(d)
-                    else:
-                        del self.content.drafts[(a, p)]
+            self.content.removed(agent, path, heir)
         node = self.ns.upper.get(path)
         base = node.base if node is not None else self.ns.lower_token(path)
         if node is None:
@@ -394,17 +383,17 @@ class Changes:
                     raise NotADirectory(new)
                 if dst_kind == "dir" and not self.ns.is_empty_dir(new):
                     raise NotEmpty(new)
-                fresh = self._fresh_under(agent, old)
-                self._unkey(agent, new)
+                fresh = self.content.fresh_under(agent, old)
+                self.content.unkey(agent, new)
                 self._rename_dir(old, new)
             else:
                 if dst_kind == "dir":
                     raise IsADirectory(new)
                 if src_kind == "special":
                     raise Unsupported(old)  # sockets and devices stay where they are
-                fresh = self._fresh_under(agent, old)
+                fresh = self.content.fresh_under(agent, old)
                 self._rename_leaf(old, new, agent)
-            self._moved(agent, old, new, fresh)
+            self.content.moved(agent, old, new, fresh)
             self.ns.entries_changed(old, new)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
@@ -419,68 +408,7 @@ class Changes:
         # libfuse subtracts one from the st_nlink of a hidden name it is given
         # (a positive one): the names left, plus one.
         attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
-        self.content.hidden[new] = (d, attrs)
-        for h in self.content.handles.values():
-            if h.path == old:
-                h.path = new
-
-    def _unkey(self, agent: str, path: str) -> None:
-        """Forget the acting agent's drafts at or below a path that is absent
-        in the view (someone else removed their files) before a rename puts
-        new files there: a later open must not share those dead copies.
-        Their own descriptors keep them, and they lose at their close."""
-        prefix = path + "/"
-        for (a, p), d in list(self.content.drafts.items()):
-            if a == agent and (p == path or p.startswith(prefix)):
-                if d.opens:
-                    del self.content.drafts[(a, p)]
-                else:
-                    self.content.discard_draft(d)
-
-    def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
-        """Before a rename: which of the acting agent's drafts and handles
-        (by id) and observations at or below ``old`` still match the
-        published version."""
-        prefix = old + "/"
-        fresh = {id(d) for (a, p), d in self.content.drafts.items()
-                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.versions.still(d.base, p)}
-        fresh |= {id(h) for h in self.content.handles.values()
-                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
-                  and self.versions.still(h.token, h.path)}
-        seen = {p for p, tok in self.versions.observed.get(agent, {}).items()
-                if (p == old or p.startswith(prefix)) and self.versions.still(tok, p)}
-        return fresh, seen
-
-    def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
-        """The acting agent's drafts, handles and observations follow a
-        rename; other agents' stay at the old path and lose at their close.
-        Only what was current before the move (``fresh``, from
-        :meth:`_fresh_under`) is re-based on the moved version: an outdated
-        draft, handle or observation stays outdated, or a rename would turn
-        a stale writer into a winner that overwrites another agent's bytes."""
-        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
-        prefix = old + "/"
-        for (a, path), d in list(self.content.drafts.items()):
-            if a == agent and (path == old or path.startswith(prefix)):
-                del self.content.drafts[(a, path)]
-                self.content.reindex_draft(d, new + path[len(old):])
-                if id(d) in fresh_ids:
-                    d.base = self.versions.current_token(d.path)[0]
-                self.content.drafts[(a, d.path)] = d
-        for h in self.content.handles.values():
-            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
-                h.path = new + h.path[len(old):]
-                if id(h) in fresh_ids:
-                    h.token = self.versions.current_token(h.path)[0]
-        seen = self.versions.observed.get(agent, {})
-        outdated = {}
-        for path in [p for p in seen if p == old or p.startswith(prefix)]:
-            tok = seen.pop(path)
-            if path not in fresh_seen:
-                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
-        self.versions.observe(agent, new, self.versions.current_token(new)[0])
-        seen = self.versions.observed[agent]
-        seen.update(outdated)
+        self.content.hide(old, new, d, attrs)
 
     def _take_leaf(self, path: str) -> Node:
         """The published node of a file or symlink, copied up if needed.
@@ -500,7 +428,7 @@ class Changes:
             # and their close succeeds (POSIX); other agents' drafts lose.
             self.remove(new, agent)
         else:
-            self._unkey(agent, new)
+            self.content.unkey(agent, new)
         self.ns.upper.pop(old)
         if node.link_group is not None:
             node.names.discard(old)
@@ -568,18 +496,7 @@ class Changes:
         self.remove(a)
         self.remove(b)
         self.persist(puts=self._place(b, sub_a) + self._place(a, sub_b))
-        swap = {a: b, b: a}
-        moved = [self.content.drafts.pop(key) for key in list(self.content.drafts) if key[0] == agent and key[1] in swap]
-        for d in moved:
-            self.content.reindex_draft(d, swap[d.path])
-        for d in moved:
-            d.base = self.versions.current_token(d.path)[0]
-            self.content.drafts[(d.agent, d.path)] = d
-        for h in self.content.handles.values():
-            if h.agent == agent and h.path in swap:
-                h.path = swap[h.path]
-        self.versions.observe(agent, a, self.versions.current_token(a)[0])
-        self.versions.observe(agent, b, self.versions.current_token(b)[0])
+        self.content.exchanged(agent, a, b)
 
     def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
         """A hard link ``path`` to ``existing`` (anything but a directory).

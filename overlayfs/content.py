@@ -28,11 +28,12 @@ Model
 
 Lock rule: every public method of :class:`Content` takes the view's lock.
 
-Why one module of about 700 lines: drafts and handles are one unit (a
+Why one module of about 770 lines: drafts and handles are one unit (a
 thaw moves every handle of a draft to its new file, an open attaches the
 agent's read handles to its draft, a release decides and drops it), so
-both live in one object; the close's compare-and-swap (``cas.py``) and the
-records themselves (``drafts.py``) are apart.
+both live in one object, and so does how they follow the agent's own
+renames and removals; the close's compare-and-swap (``cas.py``), the
+records (``drafts.py``) and the page-cache rule (``pagecache.py``) are apart.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from .drafts import Draft, Handle, sparse_copy
 from .cas import CompareAndSwap
 from .errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from .metatree import is_meta
+from .pagecache import needs_direct_io
 from .upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
@@ -316,53 +318,6 @@ class Content:
         except KeyError:
             raise BadHandle(str(fh)) from None
 
-    def _needs_direct_io(self, path: str, agent: str) -> bool:
-        """The kernel's page cache and size of an inode are shared by every
-        process, whatever its agent.  A handle may use them only while no
-        other agent has the path open: then the cache holds one agent's view
-        (its draft, or the published version), and the next agent to open
-        it gets a handle that bypasses the cache.  That handle's direct
-        writes drop the cached pages they overlap, so the first agent
-        re-reads them through its own handle; and an open that keeps no
-        cache drops the previous agent's pages (see fuse_ops ``_keep_pages``).
-        So one agent at a time -- the default one or a named one -- has the
-        cache and shared ``mmap`` (SQLite in WAL mode needs it); handles
-        opened while another agent has the path open do not.
-
-        Handles keep the path they were opened on (another agent's rename
-        does not move them), while the kernel's inode moves with the name:
-        so another agent's handle counts if it was opened on ``path`` or
-        holds the very file ``path`` names now (the same inode number as
-        the view shows it: ``_file_ino``, ``_handle_ino``).
-
-        Cost: nothing while only one agent has ever opened a file (every
-        open records an observation); otherwise a pass over the open
-        handles, which are few, and, if none was opened on ``path``, one
-        ``lstat`` and an ``fstat`` per other agent's workspace handle."""
-        node = self.ns.upper.get(path)
-        if node is not None and node.link_group is not None:
-            return True  # the kernel caches each name of a hard link as its own inode
-        if len(self.versions.observed) < 2 and agent in self.versions.observed:
-            return False
-        others = [h for h in self.handles.values() if h.agent != agent and h.data is None]
-        if not others:
-            return False
-        if any(h.path == path for h in others):
-            return True
-        ino = self.ns.file_ino(path)
-        return ino is not None and any(self._handle_ino(h) == ino for h in others)
-
-    def _handle_ino(self, h: Handle) -> int | None:
-        """The inode number of the file handle ``h`` holds, or None."""
-        if h.draft is not None:
-            return self.ns.shown_ino(self.ns.root_dev, h.draft.ino)
-        if h.node is not None:
-            return self.ns.shown_ino(self.ns.root_dev, h.node.ino)
-        if h.fd < 0:
-            return None
-        st = os.fstat(h.fd)
-        return self.ns.shown_ino(st.st_dev, st.st_ino)
-
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)
         return h is not None and h.direct
@@ -376,7 +331,7 @@ class Content:
                 if entry.kind == "dir":
                     raise IsADirectory(path)
                 return self._add_handle(Handle(path, -1, agent, False, data=entry.data, direct=True))
-            direct = self._needs_direct_io(path, agent)
+            direct = needs_direct_io(self.ns, self.handles.values(), self.versions.observed, path, agent)
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable or flags & os.O_TRUNC:
                 self._check_writable(path)
@@ -461,7 +416,7 @@ class Content:
             self._open_drafts_add(d, 1)
             self.versions.observe(agent, path, d.base)
             return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
-                                           direct=self._needs_direct_io(path, agent), token=d.base))
+                                           direct=needs_direct_io(self.ns, self.handles.values(), self.versions.observed, path, agent), token=d.base))
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:
@@ -589,6 +544,106 @@ class Content:
                 self.release(fh)
 
     # -- drafts following namespace changes ----------------------------------------
+
+    def removed(self, agent: str, path: str, heir: str | None) -> None:
+        """``agent`` removed ``path`` (and everything below it): its drafts
+        there are detached (its open descriptors keep working, POSIX-style),
+        except that a draft of a hard-linked file moves to ``heir``, the
+        file's remaining name.  Other agents' drafts lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
+                del self.drafts[(a, p)]
+                self.reindex_draft(d, heir)
+                self.drafts[(a, heir)] = d
+            elif a == agent and (p == path or p.startswith(prefix)):
+                d.detached = True
+                if d.opens == 0:
+                    self.discard_draft(d)
+                else:
+                    del self.drafts[(a, p)]
+
+    def hide(self, old: str, new: str, d: Draft | None, attrs: dict) -> None:
+        """An open file unlinked as ``old`` lives on as the hidden name
+        ``new`` (``d``: the agent's draft of it, ``attrs``: shown for it)."""
+        self.hidden[new] = (d, attrs)
+        for h in self.handles.values():
+            if h.path == old:
+                h.path = new
+
+    def unkey(self, agent: str, path: str) -> None:
+        """Forget the acting agent's drafts at or below a path that is absent
+        in the view (someone else removed their files) before a rename puts
+        new files there: a later open must not share those dead copies.
+        Their own descriptors keep them, and they lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and (p == path or p.startswith(prefix)):
+                if d.opens:
+                    del self.drafts[(a, p)]
+                else:
+                    self.discard_draft(d)
+
+    def fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
+        """Before a rename: which of the acting agent's drafts and handles
+        (by id) and observations at or below ``old`` still match the
+        published version."""
+        prefix = old + "/"
+        fresh = {id(d) for (a, p), d in self.drafts.items()
+                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.versions.still(d.base, p)}
+        fresh |= {id(h) for h in self.handles.values()
+                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
+                  and self.versions.still(h.token, h.path)}
+        seen = {p for p, tok in self.versions.observed.get(agent, {}).items()
+                if (p == old or p.startswith(prefix)) and self.versions.still(tok, p)}
+        return fresh, seen
+
+    def moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
+        """The acting agent's drafts, handles and observations follow a
+        rename; other agents' stay at the old path and lose at their close.
+        Only what was current before the move (``fresh``, from
+        :meth:`fresh_under`) is re-based on the moved version: an outdated
+        draft, handle or observation stays outdated, or a rename would turn
+        a stale writer into a winner that overwrites another agent's bytes."""
+        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
+        prefix = old + "/"
+        for (a, path), d in list(self.drafts.items()):
+            if a == agent and (path == old or path.startswith(prefix)):
+                del self.drafts[(a, path)]
+                self.reindex_draft(d, new + path[len(old):])
+                if id(d) in fresh_ids:
+                    d.base = self.versions.current_token(d.path)[0]
+                self.drafts[(a, d.path)] = d
+        for h in self.handles.values():
+            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
+                h.path = new + h.path[len(old):]
+                if id(h) in fresh_ids:
+                    h.token = self.versions.current_token(h.path)[0]
+        seen = self.versions.observed.get(agent, {})
+        outdated = {}
+        for path in [p for p in seen if p == old or p.startswith(prefix)]:
+            tok = seen.pop(path)
+            if path not in fresh_seen:
+                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
+        self.versions.observe(agent, new, self.versions.current_token(new)[0])
+        seen = self.versions.observed[agent]
+        seen.update(outdated)
+
+    def exchanged(self, agent: str, a: str, b: str) -> None:
+        """``agent`` swapped paths ``a`` and ``b``: its drafts and handles
+        swap with them, re-based on what each path shows now."""
+        swap = {a: b, b: a}
+        moved = [self.drafts.pop(key) for key in list(self.drafts) if key[0] == agent and key[1] in swap]
+        for d in moved:
+            self.reindex_draft(d, swap[d.path])
+        for d in moved:
+            d.base = self.versions.current_token(d.path)[0]
+            self.drafts[(d.agent, d.path)] = d
+        for h in self.handles.values():
+            if h.agent == agent and h.path in swap:
+                h.path = swap[h.path]
+        self.versions.observe(agent, a, self.versions.current_token(a)[0])
+        self.versions.observe(agent, b, self.versions.current_token(b)[0])
 
     def sync_draft_meta(self, path: str, node: Node) -> None:
         """A metadata change keeps the path's token, so every agent's draft of

@@ -179,7 +179,7 @@ def profile_commit(ctx: Context, changed: int = 10, commits: int = 5) -> dict:
     them in this process with ``publish.commit_step``, the same core the
     daemon runs (the daemon adds only its view lock and socket round trip).
     """
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     from .stepfs_cases import _edit, _spread
     from .targets import stepfs_mount

@@ -25,7 +25,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from overlayfs import manage
+from stepfs.overlayfs.client import manage
 
 from . import fixtures, report
 from .context import ROOT, Context, log, sh, timed
@@ -65,7 +65,7 @@ def _step(target: manage.Target, message: str) -> float:
 
 def stepfs_cli() -> list[str]:
     exe = Path(sys.executable).parent / "stepfs"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "cli.main"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "stepfs.cli.main"]
 
 
 # -- step commit -------------------------------------------------------------------

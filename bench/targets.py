@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from overlayfs import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
+from stepfs.overlayfs.daemon import timeouts
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
@@ -44,10 +45,10 @@ LIVE: dict[str, list[str]] = {}
 
 def stepfs_fuse_options() -> dict[str, float]:
     """The kernel cache timeouts a watching stepfs mount uses
-    (``overlayfs/mounts.py``, passed by ``fuse_ops.run``), so the passthrough
+    (``overlayfs/daemon/timeouts.py``, passed by ``fuse_ops.run``), so the passthrough
     reference follows any change there (other work tunes them)."""
-    return {"attr_timeout": mounts.ATTR_TIMEOUT, "entry_timeout": mounts.ENTRY_TIMEOUT,
-            "negative_timeout": mounts.NEGATIVE_TIMEOUT}
+    return {"attr_timeout": timeouts.ATTR_TIMEOUT, "entry_timeout": timeouts.ENTRY_TIMEOUT,
+            "negative_timeout": timeouts.NEGATIVE_TIMEOUT}
 
 
 class Target:

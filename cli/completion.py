@@ -74,14 +74,14 @@ def bash_script(parser: argparse.ArgumentParser) -> str:
             .replace("@CASES@", "\n".join(cases)))
 
 
-def register(add) -> None:
-    sp = add("completion", cmd_completion, HELP, EXAMPLE)
+def register(add, build_parser) -> None:
+    """The ``completion`` command; ``build_parser`` makes the whole CLI's
+    parser, the one the script completes (passed in: main imports this module)."""
+    sp = add("completion", lambda args: cmd_completion(args, build_parser), HELP, EXAMPLE)
     sp.add_argument("shell", choices=["bash"], help="the shell to complete for (zsh: through bashcompinit)")
 
 
-def cmd_completion(args) -> int:
-    from .main import build_parser
-
+def cmd_completion(args, build_parser) -> int:
     script = bash_script(build_parser())
     if args.json:
         print(json.dumps({"message_type": "completion", "shell": args.shell, "script": script}, sort_keys=True))

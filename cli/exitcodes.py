@@ -5,7 +5,7 @@ Documented in README.md ("Scripting"); changing a number breaks scripts.
 
 from __future__ import annotations
 
-from store import errors
+from stepfs.store import errors
 
 OK = 0
 UNEXPECTED = 1  # a bug: the message says so and where the log is

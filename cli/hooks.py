@@ -123,11 +123,11 @@ def cmd_hooks(args) -> int:
 
 
 def cmd_hook_commit(args) -> int:
-    from overlayfs import hooks
+    from stepfs.overlayfs.client import hooks
 
-    from .main import _parse_meta
+    from stepfs.cli.args import parse_meta
 
-    meta = _parse_meta(args.meta)
+    meta = parse_meta(args.meta)
     payload = hooks.parse_payload(sys.stdin.buffer.read())
     numbers = hooks.hook_step(payload, target=args.workspace, meta=meta, message=args.message)
     if args.json:

@@ -1,6 +1,6 @@
 """The ``stepfs`` command: argument parsing and output only.
 
-Each command calls one library function (``overlayfs.manage``, ``store.*``)
+Each command calls one library function (``overlayfs.client.manage``, ``store.*``)
 and prints its result: human text by default, one JSON object with
 ``--json``.  Errors are one sentence on stderr prefixed ``stepfs:`` and exit
 with the code of their class (``cli/exitcodes.py``); a traceback is shown
@@ -15,7 +15,9 @@ import json
 import os
 import sys
 
-from . import exitcodes
+from stepfs.cli import exitcodes
+from stepfs.cli.args import parse_meta, usage_error
+from stepfs.cli.render import card_text
 
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
@@ -32,22 +34,17 @@ def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
         print(text)
 
 
-def _usage(message: str) -> None:
-    print(f"stepfs: usage: {message}", file=sys.stderr)
-    raise SystemExit(exitcodes.USAGE)
-
-
 def _split_ws(values: list[str], want: int, usage: str) -> tuple[str | None, list[str]]:
     """Commands shaped ``[WS] A B``: the optional leading workspace."""
     if len(values) == want:
         return None, values
     if len(values) == want + 1:
         return values[0], values[1:]
-    _usage(usage)
+    usage_error(usage)
 
 
 def _layer_number(text: str) -> int:
-    from store.errors import NoSuchLayer
+    from stepfs.store.errors import NoSuchLayer
 
     try:
         return int(text)
@@ -56,40 +53,26 @@ def _layer_number(text: str) -> int:
 
 
 def _auto_step(text: str) -> str:
-    from overlayfs.autostep import parse
+    from stepfs.overlayfs.client.manage import parse_auto_step
 
     try:
-        parse(text)
+        parse_auto_step(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text
-
-
-def _parse_meta(items: list[str]) -> dict:
-    meta = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            _usage(f"--meta takes KEY=VALUE, got {item!r}")
-        meta[key] = value
-    return meta
 
 
 # -- commands -------------------------------------------------------------------------
 
 
 def cmd_mount(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     if args.foreground:
-        from overlayfs import daemon
-
-        manage.reclaim_dead_mount(args.workspace, args.mountpoint)
-        manage.check_mount_args(args.workspace, args.mountpoint)
         if args.allow_other and os.geteuid() != 0:
-            _usage("--allow-other needs root: mount as root to let other users into the mount")
-        return daemon.serve(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                            auto_step=args.auto_step, allow_other=args.allow_other)
+            usage_error("--allow-other needs root: mount as root to let other users into the mount")
+        manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
+                                auto_step=args.auto_step, allow_other=args.allow_other)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                        auto_step=args.auto_step, allow_other=args.allow_other)
     mp = os.path.abspath(args.mountpoint)
@@ -99,7 +82,7 @@ def cmd_mount(args) -> int:
 
 
 def cmd_unmount(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     manage.unmount(args.mountpoint, force=args.force)
     _emit(args, {"message_type": "unmount", "mountpoint": os.path.abspath(args.mountpoint)},
@@ -108,7 +91,7 @@ def cmd_unmount(args) -> int:
 
 
 def cmd_status(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     st = manage.status(manage.resolve(args.workspace))
     lines = [f"workspace {st['workspace']}  (head: layer {st['head']})"]
@@ -128,10 +111,10 @@ def cmd_status(args) -> int:
 
 
 def cmd_step(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     numbers = manage.step(manage.resolve(args.workspace), message=args.message or "",
-                          meta=_parse_meta(args.meta), allow_empty=args.allow_empty,
+                          meta=parse_meta(args.meta), allow_empty=args.allow_empty,
                           overwrite=args.overwrite or [])
     _emit(args, {"message_type": "step", "number": numbers[-1], "numbers": numbers},
           "\n".join(str(n) for n in numbers))
@@ -139,7 +122,7 @@ def cmd_step(args) -> int:
 
 
 def cmd_discard(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     values = args.args
     ws_arg = None
@@ -154,8 +137,8 @@ def cmd_discard(args) -> int:
 
 def manage_is_target(path: str) -> bool:
     """Whether ``path`` names a workspace or mount (the optional leading WS)."""
-    from overlayfs import manage
-    from store.errors import WorkspaceError
+    from stepfs.overlayfs.client import manage
+    from stepfs.store.errors import WorkspaceError
 
     try:
         target = manage.resolve(path)
@@ -166,12 +149,12 @@ def manage_is_target(path: str) -> bool:
 
 
 def cmd_log(args) -> int:
-    from overlayfs import manage
-    from store import cards
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import cards
+    from stepfs.store.workspace import Workspace
 
-    with Workspace.open(manage.resolve(args.workspace).workspace) as ws, ws.db.read() as conn:
-        rows = cards.log(ws.objects, conn, limit=args.limit)
+    with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
+        rows = cards.read_log(ws, limit=args.limit)
     lines = []
     for r in rows:
         who = f"  [{r['agent']}]" if r["agent"] else ""
@@ -185,55 +168,15 @@ def cmd_log(args) -> int:
     return 0
 
 
-def _file_line(f: dict) -> str:
-    op = f["op"]
-    if op == "renamed":
-        op_text = f"renamed   {f['from']} -> {f['path']}"
-    else:
-        op_text = f"{op:<9} {f['path']}"
-    if f.get("binary"):
-        detail = f"binary {f['bytes_before']} -> {f['bytes_after']} bytes"
-    elif f.get("binary") is None and "bytes_before" in f:
-        detail = f"too large to count lines, {f['bytes_before']} -> {f['bytes_after']} bytes"
-    elif "lines_added" in f:
-        detail = f"+{f['lines_added']} -{f['lines_removed']}"
-    else:
-        detail = f["kind"] or ""
-    if f["kind"] == "symlink":
-        target = (f["after"] if f["after"]["kind"] else f["before"]).get("target", "")
-        detail = f"symlink -> {target}"
-    b, a = f["before"], f["after"]
-    if b["kind"] == a["kind"] and b["mode"] is not None and a["mode"] is not None and b["mode"] != a["mode"]:
-        detail += f"  mode {b['mode']:o} -> {a['mode']:o}"
-    return f"  {op_text}  {detail}"
-
-
-def card_text(card: dict) -> str:
-    lines = [
-        f"layer {card['number']} ({card['kind']})  {card['time']}",
-        f"message: {card['message']}" if card["message"] else "message: (none)",
-    ]
-    if card["mount"] or card["agent"]:
-        lines.append(f"mount: {card['mount'] or '-'}" + (f"  agent: {card['agent']}" if card["agent"] else ""))
-    for key, value in sorted(card["meta"].items()):
-        lines.append(f"meta: {key}={value}")
-    renamed = f" >{card['renamed']}" if card["renamed"] else ""
-    lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
-                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
-    lines += [_file_line(f) for f in card["files"]]
-    return "\n".join(lines)
-
-
 def cmd_show(args) -> int:
-    from overlayfs import manage
-    from store import cards
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import cards
+    from stepfs.store.workspace import Workspace
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
-    with Workspace.open(manage.resolve(ws_arg).workspace) as ws, ws.db.read() as conn:
-        card = cards.card(ws.objects, conn, number)
-        patch = cards.layer_patch(ws.objects, conn, number) if args.patch else None
+    with Workspace.open(manage.resolve(ws_arg).workspace) as ws:
+        card, patch = cards.read_card(ws, number, with_patch=args.patch)
     text = card_text(card)
     out = {"message_type": "show", **card}
     if patch is not None:
@@ -244,9 +187,9 @@ def cmd_show(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from overlayfs import manage
-    from store import diff, history
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import diff, history
+    from stepfs.store.workspace import Workspace
 
     values = list(args.args)
     ws_arg = None
@@ -256,16 +199,14 @@ def cmd_diff(args) -> int:
         raise SystemExit("stepfs: usage: stepfs diff [WS] N [M] [-- PATH...]")
     new = _layer_number(values[0])
     if len(values) == 1 and new == 0:
-        from store.errors import NoSuchLayer
+        from stepfs.store.errors import NoSuchLayer
 
         raise NoSuchLayer("layer 0 is the baseline and has no layer before it; name two layers: 'stepfs diff N M'.")
     old = _layer_number(values[1]) if len(values) == 2 else new - 1
     target = manage.resolve(ws_arg)
     with Workspace.open(target.workspace) as ws:
         rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in args.paths] or None
-        with ws.db.read() as conn:
-            changes = diff.changes_between(conn, old, new, rels)
-            patch = diff.patch(ws.objects, conn, changes)
+        changes, patch = diff.read_changes(ws, old, new, rels)
     obj = {
         "message_type": "diff", "old": old, "new": new,
         "changes": [{"path": os.fsdecode(c.path), "op": c.op,
@@ -281,12 +222,12 @@ def cmd_diff(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from overlayfs import manage
-    from store import verify
-    from store.errors import StoreDamaged
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import verify
+    from stepfs.store.errors import StoreDamaged
+    from stepfs.store.workspace import Workspace
 
-    from . import progress
+    from stepfs.cli import progress
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         with progress.for_args(args, "verifying chunks and objects") as bar:
@@ -306,9 +247,9 @@ def cmd_verify(args) -> int:
 
 
 def cmd_cat(args) -> int:
-    from overlayfs import manage
-    from store import history
-    from store.workspace import Workspace
+    from stepfs.overlayfs.client import manage
+    from stepfs.store import history
+    from stepfs.store.workspace import Workspace
 
     ws_arg, (n, path) = _split_ws(args.args, 2, "stepfs cat [WS] N PATH")
     number = _layer_number(n)
@@ -331,7 +272,7 @@ def cmd_cat(args) -> int:
 
 
 def cmd_rollback(args) -> int:
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs rollback [WS] N [--path PATH...] [--dry-run]")
     number = _layer_number(n)
@@ -449,11 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from . import completion, hooks, run
+    from stepfs.cli import completion, hooks, run
 
     run.register(add)
     hooks.register(add)
-    completion.register(add)
+    completion.register(add, build_parser)
     return p
 
 
@@ -505,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
         print("stepfs: interrupted.", file=sys.stderr)
         return 130
     except Exception as exc:
-        from store.errors import StepfsError
+        from stepfs.store.errors import StepfsError
 
         if os.environ.get("STEPFS_DEBUG"):
             raise

@@ -1,5 +1,5 @@
 """``stepfs run``: argument parsing and output only (the work is
-``overlayfs.runner.run_command``)."""
+``overlayfs/client/api.py``: ``run_command``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import shlex
 import sys
 
-from . import progress
+from stepfs.cli import progress
 
 USAGE = "stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] -- COMMAND..."
 HELP = "Run COMMAND in a mount of the workspace and commit what it changed as one step."
@@ -82,14 +82,14 @@ def setup_logging(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from overlayfs import api, runner
-    from store.errors import StepfsError
+    from stepfs.overlayfs.client import api
+    from stepfs.store.errors import StepfsError
 
-    from .main import _parse_meta
-    from .render import card_text
+    from stepfs.cli.args import parse_meta
+    from stepfs.cli.render import card_text
 
     split_command(args)
-    meta = _parse_meta(args.meta)
+    meta = parse_meta(args.meta)
     setup_logging(args)
     bar = progress.for_args(args, "mounting")
 
@@ -101,7 +101,7 @@ def cmd_run(args) -> int:
             bar.phase(name)
 
     try:
-        result = runner.run_command(args.command, args.workspace, message=args.message, meta=meta,
+        result = api.run_command(args.command, args.workspace, message=args.message, meta=meta,
                                     mountpoint=args.mountpoint, private=args.private,
                                     forward_signals=True, on_phase=on_phase)
     except StepfsError as exc:
@@ -113,7 +113,7 @@ def cmd_run(args) -> int:
         raise
     finally:
         bar.close()
-    card = api.Workspace(result.workspace).card(result.number) if result.number is not None else None
+    card = api.WorkspaceClient(result.workspace).card(result.number) if result.number is not None else None
     if args.json:
         print(json.dumps({
             "message_type": "run", "command": result.command, "exit_code": result.exit_code,

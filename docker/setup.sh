@@ -38,7 +38,7 @@ fi
 build="$(mktemp -d)"
 trap 'rm -rf "$build"' EXIT
 cp "$src/pyproject.toml" "$src/README.md" "$build/"
-for pkg in store overlayfs cli; do
+for pkg in stepfs store overlayfs cli; do
   cp -r "$src/$pkg" "$build/$pkg"
 done
 find "$build" -name __pycache__ -prune -exec rm -rf {} +

@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection
 
-from . import diff, layers
-from .contained import DEVICE_KINDS, rdev_of
-from .objects import ObjectStore
+from stepfs.store import diff, layers
+from stepfs.store.contained import DEVICE_KINDS, rdev_of
+from stepfs.store.objects import ObjectStore
 
 #: Kept for callers of the old name: files above this size are not line-counted.
 LINE_COUNT_LIMIT = diff.TEXT_LIMIT
+
+if TYPE_CHECKING:
+    from stepfs.store.workspace import Workspace
 
 
 def _state(s: layers.State) -> dict:
@@ -100,3 +104,19 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> lis
         c["files"] = len(c["files"])
         out.append(c)
     return out
+
+
+# -- for callers that hold a workspace, not a transaction (the CLI) --------------
+
+
+def read_log(ws: Workspace, limit: int | None = None) -> list[dict]:
+    """:func:`log` in one read transaction of ``ws``."""
+    with ws.db.read() as conn:
+        return log(ws.objects, conn, limit=limit)
+
+
+def read_card(ws: Workspace, number: int, with_patch: bool = False) -> tuple[dict, str | None]:
+    """:func:`card` of layer ``number`` and, if asked, its :func:`layer_patch`,
+    in one read transaction of ``ws``."""
+    with ws.db.read() as conn:
+        return card(ws.objects, conn, number), layer_patch(ws.objects, conn, number) if with_patch else None

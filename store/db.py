@@ -33,9 +33,9 @@ from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
-from . import durable as durable_calls
-from . import schema
-from .errors import StepfsError, StoreFormatError, StoreFull, StoreUnavailable
+from stepfs.store import durable as durable_calls
+from stepfs.store import schema
+from stepfs.store.errors import StepfsError, StoreFormatError, StoreFull, StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
 #: WAL pages after which a durable commit checkpoints (SQLite's default).

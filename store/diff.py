@@ -17,20 +17,24 @@ import difflib
 import os
 import stat as stat_mod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .contained import NODE_KINDS
-from .history import committed_rows, require_layer, state_from_rows, under
-from .layers import Entry, State
-from .objects import ObjectStore
+from stepfs.store import schema
+from stepfs.store.contained import NODE_KINDS
+from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
+from stepfs.store.layers import Entry, State
+from stepfs.store.objects import ObjectStore
 
 E, L = schema.entries, schema.layers
 
 #: Files above this size are not diffed or line-counted (reported as binary).
 TEXT_LIMIT = 4 << 20
+
+if TYPE_CHECKING:
+    from stepfs.store.workspace import Workspace
 
 
 @dataclass
@@ -238,3 +242,11 @@ def patch(objects: ObjectStore, conn: Connection, changes: list[Change]) -> str:
         else:
             out += _section(objects, conn, c.path, old_path, c.before, c.after)
     return "".join(out)
+
+
+def read_changes(ws: Workspace, old: int, new: int, paths: list[bytes] | None = None) -> tuple[list[Change], str]:
+    """:func:`changes_between` and their :func:`patch`, in one read
+    transaction of ``ws`` (for callers that hold a workspace, not a transaction)."""
+    with ws.db.read() as conn:
+        changes = changes_between(conn, old, new, paths)
+        return changes, patch(ws.objects, conn, changes)

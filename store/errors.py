@@ -3,7 +3,7 @@
 Every error a user can meet is a subclass of :class:`StepfsError` whose
 message is one sentence the user can act on.  The CLI maps each class to a
 distinct exit code in one table (``cli/exitcodes.py``); the FUSE adapter maps
-the view's errors to errno values in one table (``overlayfs/fuse_ops.py``).
+the view's errors to errno values in one table (``overlayfs/daemon/fuse_ops.py``).
 Nothing here knows about either.
 """
 

@@ -17,10 +17,10 @@ import stat as stat_mod
 
 from sqlalchemy import select
 
-from . import schema
-from .errors import ContainmentError, NoSuchLayer, NoSuchPath
-from .layers import State, entry_from_row
-from .workspace import STORE_DIR, Workspace
+from stepfs.store import schema
+from stepfs.store.errors import ContainmentError, NoSuchLayer, NoSuchPath
+from stepfs.store.layers import State, entry_from_row
+from stepfs.store.workspace import STORE_DIR, Workspace
 
 L, E = schema.layers, schema.entries
 

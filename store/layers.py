@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .db import Prepared
-from .errors import NoSuchLayer
+from stepfs.store import schema
+from stepfs.store.db import Prepared
+from stepfs.store.errors import NoSuchLayer
 
 L, E = schema.layers, schema.entries
 
@@ -93,6 +93,13 @@ def _counts():
     deleted = func.sum(case((E.c.after_kind.is_(None), 1), else_=0))
     total = func.count(E.c.path)
     return added, deleted, total
+
+
+def committed_numbers(conn: Connection) -> list[int]:
+    """The numbers of the committed layers, oldest first."""
+    return conn.execute(
+        select(schema.layers.c.number).where(schema.layers.c.state == "committed").order_by(schema.layers.c.number)
+    ).scalars().all()
 
 
 def list_layers(conn: Connection, limit: int | None = None, number: int | None = None) -> list[Layer]:

@@ -30,9 +30,9 @@ from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import NoResultFound
 
-from . import chunking, durable, schema
-from .db import Prepared
-from .errors import CorruptObject
+from stepfs.store import chunking, durable, schema
+from stepfs.store.db import Prepared
+from stepfs.store.errors import CorruptObject
 
 Hasher = Callable[[bytes], str]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import WorkspaceError
+from stepfs.store.errors import WorkspaceError
 
 STORE_DIR = ".stepfs"
 DB_NAME = "store.db"

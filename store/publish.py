@@ -118,12 +118,12 @@ from dataclasses import dataclass, field, replace
 import xxhash
 from sqlalchemy import bindparam, func, select, update
 
-from . import durable, refs, schema, staging, tokens, xattrs
-from .contained import NODE_KINDS, kind_of, rdev_of, rdev_target
-from .db import Prepared
-from .errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
-from .layers import Entry, State, entries as load_entries, next_number
-from .workspace import Workspace
+from stepfs.store import durable, refs, schema, staging, tokens, xattrs
+from stepfs.store.contained import NODE_KINDS, kind_of, rdev_of, rdev_target
+from stepfs.store.db import Prepared
+from stepfs.store.errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
+from stepfs.store.layers import Entry, State, entries as load_entries, next_number
+from stepfs.store.workspace import Workspace
 
 L, E = schema.layers, schema.entries
 log = logging.getLogger("stepfs.publish")

@@ -12,7 +12,7 @@ Invariants:
 
 * A referenced file lives in :func:`scratch_dir` of the row's step, under
   the name in ``scratch``; it is removed only after no staged row names it
-  any more (the daemon, ``overlayfs/view.py``), and a daemon starting on
+  any more (the daemon, ``overlayfs/core/view.py``), and a daemon starting on
   the step keeps every referenced file and removes the other leftovers.
 * :func:`import_refs` runs in the caller's write transaction: the object and
   the rewritten rows (``oid`` set, ``scratch`` NULL) commit together or not
@@ -30,9 +30,9 @@ import xxhash
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .errors import MissingStagedContent
-from .objects import xxh3_hex
+from stepfs.store import schema
+from stepfs.store.errors import MissingStagedContent
+from stepfs.store.objects import xxh3_hex
 
 S = schema.staged
 

@@ -46,12 +46,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from . import cards, diff, publish, schema
-from .contained import DEVICE_KINDS, kind_of
-from .errors import CommitConflict, NothingToRollBack
-from .history import committed_rows, require_layer, state_from_rows
-from .layers import Entry, State, entry_from_row, head as head_of, next_number
-from .workspace import Workspace
+from stepfs.store import cards, diff, publish, schema
+from stepfs.store.contained import DEVICE_KINDS, kind_of
+from stepfs.store.errors import CommitConflict, NothingToRollBack
+from stepfs.store.history import committed_rows, require_layer, state_from_rows
+from stepfs.store.layers import Entry, State, entry_from_row, head as head_of, next_number
+from stepfs.store.workspace import Workspace
 
 E, L = schema.entries, schema.layers
 

@@ -32,14 +32,16 @@ from sqlalchemy import (
 FORMAT_VERSION = 5
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
-#: Chunk size used when splitting an object (fixed-size chunking; the format
-#: records each chunk's offset so content-defined chunking can come later).
-CHUNK_SIZE = 1 << 20
+#: The largest chunk writers make, recorded in ``meta.chunk_size``.  Chunks are
+#: content-defined (FastCDC, ``chunking.py``); readers go by the stored
+#: chunk offsets, never by this number.
+CHUNK_SIZE = 256 * 1024
 
 metadata = MetaData()
 
 # Key/value facts about the store itself: format_version, hash_algorithm,
-# chunk_size (informational: readers go by the stored chunk offsets).
+# chunk_size (informational: the largest chunk writers make; readers go by the
+# stored chunk offsets).
 meta = Table(
     "meta",
     metadata,

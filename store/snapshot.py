@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .contained import NODE_KINDS, rdev_of
-from .history import committed_rows, require_layer, state_from_rows, under
-from .workspace import Workspace
+from stepfs.store import schema
+from stepfs.store.contained import NODE_KINDS, rdev_of
+from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
+from stepfs.store.workspace import Workspace
 
 E = schema.entries
 

@@ -3,11 +3,11 @@
 An open step belongs to one mountpoint; its rows in ``staged`` are the
 overlay's upper layer as it was at one moment: the last close-write, fsync,
 commit, status request or unmount, or at most the daemon's ``ROW_DELAY``
-after a namespace or metadata change (``overlayfs/view.py``, "Staged rows
+after a namespace or metadata change (``overlayfs/core/view.py``, "Staged rows
 and crashes").  A daemon that restarts on the same mountpoint resumes from
 there; one killed with SIGKILL loses the changes of that window together,
 never an earlier one without the later ones.  The daemon keeps the state in
-memory (``overlayfs/upper.py``) and writes these rows in batches, one
+memory (``overlayfs/core/upper.py``) and writes these rows in batches, one
 transaction each; it never reads them on a hot path.
 """
 
@@ -20,8 +20,8 @@ from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from . import schema
-from .db import Prepared
+from stepfs.store import schema
+from stepfs.store.db import Prepared
 
 S = schema.staged
 

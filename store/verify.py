@@ -24,10 +24,10 @@ import xxhash
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from . import refs, schema
-from .layers import entries as load_entries
-from .objects import xxh3_hex
-from .workspace import Workspace
+from stepfs.store import refs, schema
+from stepfs.store.layers import entries as load_entries
+from stepfs.store.objects import xxh3_hex
+from stepfs.store.workspace import Workspace
 
 C, O, OC = schema.chunks, schema.objects, schema.object_chunks
 L, E = schema.layers, schema.entries
@@ -123,7 +123,7 @@ def _objects(conn, report: Report, hasher, state: dict) -> None:
 
 
 def _layers(conn, report: Report, _hasher, _state) -> None:
-    from .publish import intent_checksum  # publish imports workspace; keep this module light
+    from stepfs.store.publish import intent_checksum  # publish imports workspace; keep this module light
 
     layers = conn.execute(select(L.c.number, L.c.state, L.c.intent_sum, L.c.step).order_by(L.c.number)).all()
     for number, state, checksum, step in layers:

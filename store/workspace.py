@@ -25,13 +25,13 @@ from typing import Iterator
 
 from sqlalchemy import select
 
-from . import schema
-from .contained import Root
-from .db import Database
-from .errors import WorkspaceError
-from .objects import ObjectStore
-from .spares import Spares
-from .paths import DB_NAME, STORE_DIR, check_directory, is_workspace  # noqa: F401  (re-exported)
+from stepfs.store import schema
+from stepfs.store.contained import Root
+from stepfs.store.db import Database
+from stepfs.store.errors import WorkspaceError
+from stepfs.store.objects import ObjectStore
+from stepfs.store.spares import Spares
+from stepfs.store.paths import DB_NAME, STORE_DIR, check_directory, is_workspace  # noqa: F401  (re-exported)
 
 class Workspace:
     """An opened workspace.  Threading: methods may be called from several
@@ -71,7 +71,7 @@ class Workspace:
         ws = cls(real, db)
         ws._ensure_baseline()
         if recover:
-            from .publish import recover as _recover
+            from stepfs.store.publish import recover as _recover
 
             _recover(ws)
         return ws

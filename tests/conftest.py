@@ -26,11 +26,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# The tests import the installed ``stepfs`` (``make venv``), never the
+# checkout's folders as top-level packages: with the checkout off sys.path
+# (``python -m pytest`` puts the working directory there), a stray
+# ``import store`` fails instead of loading a second copy of the store.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
-from overlayfs import manage, mounts  # noqa: E402
-from overlayfs.daemon import daemon_alive  # noqa: E402
+from stepfs.overlayfs.client import manage, mounts  # noqa: E402
+from stepfs.overlayfs.daemon.protocol import daemon_alive  # noqa: E402
 
 #: Seconds before pytest-timeout at which the watchdog aborts a test's mounts.
 WATCHDOG_MARGIN = 10
@@ -157,9 +160,9 @@ def mnt(workspace, mount) -> Mounted:
 def stepfs(*args: str, cwd: str | Path | None = None, input: bytes | None = None,
            timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the ``stepfs`` CLI as a user would (a separate process)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     return subprocess.run(
-        [sys.executable, "-m", "cli.main", *map(str, args)], cwd=cwd, input=input, capture_output=True,
+        [sys.executable, "-m", "stepfs.cli.main", *map(str, args)], cwd=cwd, input=input, capture_output=True,
         timeout=timeout, env=env,
     )
 

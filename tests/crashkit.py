@@ -29,10 +29,10 @@ import pytest
 from sqlalchemy import select
 
 from conftest import manifest
-from overlayfs.view import Overlay
-from store import durable, publish, schema, staging
-from store.layers import entries as load_entries
-from store.workspace import Workspace
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import durable, publish, schema, staging
+from stepfs.store.layers import entries as load_entries
+from stepfs.store.workspace import Workspace
 
 #: The durability calls a crash may land on (the issue's list, plus the
 #: symlink and rmdir variants of "create" and "remove").

@@ -8,9 +8,9 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from overlayfs.errors import NotFound
-from overlayfs.view import Overlay
-from store.workspace import Workspace
+from stepfs.overlayfs.core.errors import NotFound
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store.workspace import Workspace
 
 
 def open_ws(path: Path) -> tuple[Workspace, Overlay]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from overlayfs import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
 
 
 def mounts_under(directory: Path) -> list[str]:

@@ -8,8 +8,8 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from store import staging, tokens
-from store.workspace import Workspace
+from stepfs.store import staging, tokens
+from stepfs.store.workspace import Workspace
 
 MOUNT = "/test/mnt"
 

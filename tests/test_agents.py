@@ -1,4 +1,4 @@
-"""Agent identity of calling processes (overlayfs/agents.py), without a mount.
+"""Agent identity of calling processes (overlayfs/core/agents.py), without a mount.
 
 Real processes show the environment lookup, and that a process that
 exec()s with a new ``STEPFS_AGENT`` is the new agent at once; a fake
@@ -16,8 +16,8 @@ import sys
 
 import pytest
 
-from overlayfs import agents
-from overlayfs.agents import DEFAULT, Agents
+from stepfs.overlayfs.core import agents
+from stepfs.overlayfs.core.agents import DEFAULT, Agents
 
 SLEEPER = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.read()"]
 

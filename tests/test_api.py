@@ -1,4 +1,4 @@
-"""The Python API for harnesses (``overlayfs.api``), over real mounts —
+"""The Python API for harnesses (``stepfs.api``), over real mounts —
 including the complete example in docs/API.md, run exactly as written."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 
 from conftest import ROOT
 from mountguard import mounts_under, private_tmp  # noqa: F401
-from overlayfs import api, manage, mounts
+from stepfs import api
+from stepfs.overlayfs.client import manage, mounts
 
 pytestmark = pytest.mark.mount
 
@@ -28,7 +29,7 @@ def test_docs_example_runs_as_written(workspace, private_tmp, tmp_path):
     script = tmp_path / "harness.py"
     script.write_text(docs_example())
     r = subprocess.run([sys.executable, str(script), str(workspace)], capture_output=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+                       env=dict(os.environ), cwd=tmp_path)
     assert r.returncode == 0, r.stderr.decode()
     lines = r.stdout.decode().splitlines()
     assert lines[:3] == ["toolu_01 -> layer 1", "toolu_02 -> no change", "toolu_03 -> layer 2"]

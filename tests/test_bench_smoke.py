@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from overlayfs import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
 
 from conftest import ROOT, fuse_problem
 

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import stepfs
 from history_helpers import layer_tree, open_ws, read, write
-from overlayfs.errors import NotFound, ReadOnly
-from store import history, snapshot
-from store.errors import ContainmentError
+from stepfs.overlayfs.core.errors import NotFound, ReadOnly
+from stepfs.store import history, snapshot
+from stepfs.store.errors import ContainmentError
 
 CONTAINMENT, NO_SUCH_LAYER, NOTHING, CONFLICT, NO_SUCH_PATH = 10, 11, 6, 7, 14
 
@@ -131,7 +131,7 @@ def test_path_arguments_stay_in_the_workspace(history_ws, tmp_path):
         err = r.stderr.decode()
         assert r.returncode == CONTAINMENT, (argv, err)
         assert words in err and err.count("\n") == 1, (argv, err)
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(str(history_ws)) as ws:
         for path, words in cases.items():
@@ -143,7 +143,7 @@ def test_path_arguments_stay_in_the_workspace(history_ws, tmp_path):
 
 
 def test_user_path_library(history_ws):
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     with Workspace.open(str(history_ws)) as ws:
         assert history.user_path(ws, "src//./app.py") == b"src/app.py"
@@ -181,7 +181,7 @@ def test_rollback_refusals_through_the_cli(history_ws):
 
 
 def test_rollback_commits_staged_changes_first(history_ws):
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     ws, view = open_ws(history_ws)
     write(view, "/staged.txt", b"not committed yet\n")

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import manifest, sh
-from overlayfs import manage
+from stepfs.overlayfs.client import manage
 
 pytestmark = pytest.mark.mount
 

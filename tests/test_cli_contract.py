@@ -11,11 +11,11 @@ import subprocess
 
 import pytest
 
-from cli import exitcodes, main, progress
-from cli.completion import bash_script, subcommands
+from stepfs.cli import exitcodes, main, progress
+from stepfs.cli.completion import bash_script, subcommands
 from conftest import ROOT, stepfs
 from mountguard import private_tmp  # noqa: F401
-from store import errors
+from stepfs.store import errors
 
 COMMANDS = subcommands(main.build_parser())
 
@@ -66,7 +66,7 @@ def test_exit_code_table_matches_readme_and_help():
 
 
 def test_usage_errors_exit_2(tmp_path):
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(tmp_path), create=True).close()
     for args in (("show", tmp_path, "1", "2", "3"), ("step", tmp_path, "--meta", "novalue"), ("nosuchcommand",)):

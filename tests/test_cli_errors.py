@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from cli import exitcodes
-from conftest import ROOT, manifest, stepfs
-from store import errors
+from stepfs.cli import exitcodes
+from conftest import manifest, stepfs
+from stepfs.store import errors
 
 
 def _code(cls) -> int:
@@ -74,7 +74,7 @@ def test_mount_bad_mountpoint_touches_nothing(tmp_path, case):
 def test_newer_store_format_is_refused(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(ws), create=True).close()
     db = sqlite3.connect(ws / ".stepfs" / "store.db")
@@ -113,7 +113,7 @@ def test_unmount_of_something_else(tmp_path):
 def test_empty_step_refused_unless_allowed(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(ws), create=True).close()
     r = stepfs("step", ws)
@@ -133,7 +133,7 @@ def test_json_error_object_on_stderr(tmp_path):
 def test_cat_refuses_paths_outside(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(ws), create=True).close()
     for bad in ("../etc/passwd", "/etc/passwd", ".stepfs/store.db"):
@@ -147,15 +147,15 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     traceback, the SIGPIPE exit status a shell shows for git or cat."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     Workspace.open(str(ws), create=True).close()
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the first write: EPIPE for certain
     try:
-        result = subprocess.run([sys.executable, "-m", "cli.main", "log", str(ws)], stdout=w,
+        result = subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", str(ws)], stdout=w,
                                 stderr=subprocess.PIPE, timeout=60,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+                                env=dict(os.environ))
     finally:
         os.close(w)
     assert result.returncode == exitcodes.OUTPUT_CLOSED, result.stderr

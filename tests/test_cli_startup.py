@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from conftest import ROOT, stepfs
+from conftest import stepfs
 
 
 def _modules_after(code: str) -> set[str]:
     out = subprocess.run([sys.executable, "-c", code + "\nimport sys\nprint('\\n'.join(sys.modules))"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         capture_output=True, text=True, check=True, env=dict(os.environ))
     return set(out.stdout.split())
 
 
@@ -23,19 +23,21 @@ def _step_without_database(target: str, message: str) -> subprocess.CompletedPro
     """``stepfs step TARGET -m MESSAGE`` in a fresh interpreter that fails
     if the command imported the database layer."""
     code = (
-        "import sys\nfrom cli.main import main\n"
+        "import sys\nfrom stepfs.cli.main import main\n"
         f"rc = main(['step', {target!r}, '-m', {message!r}])\n"
         "assert 'sqlalchemy' not in sys.modules, 'the database layer was imported'\n"
         "sys.exit(rc)\n"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env=dict(os.environ))
 
 
 def test_library_for_mount_commands_does_not_import_the_database_layer():
-    mods = _modules_after("from cli import main\nfrom overlayfs import manage, control, runfiles")
+    mods = _modules_after("from stepfs.cli import main\nfrom stepfs.overlayfs.client import manage, control\n"
+                          "from stepfs.overlayfs.daemon import protocol")
     assert "sqlalchemy" not in mods
-    assert "overlayfs.view" not in mods and "mfusepy" not in mods
+    assert "stepfs.overlayfs.core.view" not in mods and "mfusepy" not in mods
+    assert "stepfs.overlayfs.daemon.fuse_ops" not in mods
 
 
 @pytest.mark.mount

@@ -24,20 +24,22 @@ import threading
 
 import pytest
 
-from overlayfs import control, daemon
-from overlayfs.errors import ReadOnly
-from overlayfs.fuse_ops import KernelCache
-from overlayfs.view import Overlay
-from store import durable, staging
-from store.errors import StoreUnavailable
-from store.workspace import Workspace
+from stepfs.overlayfs.client import control
+from stepfs.overlayfs.daemon.control import ControlServer
+from stepfs.overlayfs.daemon import main as daemon
+from stepfs.overlayfs.core.errors import ReadOnly
+from stepfs.overlayfs.daemon.fuse_ops import KernelCache
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import durable, staging
+from stepfs.store.errors import StoreUnavailable
+from stepfs.store.workspace import Workspace
 from viewkit import read_all, write_file
 
 
 def _states(ws: Workspace) -> dict[int, str]:
     from sqlalchemy import select
 
-    from store import schema
+    from stepfs.store import schema
 
     with ws.db.read() as conn:
         return dict(conn.execute(select(schema.layers.c.number, schema.layers.c.state)).all())
@@ -77,7 +79,7 @@ def served(tmp_path):
     mountpoint = str(tmp_path / "mnt")
     view = Overlay(ws, mountpoint)
     write_file(view, "/new.txt", b"new\n")
-    server = control.ControlServer(mountpoint, daemon.handler(view, ws, KernelCache()))
+    server = ControlServer(mountpoint, daemon.handler(view, ws, KernelCache()))
     server.start()
     try:
         yield ws, view, mountpoint

@@ -15,8 +15,8 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from store import publish, schema
-from store.errors import NothingToCommit
+from stepfs.store import publish, schema
+from stepfs.store.errors import NothingToCommit
 from store_kit import Stager, open_workspace
 from viewkit import open_view, read_all, write_file
 

@@ -129,7 +129,7 @@ def test_allow_other_is_refused_to_a_non_root_caller(tmp_path):
     """``--allow-other`` opens the mount to every user: only root may ask
     (refused before anything is touched)."""
     from conformance.kit import UID1, GID1, run_as
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     ws, mp = _dir(tmp_path / "ws"), _dir(tmp_path / "mnt")
 

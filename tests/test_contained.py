@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from store.contained import Root, _plain
+from stepfs.store.contained import Root, _plain
 
 
 @pytest.fixture

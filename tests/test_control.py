@@ -1,4 +1,4 @@
-"""The control channel's answers (overlayfs/control.py), without a mount:
+"""The control channel's answers (overlayfs/daemon/control.py and client/control.py), without a mount:
 a handler may answer early and go on working; what fails after its answer
 went out is logged, never sent."""
 
@@ -9,8 +9,9 @@ import threading
 
 import pytest
 
-from overlayfs import control
-from store.errors import CommitConflict, DaemonError
+from stepfs.overlayfs.client import control
+from stepfs.overlayfs.daemon.control import ControlServer
+from stepfs.store.errors import CommitConflict, DaemonError
 
 
 @pytest.fixture
@@ -18,7 +19,7 @@ def server(tmp_path):
     servers = []
 
     def make(handler):
-        srv = control.ControlServer(str(tmp_path / "mnt"), handler)
+        srv = ControlServer(str(tmp_path / "mnt"), handler)
         srv.start()
         servers.append(srv)
         return str(tmp_path / "mnt")

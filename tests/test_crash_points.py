@@ -19,8 +19,8 @@ import pytest
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, check_recovered, copy_template, crash_commit, crash_recovery, fast_tmp, make_template,
 )
-from store import durable
-from store.workspace import Workspace
+from stepfs.store import durable
+from stepfs.store.workspace import Workspace
 
 
 def count_calls(t, tmp_path) -> Counter:

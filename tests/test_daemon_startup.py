@@ -1,5 +1,5 @@
 """The daemon finishes its start-up work before the mount reports ready
-(``overlayfs.daemon.settle``): the first command run in a fresh mount must
+(``overlayfs/daemon/main.py``: ``settle``): the first command run in a fresh mount must
 not share the machine with it (cold ``find``/``git status`` measured 20-50%
 slower, and bimodal, with the spare-inode filler and the collector's first
 full pass of the start-up heap inside them)."""
@@ -13,10 +13,10 @@ import sys
 
 import pytest
 
-from overlayfs import daemon
-from store import objects, publish, spares, staging
-from store.db import Prepared
-from store.workspace import Workspace
+from stepfs.overlayfs.daemon import main as daemon
+from stepfs.store import objects, publish, spares, staging
+from stepfs.store.db import Prepared
+from stepfs.store.workspace import Workspace
 
 
 def test_settle_waits_for_the_first_round_of_spares_and_freezes_the_heap(tmp_path):
@@ -64,8 +64,9 @@ def test_settle_compiles_every_prepared_statement(tmp_path, monkeypatch):
 def test_the_daemon_has_every_store_statement_before_it_settles():
     """``Prepared.warm`` compiles what was imported: the daemon module
     imports every store module with statements before it serves."""
-    code = ("import overlayfs.daemon, store.db as db; n = len(db.Prepared.ALL); "
-            "import store.objects, store.staging, store.publish, store.layers; print(n, len(db.Prepared.ALL))")
+    code = ("import stepfs.overlayfs.daemon.main, stepfs.store.db as db; n = len(db.Prepared.ALL); "
+            "import stepfs.store.objects, stepfs.store.staging, stepfs.store.publish, stepfs.store.layers; "
+            "print(n, len(db.Prepared.ALL))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == out[1] and int(out[0]) > 0
 

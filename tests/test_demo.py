@@ -32,7 +32,7 @@ def test_the_demo_runs_to_the_end_and_leaves_no_mount(tmp_path):
                                 env={**os.environ, "STEPFS_BIN": str(stepfs_bin), "STEPFS_DEMO_DIR": str(work)})
     finally:
         if _mounted(mnt):  # the script's own trap did not run: abort, then unmount
-            from overlayfs import manage
+            from stepfs.overlayfs.client import manage
 
             manage.abort_connection(str(mnt))
             subprocess.run([str(stepfs_bin), "unmount", "--force", str(mnt)], capture_output=True, timeout=60)

@@ -8,12 +8,12 @@ import os
 
 import pytest
 
-from cli import exitcodes
+from stepfs.cli import exitcodes
 from conftest import stepfs
-from overlayfs import manage
-from overlayfs.view import Overlay
-from store import errors
-from store.workspace import Workspace
+from stepfs.overlayfs.client import manage
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import errors
+from stepfs.store.workspace import Workspace
 
 
 @pytest.mark.mount
@@ -64,7 +64,7 @@ def test_discard_of_a_dead_daemons_step(tmp_path):
 def test_discard_and_step_of_a_dead_daemons_big_files(tmp_path):
     """Files the dead daemon staged by reference (store/refs.py): the
     discard keeps their bytes as conflict objects, the step imports the rest."""
-    from store import refs
+    from stepfs.store import refs
 
     ws_path = tmp_path / "ws"
     ws_path.mkdir()

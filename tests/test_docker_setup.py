@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT
 from mountguard import private_tmp  # noqa: F401
-from overlayfs import api, mounts
+from stepfs.overlayfs.client import api, mounts
 
 DOCKER = ROOT / "docker"
 
@@ -38,7 +38,7 @@ def test_setup_installs_a_self_contained_stepfs(installed):
     r = subprocess.run([str(stepfs), "--help"], capture_output=True, text=True, cwd=installed, env=_clean_env())
     assert r.returncode == 0, r.stderr
     assert "run" in r.stdout and "exit codes:" in r.stdout
-    r = subprocess.run([str(installed / "venv" / "bin" / "python"), "-c", "import cli, store; print(cli.__file__)"],
+    r = subprocess.run([str(installed / "venv" / "bin" / "python"), "-c", "import stepfs.cli, stepfs.store; print(stepfs.cli.__file__)"],
                        capture_output=True, text=True, cwd=installed, env=_clean_env())
     assert r.stdout.startswith(str(installed / "venv")), "the install imports the checkout, not its own copy"
     assert not (ROOT / "build").exists(), "setup.sh built inside the checkout"

@@ -22,11 +22,11 @@ from conftest import manifest
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, FailAt, check_recovered, commit, copy_template, fast_tmp, make_template, staged_rows, tmpfs,
 )
-from overlayfs.errors import ReadOnly
-from overlayfs.view import Overlay
-from store import durable, publish, schema, verify
-from store.errors import PublishFailed, StoreFull, StoreUnavailable
-from store.workspace import Workspace
+from stepfs.overlayfs.core.errors import ReadOnly
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import durable, publish, schema, verify
+from stepfs.store.errors import PublishFailed, StoreFull, StoreUnavailable
+from stepfs.store.workspace import Workspace
 
 
 def layer_states(ws: Workspace) -> dict[int, str]:

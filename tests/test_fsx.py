@@ -17,7 +17,7 @@ import pytest
 
 from conformance import fuse_overlay
 from conformance.fsx import Fsx
-from overlayfs import manage
+from stepfs.overlayfs.client import manage
 
 pytestmark = pytest.mark.mount
 

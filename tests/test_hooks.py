@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from cli import exitcodes
-from conftest import ROOT, sh, stepfs
+from stepfs.cli import exitcodes
+from conftest import sh, stepfs
 from mountguard import private_tmp  # noqa: F401
-from overlayfs import api, hooks
-from store import errors
+from stepfs.overlayfs.client import api, hooks
+from stepfs.store import errors
 
 pytestmark = pytest.mark.mount
 
@@ -84,7 +84,7 @@ def test_claude_code_snippet_command_commits(workspace, mount, tmp_path):
     m = mount(workspace)
     shim = tmp_path / "bin" / "stepfs"
     shim.parent.mkdir()
-    shim.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m cli.main \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m stepfs.cli.main \"$@\"\n")
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     r = stepfs("hooks", "claude-code", "--command", shim)
     assert r.returncode == 0, r.stderr
@@ -108,7 +108,7 @@ def test_claude_code_snippet_command_commits(workspace, mount, tmp_path):
 
 
 def hooks_matcher() -> str:
-    from cli.hooks import CLAUDE_CODE_MATCHER
+    from stepfs.cli.hooks import CLAUDE_CODE_MATCHER
 
     return CLAUDE_CODE_MATCHER
 
@@ -116,7 +116,7 @@ def hooks_matcher() -> str:
 def test_shell_wrapper_runs_a_tool_call_as_a_tagged_step(workspace, mount, tmp_path, private_tmp):
     m = mount(workspace)
     shim = tmp_path / "stepfs-shim"
-    shim.write_text(f"#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} -m cli.main \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m stepfs.cli.main \"$@\"\n")
     shim.chmod(0o755)
     r = stepfs("hooks", "shell", "--command", shim)
     assert r.returncode == 0, r.stderr

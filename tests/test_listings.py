@@ -1,4 +1,4 @@
-"""Reused workspace listings (overlayfs/listings.py) never hide a change:
+"""Reused workspace listings (overlayfs/core/listings.py) never hide a change:
 the view's readdir lists a workspace directory again whenever its stamp
 changed, and never keeps a listing of a directory that changed too
 recently for its ctime to tell a later change apart (no kernel)."""
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from overlayfs import listings
-from overlayfs.listings import RACY_COARSE_NS, RACY_NS, Listings, settled
+from stepfs.overlayfs.core import listings
+from stepfs.overlayfs.core.listings import RACY_COARSE_NS, RACY_NS, Listings, settled
 from viewkit import open_view
 
 S = 1_000_000_000

@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from conftest import manifest, sh, stepfs
-from overlayfs import manage, mounts
+from stepfs.overlayfs.client import manage, mounts
 
 pytestmark = pytest.mark.mount
 

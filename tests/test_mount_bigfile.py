@@ -13,7 +13,7 @@ import sqlite3
 import pytest
 
 from conftest import sh, stepfs
-from store import refs
+from stepfs.store import refs
 
 pytestmark = pytest.mark.mount
 

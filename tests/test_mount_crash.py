@@ -26,9 +26,9 @@ import pytest
 
 from conftest import manifest, sh, stepfs
 from crashkit import tmpfs
-from overlayfs import manage
-from overlayfs.daemon import log_path
-from store.objects import xxh3_hex
+from stepfs.overlayfs.client import manage
+from stepfs.overlayfs.daemon.protocol import log_path
+from stepfs.store.objects import xxh3_hex
 
 pytestmark = pytest.mark.mount
 

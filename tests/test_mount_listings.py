@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sh, stepfs
-from overlayfs import control
+from stepfs.overlayfs.client import control
 from test_mount_watch import seen
 
 pytestmark = pytest.mark.mount

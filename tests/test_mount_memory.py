@@ -1,4 +1,4 @@
-"""Real-mount tier: small drafts live in memory (``overlayfs/content.py``,
+"""Real-mount tier: small drafts live in memory (``overlayfs/core/content.py``,
 ``MEMORY_DRAFT_MAX``), and real programs cannot tell: files created,
 appended to across the memory bound, mapped, read back after their close,
 and committed byte for byte."""

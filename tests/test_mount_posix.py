@@ -191,7 +191,7 @@ def test_hard_links_share_content_and_commit_as_links(workspace, mount):
 
 
 def test_hard_links_survive_a_daemon_restart(workspace, mount):
-    from overlayfs import manage
+    from stepfs.overlayfs.client import manage
 
     (workspace / "a").write_text("x")
     m = mount(workspace)
@@ -212,9 +212,9 @@ def test_other_names_of_a_workspace_hard_link_update_at_once(workspace, mount):
     at once, though the kernel holds their attributes for the 60 s attribute
     timeout (the view renews the kernel's names: a new FUSE epoch).  Pages
     the kernel holds stay right and an open reader keeps reading."""
-    from overlayfs import mounts
+    from stepfs.overlayfs.daemon import timeouts
 
-    assert mounts.ATTR_TIMEOUT >= 60  # the cache this test is about is in force
+    assert timeouts.ATTR_TIMEOUT >= 60  # the cache this test is about is in force
     (workspace / "sub").mkdir()
     (workspace / "a").write_bytes(b"shared bytes")
     for name in ("b", "sub/c", "d"):

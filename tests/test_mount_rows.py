@@ -17,8 +17,8 @@ import time
 import pytest
 
 from conftest import sh
-from overlayfs import manage
-from overlayfs.daemon import daemon_alive
+from stepfs.overlayfs.client import manage
+from stepfs.overlayfs.daemon.protocol import daemon_alive
 
 pytestmark = pytest.mark.mount
 

@@ -1,6 +1,6 @@
 """What keeps a second ``ls -lR`` / ``git status`` cheap stays correct:
 the kernel's POSIX ACL cache (FUSE_CAP_POSIX_ACL) and the view's reused
-workspace listings (overlayfs/listings.py) through a real mount, and the
+workspace listings (overlayfs/core/listings.py) through a real mount, and the
 adapter's direct stat fill (no kernel)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import mfusepy
 import pytest
 
 from conftest import sh, stepfs
-from overlayfs import fuse_ops
-from overlayfs.listings import settled
+from stepfs.overlayfs.daemon import fuse_ops
+from stepfs.overlayfs.core.listings import settled
 from viewkit import open_view
 
 # A minimal access ACL equal to mode 0644 (posix_acl_xattr format, version 2).

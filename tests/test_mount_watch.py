@@ -1,6 +1,6 @@
-"""Outside edits reach a live mount at once (overlayfs/watch.py).
+"""Outside edits reach a live mount at once (overlayfs/daemon/watch.py).
 
-The kernel caches names and attributes for ``mounts.ENTRY_TIMEOUT`` (60 s);
+The kernel caches names and attributes for ``timeouts.ENTRY_TIMEOUT`` (60 s);
 an editor working in the workspace directly must still be seen promptly.
 Every check polls with a deadline far below that timeout (an event seen,
 not a sleep), so a change that only showed after the timeout fails."""
@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import sh, stepfs
-from overlayfs import mounts
+from stepfs.overlayfs.daemon import timeouts
 
 pytestmark = pytest.mark.mount
 
 #: Well below the kernel's cache timeouts: seen through the watcher, not by expiry.
 DEADLINE = 5.0
-assert DEADLINE * 4 < mounts.ENTRY_TIMEOUT
+assert DEADLINE * 4 < timeouts.ENTRY_TIMEOUT
 
 
 def seen(probe, want, deadline_s: float = DEADLINE) -> bool:
@@ -162,9 +162,9 @@ def test_without_the_watcher_the_short_timeouts_apply(workspace, mount, monkeypa
     _cache(m)
     os.chmod(workspace / "src" / "b.py", 0o600)
     assert seen(lambda: m.path("src", "b.py").stat().st_mode & 0o777, 0o600,
-                deadline_s=mounts.SHORT_TIMEOUT + DEADLINE)
+                deadline_s=timeouts.SHORT_TIMEOUT + DEADLINE)
     os.unlink(workspace / "src" / "c.py")
-    assert seen(lambda: m.path("src", "c.py").exists(), False, deadline_s=mounts.SHORT_TIMEOUT + DEADLINE)
+    assert seen(lambda: m.path("src", "c.py").exists(), False, deadline_s=timeouts.SHORT_TIMEOUT + DEADLINE)
 
 
 def test_kept_pages_never_show_old_bytes(workspace, mount):

@@ -20,8 +20,8 @@ import pytest
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     PowerLoss, ProcessCrash, check_recovered, commit, copy_template, fast_tmp, make_template, materialize,
 )
-from store import durable, publish
-from store.workspace import Workspace
+from stepfs.store import durable, publish
+from stepfs.store.workspace import Workspace
 
 
 def run_model(t, base, ignore=frozenset()) -> PowerLoss:

@@ -17,8 +17,8 @@ import stat
 import mfusepy
 import pytest
 
-from overlayfs import fuse_ops
-from overlayfs.fuse_ops import FUSE_FILL_DIR_PLUS, FUSE_READDIR_PLUS, StepFS, _FUSE
+from stepfs.overlayfs.daemon import fuse_ops
+from stepfs.overlayfs.daemon.fuse_ops import FUSE_FILL_DIR_PLUS, FUSE_READDIR_PLUS, StepFS, _FUSE
 from viewkit import open_view, write_file
 
 

@@ -24,8 +24,8 @@ from conftest import manifest
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, copy_template, crash_commit, fast_tmp, make_template,
 )
-from store import durable, schema
-from store.workspace import Workspace
+from stepfs.store import durable, schema
+from stepfs.store.workspace import Workspace
 
 
 def _write(path, data: bytes) -> None:
@@ -133,8 +133,8 @@ def test_a_hard_link_of_a_path_left_alone_gets_the_layers_bytes_as_a_file_of_its
     alone and publishes ``b`` with the layer's bytes, not as a link of the
     outside file."""
     from crashkit import fork_run
-    from overlayfs.view import Overlay
-    from store import publish
+    from stepfs.overlayfs.core.view import Overlay
+    from stepfs.store import publish
     from viewkit import write_file
 
     ws_path = fast_tmp / "ws"

@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import manifest
 from history_helpers import layer_tree, open_ws, read, write
-from overlayfs.errors import ViewError
-from store import publish, rollback
-from store.errors import CommitConflict, NoSuchLayer, NothingToCommit, NothingToRollBack
-from store.layers import head
+from stepfs.overlayfs.core.errors import ViewError
+from stepfs.store import publish, rollback
+from stepfs.store.errors import CommitConflict, NoSuchLayer, NothingToCommit, NothingToRollBack
+from stepfs.store.layers import head
 
 
 def commit(view, message="") -> int:

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from conftest import ROOT, stepfs
+from conftest import stepfs
 from mountguard import mounts_under, private_tmp  # noqa: F401
-from overlayfs import mounts
-from store import layers
-from store.workspace import Workspace
+from stepfs.overlayfs.client import mounts
+from stepfs.store import layers
+from stepfs.store.workspace import Workspace
 
 pytestmark = pytest.mark.mount
 
@@ -123,8 +123,8 @@ TRAP = textwrap.dedent("""
 
 def test_run_forwards_sigterm_and_still_commits(workspace, private_tmp):
     (workspace / "trap.py").write_text(TRAP)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", str(workspace), "--json", "--",
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "run", str(workspace), "--json", "--",
                              sys.executable, "trap.py"], cwd=workspace, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -147,11 +147,11 @@ def test_run_does_not_double_a_terminal_ctrl_c(workspace, private_tmp):
     """Ctrl-C on a terminal reaches the whole foreground process group: the
     command gets it from the terminal, and stepfs must not send a second one."""
     (workspace / "trap.py").write_text(TRAP)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = dict(os.environ)
     pid, fd = pty.fork()
     if pid == 0:  # child: session leader with the pty as controlling terminal
         try:
-            os.execve(sys.executable, [sys.executable, "-m", "cli.main", "run", str(workspace), "--json", "--",
+            os.execve(sys.executable, [sys.executable, "-m", "stepfs.cli.main", "run", str(workspace), "--json", "--",
                                        sys.executable, "trap.py"], env)
         finally:
             os._exit(127)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from store import cards, layers, publish
-from store.errors import NoSuchLayer
+from stepfs.store import cards, layers, publish
+from stepfs.store.errors import NoSuchLayer
 from store_kit import Stager, open_workspace
 
 TEXT_BEFORE = b"one\ntwo\nthree\n"
@@ -134,7 +134,7 @@ def test_lines_that_look_like_diff_headers_are_counted(tmp_path):
 
 
 def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
-    from store import diff
+    from stepfs.store import diff
 
     monkeypatch.setattr(diff, "TEXT_LIMIT", 10)
     w = open_workspace(tmp_path / "ws", {"big": ("file", 0o644, b"1\n2\n3\n4\n5\n6\n")})

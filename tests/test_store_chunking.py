@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import func, select
 
 from store_kit import object_to_file
-from store import chunking, schema
-from store.db import Database
-from store.objects import ObjectStore, xxh3_hex
+from stepfs.store import chunking, schema
+from stepfs.store.db import Database
+from stepfs.store.objects import ObjectStore, xxh3_hex
 
 MiB = 1 << 20
 

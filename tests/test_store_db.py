@@ -9,11 +9,11 @@ import threading
 import pytest
 from sqlalchemy import event, select, text
 
-from store import db as db_mod
-from store import schema, staging
-from store.db import Database
-from store.objects import ObjectStore
-from store.errors import StoreFormatError
+from stepfs.store import db as db_mod
+from stepfs.store import chunking, schema, staging
+from stepfs.store.db import Database
+from stepfs.store.objects import ObjectStore
+from stepfs.store.errors import StoreFormatError
 
 
 def meta_rows(db: Database) -> dict[str, str]:
@@ -47,7 +47,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     facts = meta_rows(db)
     assert facts["format_version"] == str(schema.FORMAT_VERSION) == "5"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
-    assert facts["chunk_size"] == str(schema.CHUNK_SIZE)
+    assert facts["chunk_size"] == str(schema.CHUNK_SIZE) == str(chunking.MAX_SIZE)
     db.close()
     raw = sqlite3.connect(path)
     names = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from store import schema
+from stepfs.store import schema
 
 FORMAT_MD = Path(schema.__file__).with_name("FORMAT.md").read_text()
 

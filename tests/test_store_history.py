@@ -8,10 +8,10 @@ import stat as stat_mod
 
 import pytest
 
-from store import history, publish, schema
-from store.errors import ContainmentError, NoSuchLayer, NoSuchPath
-from store.layers import State
-from store.workspace import Workspace
+from stepfs.store import history, publish, schema
+from stepfs.store.errors import ContainmentError, NoSuchLayer, NoSuchPath
+from stepfs.store.layers import State
+from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace, plain
 
 

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import event, func, select
 
 from store_kit import object_to_file
-from store import chunking, schema
-from store.db import Database
-from store.errors import CorruptObject
-from store.objects import ObjectStore, xxh3_hex
+from stepfs.store import chunking, schema
+from stepfs.store.db import Database
+from stepfs.store.errors import CorruptObject
+from stepfs.store.objects import ObjectStore, xxh3_hex
 
 MiB = 1 << 20
 

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy import select, update
 
 from conftest import manifest
-from store import layers, publish, schema
-from store.errors import CommitConflict, NothingToCommit
-from store.layers import State
+from stepfs.store import layers, publish, schema
+from stepfs.store.errors import CommitConflict, NothingToCommit
+from stepfs.store.layers import State
 from store_kit import Stager, build_tree, expected_manifest, open_workspace, plain
 
 BEFORE = {
@@ -467,7 +467,7 @@ def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypa
 
 
 def test_workspace_open_runs_recovery(ws, monkeypatch):
-    from store.workspace import Workspace
+    from stepfs.store.workspace import Workspace
 
     crash_mid_publish(ws, monkeypatch, 2)
     with Workspace.open(ws.path) as again:

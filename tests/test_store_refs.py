@@ -15,9 +15,9 @@ from conftest import manifest
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, commit, copy_template, crash_commit, fast_tmp, fork_run, make_template,
 )
-from store import durable, publish, refs, staging
-from store.errors import MissingStagedContent
-from store.workspace import Workspace
+from stepfs.store import durable, publish, refs, staging
+from stepfs.store.errors import MissingStagedContent
+from stepfs.store.workspace import Workspace
 
 
 @pytest.fixture

@@ -27,11 +27,11 @@ from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, check_recovered, commit, copy_template, crash_commit, fast_tmp, fork_run, make_template,
     staged_rows,
 )
-from overlayfs.view import Overlay
-from store import durable, schema, staging, verify
-from store.db import Database
-from store.objects import ObjectStore
-from store.workspace import Workspace
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import durable, schema, staging, verify
+from stepfs.store.db import Database
+from stepfs.store.objects import ObjectStore
+from stepfs.store.workspace import Workspace
 
 # -- SIGKILL inside database transactions ---------------------------------------------
 
@@ -240,8 +240,8 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
     """A version-1 store (no layers.step; the intent consumed the staged rows;
     the checksum has no step) left with a pending layer by a crash: opening it
     upgrades it in place and recovery finishes the layer."""
-    from store import publish
-    from store.layers import entries as load_entries
+    from stepfs.store import publish
+    from stepfs.store.layers import entries as load_entries
 
     t = make_template(fast_tmp, 8)
     counter = Counter()

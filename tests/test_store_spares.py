@@ -15,9 +15,9 @@ from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, PowerLoss, check_recovered, commit, copy_template, crash_commit, fast_tmp, make_template,
     materialize,
 )
-from store import durable, publish, staging
-from store.spares import Spares
-from store.workspace import Workspace
+from stepfs.store import durable, publish, staging
+from stepfs.store.spares import Spares
+from stepfs.store.workspace import Workspace
 from viewkit import open_view, read_all, write_file
 
 

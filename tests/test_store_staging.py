@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from store import staging
-from store.db import Database
-from store.staging import StagedRow
+from stepfs.store import staging
+from stepfs.store.db import Database
+from stepfs.store.staging import StagedRow
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import update
 
 from conftest import stepfs
-from overlayfs.view import Overlay
-from store import schema, verify
-from store.objects import xxh3_hex
-from store.workspace import Workspace
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import schema, verify
+from stepfs.store.objects import xxh3_hex
+from stepfs.store.workspace import Workspace
 
 
 @pytest.fixture

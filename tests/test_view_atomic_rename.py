@@ -19,9 +19,9 @@ import shutil
 import pytest
 
 from crashkit import Counter, KillAt, fork_run
-from overlayfs.view import RENAME_EXCHANGE, Overlay
-from store import durable
-from store.workspace import Workspace
+from stepfs.overlayfs.core.view import RENAME_EXCHANGE, Overlay
+from stepfs.store import durable
+from stepfs.store.workspace import Workspace
 from viewkit import view_manifest, write_file
 
 COMMIT = frozenset({"commit"})

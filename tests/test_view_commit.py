@@ -8,8 +8,8 @@ import os
 import pytest
 
 from conftest import manifest
-from store import staging
-from store.errors import NothingToCommit
+from stepfs.store import staging
+from stepfs.store.errors import NothingToCommit
 from viewkit import open_view, orphan_scratch, read_all, read_fh, view_manifest, write_file
 
 
@@ -155,7 +155,7 @@ def test_commit_replaces_directories_files_and_symlinks(ws_view):
 
 
 def _before_bytes(ws, layer: int, path: bytes) -> bytes:
-    from store.layers import entries
+    from stepfs.store.layers import entries
 
     with ws.db.read() as conn:
         entry = next(e for e in entries(conn, layer) if e.path == path)
@@ -163,7 +163,7 @@ def _before_bytes(ws, layer: int, path: bytes) -> bytes:
 
 
 def test_a_staged_workspace_file_is_captured_ahead_and_the_commit_only_checks_its_token(ws_view, monkeypatch):
-    from store import publish, tokens
+    from stepfs.store import publish, tokens
 
     ws, view = ws_view
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)  # the fixture's files are older than the racy window
@@ -180,8 +180,8 @@ def test_a_staged_workspace_file_is_captured_ahead_and_the_commit_only_checks_it
 
 
 def test_a_file_changed_outside_after_its_capture_ahead_is_captured_again(ws_view, monkeypatch):
-    from store import tokens
-    from store.errors import CommitConflict
+    from stepfs.store import tokens
+    from stepfs.store.errors import CommitConflict
 
     ws, view = ws_view
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
@@ -197,12 +197,12 @@ def test_a_file_changed_outside_after_its_capture_ahead_is_captured_again(ws_vie
 
 
 def test_files_inside_the_racy_window_or_too_big_are_not_captured_ahead(ws_view, monkeypatch):
-    from store import publish
+    from stepfs.store import publish
 
     ws, view = ws_view
     write_file(view, "/keep", b"changed\n")  # written by the fixture just now: racy
     assert view.precaptured == {}
-    from store import tokens
+    from stepfs.store import tokens
 
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
     monkeypatch.setattr(publish, "PRECAPTURE_MAX", len(b"x\n"))

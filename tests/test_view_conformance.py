@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from overlayfs.fuse_ops import errno_for
+from stepfs.overlayfs.daemon.fuse_ops import errno_for
 from viewkit import open_view
 
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from store import staging
+from stepfs.store import staging
 from viewkit import open_view, orphan_scratch, read_all, read_fh
 
 SIZE_50M = 50 * 1024 * 1024

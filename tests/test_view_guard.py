@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from overlayfs.errors import Stale
-from overlayfs.view import Overlay
-from store.workspace import Workspace
+from stepfs.overlayfs.core.errors import Stale
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store.workspace import Workspace
 
 
 def _two_writers(view) -> None:

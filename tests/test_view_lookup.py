@@ -8,8 +8,8 @@ import stat as stat_mod
 
 import pytest
 
-from overlayfs.errors import Exists, NotFound, ReadOnly, Reserved
-from store import staging
+from stepfs.overlayfs.core.errors import Exists, NotFound, ReadOnly, Reserved
+from stepfs.store import staging
 from viewkit import open_view, read_all, view_manifest, write_file
 
 

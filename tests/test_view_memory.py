@@ -1,4 +1,4 @@
-"""Small drafts live in memory (``overlayfs/content.py``, ``MEMORY_DRAFT_MAX``):
+"""Small drafts live in memory (``overlayfs/core/content.py``, ``MEMORY_DRAFT_MAX``):
 no file is created on the workspace's filesystem for them, and the fast
 path keeps every semantic of a scratch-file draft: per-handle O_APPEND,
 POSIX visibility between one agent's handles, the move to a scratch file
@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 import os
 
-from overlayfs import content
-from store import refs, staging
+from stepfs.overlayfs.core import content
+from stepfs.store import refs, staging
 from viewkit import open_view, orphan_scratch, read_all, read_fh, write_file
 
 MAX = content.MEMORY_DRAFT_MAX

@@ -9,9 +9,9 @@ import stat as stat_mod
 import pytest
 
 from conftest import manifest
-from overlayfs.errors import Exists, Invalid, IsADirectory, NotADirectory, NotEmpty, NotFound
-from overlayfs.view import RENAME_NOREPLACE, Overlay
-from store import staging
+from stepfs.overlayfs.core.errors import Exists, Invalid, IsADirectory, NotADirectory, NotEmpty, NotFound
+from stepfs.overlayfs.core.view import RENAME_NOREPLACE, Overlay
+from stepfs.store import staging
 from viewkit import open_view, read_all, reopen, view_manifest, write_file
 
 UTIME_NOW = Overlay.UTIME_NOW

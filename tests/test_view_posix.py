@@ -9,7 +9,7 @@ import os
 import pytest
 
 from conftest import manifest
-from store import staging
+from stepfs.store import staging
 from viewkit import open_view, read_all, read_fh, write_file
 
 
@@ -234,7 +234,7 @@ def test_names_removed_in_the_view_stay_counted_after_a_discard_or_rollback_else
 def test_link_bookkeeping_is_bounded(tmp_path, monkeypatch):
     """Past the bound nothing more is recorded and the next removal of a
     name of any multi-link file renews (the kernel may hold any name)."""
-    from overlayfs import links
+    from stepfs.overlayfs.core import links
 
     monkeypatch.setattr(links, "LOWER_SHOWN_LIMIT", 2)
     _linked_workspace(tmp_path, "a", "b", "c")
@@ -275,7 +275,7 @@ def test_committed_links_are_recorded_and_a_discard_renews(tmp_path):
 def test_a_kernel_without_fuse_epochs_is_told_once(caplog):
     """The adapter's half: a kernel that refuses FUSE_NOTIFY_INC_EPOCH
     (older than 6.16) is logged once and not asked again."""
-    from overlayfs.fuse_ops import KernelCache
+    from stepfs.overlayfs.daemon.fuse_ops import KernelCache
 
     kc = KernelCache()
     assert kc.new_epoch() is False  # not attached: nothing to tell

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from conftest import manifest
-from overlayfs import errors as view_errors
-from overlayfs.view import RENAME_NOREPLACE
-from store.errors import NothingToCommit
+from stepfs.overlayfs.core import errors as view_errors
+from stepfs.overlayfs.core.view import RENAME_NOREPLACE
+from stepfs.store.errors import NothingToCommit
 from viewkit import open_view, orphan_scratch, read_fh, reopen, view_manifest
 
 #: The view's refusals as the errno the FUSE adapter turns them into.

@@ -11,9 +11,9 @@ import os
 import pytest
 from sqlalchemy import select
 
-from store import refs, schema, staging
-from store.errors import MissingStagedContent
-from store.verify import verify
+from stepfs.store import refs, schema, staging
+from stepfs.store.errors import MissingStagedContent
+from stepfs.store.verify import verify
 from viewkit import open_view, read_all, read_fh, reopen, write_file
 
 RENAME_EXCHANGE = 2

@@ -16,7 +16,7 @@ import stat as stat_mod
 
 import pytest
 
-from store import durable, staging
+from stepfs.store import durable, staging
 from viewkit import open_view, read_all, reopen, view_manifest, write_file
 
 

@@ -10,8 +10,8 @@ import stat as stat_mod
 
 import pytest
 
-from store import cards, diff, layers, rollback
-from store.contained import kind_of
+from stepfs.store import cards, diff, layers, rollback
+from stepfs.store.contained import kind_of
 from viewkit import open_view, reopen
 
 NULL_RDEV = os.makedev(1, 3)  # /dev/null's numbers
@@ -110,7 +110,7 @@ def test_mknod_of_other_types_is_refused_and_regular_still_works(tmp_path):
     ws, view = open_view(tmp_path)
     view.mknod("/f", stat_mod.S_IFREG | 0o600)
     assert stat_mod.S_ISREG(view.getattr("/f")["st_mode"])
-    from overlayfs.errors import Exists, Unsupported
+    from stepfs.overlayfs.core.errors import Exists, Unsupported
     with pytest.raises(Exists):
         view.mknod("/f", stat_mod.S_IFCHR | 0o600, NULL_RDEV)
     with pytest.raises(Unsupported):
@@ -165,8 +165,8 @@ def test_special_before_state_of_a_version_2_store_still_reads_and_is_not_restor
     rollback to such a state is refused as a conflict, not guessed."""
     import sqlite3
 
-    from store.errors import CommitConflict
-    from store.workspace import Workspace
+    from stepfs.store.errors import CommitConflict
+    from stepfs.store.workspace import Workspace
 
     (tmp_path / "ws").mkdir()
     os.mknod(tmp_path / "ws" / "s", stat_mod.S_IFSOCK | 0o600)

@@ -53,11 +53,11 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy import select
 
-from overlayfs.errors import NotFound, NotObserved, Stale
-from overlayfs.view import Overlay
-from store import schema, tokens
-from store.errors import NothingToCommit
-from store.workspace import Workspace
+from stepfs.overlayfs.core.errors import NotFound, NotObserved, Stale
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store import schema, tokens
+from stepfs.store.errors import NothingToCommit
+from stepfs.store.workspace import Workspace
 
 RO, RW = os.O_RDONLY, os.O_RDWR
 

@@ -1,5 +1,5 @@
 """The workspace watcher without a mount: inotify events -> what the kernel
-is told to forget (overlayfs/watch.py).  A fake kernel cache records the
+is told to forget (overlayfs/daemon/watch.py).  A fake kernel cache records the
 calls; the real-mount behaviour is in test_mount_watch.py."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from overlayfs import watch
-from overlayfs.watch import (
+from stepfs.overlayfs.daemon import watch
+from stepfs.overlayfs.daemon.watch import (
     IN_ATTRIB, IN_CREATE, IN_DELETE, IN_DELETE_SELF, IN_IGNORED, IN_ISDIR, IN_MODIFY, IN_MOVE_SELF, IN_MOVED_FROM,
     IN_MOVED_TO, IN_Q_OVERFLOW, Watcher, interpret, parse,
 )
-from store.contained import Root
+from stepfs.store.contained import Root
 
 DIRS = {1: "/", 2: "/src", 3: "/src/pkg"}
 

@@ -10,9 +10,9 @@ import os
 import stat as stat_mod
 from pathlib import Path
 
-from overlayfs.view import Overlay
-from store.contained import kind_of
-from store.workspace import Workspace
+from stepfs.overlayfs.core.view import Overlay
+from stepfs.store.contained import kind_of
+from stepfs.store.workspace import Workspace
 
 
 def open_view(tmp_path: Path, mount_name: str = "mnt", **options) -> tuple[Workspace, Overlay]:

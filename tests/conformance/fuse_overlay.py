@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from overlayfs import mounts
+from stepfs.overlayfs.client import mounts
 
 READY_TIMEOUT = 20.0
 EXIT_TIMEOUT = 10.0

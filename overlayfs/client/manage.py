@@ -1,0 +1,542 @@
+"""Mount management and step operations as library calls (no FUSE import).
+
+Everything the CLI does goes through a function here or in ``store``, so
+tests and agent harnesses can call the same code.  A *target* is what a user
+names on the command line: a workspace, one of its mountpoints, or a path
+inside either (default: the current directory).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from typing import TYPE_CHECKING, NoReturn
+
+from stepfs.store.errors import (
+    InputError,
+    CommitConflict, DaemonError, MountpointError, NothingToCommit, NotMountedError, StepfsError, WorkspaceError,
+)
+from stepfs.store.paths import STORE_DIR, check_directory, is_workspace
+
+from stepfs.overlayfs.client import control, mounts
+from stepfs.overlayfs.daemon.protocol import daemon_alive, daemon_alive_settled, log_path, parse_auto_step
+
+if TYPE_CHECKING:
+    from stepfs.store import staging
+    from stepfs.store.workspace import Workspace
+
+# The store and the database layer (SQLAlchemy: most of a CLI start-up) are
+# imported inside the functions that open the store: a `stepfs step` or
+# `stepfs unmount` of a mountpoint only talks to the daemon.
+
+log = logging.getLogger("stepfs.manage")
+
+READY_TIMEOUT = 30.0
+EXIT_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Target:
+    workspace: str
+    mountpoint: str | None = None
+
+
+def resolve(arg: str | None = None) -> Target:
+    """Trace a command-line path to its workspace (and mount, if it is one).
+
+    Mount table first, without stat, so a dead mount cannot hang us; then the
+    directories upwards from the path, like git looks for ``.git``.
+    """
+    path = os.path.normpath(os.path.abspath(arg if arg is not None else os.getcwd()))
+    entry = mounts.containing(path)
+    if entry is not None:
+        return Target(entry.workspace, entry.mountpoint)
+    if not os.path.exists(path):
+        raise WorkspaceError(f"{path} does not exist; name a workspace or one of its mountpoints.")
+    probe = os.path.realpath(path)
+    while True:
+        if is_workspace(probe):
+            return Target(probe)
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    raise WorkspaceError(
+        f"{path} is not in a stepfs workspace or mount; name one, or mount a workspace first with 'stepfs mount'."
+    )
+
+
+# -- mount / unmount -----------------------------------------------------------------
+
+
+def check_mount_args(workspace: str, mountpoint: str) -> tuple[str, str]:
+    """Validate before touching any store; returns absolute paths."""
+    ws = check_directory(workspace)
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is not None:
+        if entry.workspace is not None:
+            raise MountpointError(
+                f"{mp} is already a stepfs mount (of {entry.workspace}); unmount it first with 'stepfs unmount {mp}'."
+            )
+        raise MountpointError(f"{mp} is already a mountpoint ({entry.fstype}); choose an empty directory.")
+    if not os.path.exists(mp):
+        raise MountpointError(f"mountpoint {mp} does not exist; create it with 'mkdir -p {mp}'.")
+    if not os.path.isdir(mp):
+        raise MountpointError(f"mountpoint {mp} is not a directory; choose an empty directory.")
+    real_mp = os.path.realpath(mp)
+    if real_mp == ws or real_mp.startswith(ws.rstrip("/") + "/"):
+        raise MountpointError(
+            f"mountpoint {mp} is inside the workspace {ws}; choose a directory outside it."
+        )
+    if os.listdir(mp):
+        raise MountpointError(f"mountpoint {mp} is not empty; choose an empty directory.")
+    return ws, mp
+
+
+def reclaim_dead_mount(workspace: str, mountpoint: str) -> bool:
+    """Clean up a stepfs mount of ``workspace`` at ``mountpoint`` whose daemon
+    died (it stays in the mount table and answers ENOTCONN): abort its FUSE
+    connection so no client stays blocked, then detach it lazily.  Returns
+    whether there was one.  A live daemon's mount, or another workspace's,
+    is left alone (the caller's checks refuse it)."""
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        return False
+    try:
+        ws = check_directory(workspace)
+    except WorkspaceError:
+        return False
+    if entry.workspace != ws:
+        return False
+    # A daemon holds its lock file for its whole life: lock free = daemon
+    # gone (one killed a moment ago may still be closing its descriptors).
+    if daemon_alive_settled(os.path.join(ws, STORE_DIR, "run"), mp) is not None:
+        return False
+    abort_connection(mp)
+    tool = shutil.which("fusermount3") or "fusermount3"
+    result = subprocess.run([tool, "-u", "-z", mp], capture_output=True, text=True)
+    if result.returncode != 0 and mounts.find(mp) is not None:
+        reason = result.stderr.strip() or "unknown reason"
+        raise MountpointError(f"{mp} is a dead stepfs mount that could not be detached ({reason}); "
+                              f"run 'fusermount3 -u -z {mp}' as its owner.")
+    return True
+
+
+def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other: bool) -> tuple[str, str]:
+    """What a mount does before its daemon starts: check the arguments
+    (refused before anything is touched), detach a dead mount at the same
+    place, create the store and run recovery.  The workspace's and the
+    mountpoint's absolute paths."""
+    from stepfs.store.workspace import Workspace
+
+    if allow_other and os.geteuid() != 0:
+        raise InputError("--allow-other needs root: mount as root to let other users into the mount.")
+    try:
+        parse_auto_step(auto_step)
+    except ValueError as exc:
+        raise InputError(f"{exc}.") from None
+    reclaim_dead_mount(workspace, mountpoint)
+    ws_path, mp = check_mount_args(workspace, mountpoint)
+    Workspace.open(ws_path, create=True).close()  # create the store, recover, check the format
+    return ws_path, mp
+
+
+def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
+          auto_step: str = "manual", allow_other: bool = False) -> int:
+    """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
+    once the mount is ready.  A dead mount of the same workspace at the same
+    place (its daemon was killed) is cleaned up first; opening the workspace
+    then runs recovery, so the new mount starts from the last committed layer
+    plus the open step's staged rows.  Raises a StepfsError with the reason
+    otherwise.  ``allow_other`` lets users other than the mounter in (root
+    only; the kernel then checks their permissions: default_permissions)."""
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
+    logfile = log_path(ws_path, mp)
+    read_end, write_end = os.pipe()
+    with open(logfile, "ab") as log:
+        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other) + ["--ready-fd", str(write_end)]
+        proc = subprocess.Popen(
+            cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True, cwd="/",
+        )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        got = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([read_end], [], [], 0.2)
+            if ready:
+                chunk = os.read(read_end, 64)
+                got += chunk
+                if b"ready" in got or not chunk:
+                    break
+            if proc.poll() is not None:
+                break
+    finally:
+        os.close(read_end)
+    if b"ready" in got:
+        return proc.pid
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    raise DaemonError(f"the mount daemon did not start: {_last_line(logfile)} (log: {logfile}).")
+
+
+def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
+                   allow_other: bool) -> list[str]:
+    """The daemon's command line: this interpreter, so it imports the same
+    installed ``stepfs`` as this process."""
+    cmd = [sys.executable, "-m", "stepfs.overlayfs.daemon.main", ws_path, mp]
+    if debug:
+        cmd.append("--debug")
+    if require_read:
+        cmd.append("--require-read")
+    if auto_step != "manual":
+        cmd += ["--auto-step", auto_step]
+    if allow_other:
+        cmd.append("--allow-other")
+    return cmd
+
+
+def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
+                     auto_step: str = "manual", allow_other: bool = False) -> NoReturn:
+    """``stepfs mount --foreground``: check the arguments as :func:`mount`
+    does, then become the daemon (exec, same pid), attached to this terminal
+    until unmounted."""
+    ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other)
+    os.execv(cmd[0], cmd)
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no log"
+    for line in reversed(lines):
+        if line.startswith("stepfs:") or "Error" in line or "error" in line:
+            return line.strip()
+    return lines[-1].strip() if lines else "no output"
+
+
+def fuse_connection(mountpoint: str) -> str | None:
+    """The fusectl connection id (device minor) of a mount, from mountinfo
+    (never stat a possibly dead mount)."""
+    target = os.path.normpath(os.path.abspath(mountpoint))
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and mounts._unescape(parts[4]) == target:
+                return parts[2].split(":")[1]
+    return None
+
+
+def abort_connection(mountpoint: str) -> bool:
+    """Abort a FUSE connection through fusectl: every pending and future
+    request fails with ENOTCONN, so no client stays stuck."""
+    conn = fuse_connection(mountpoint)
+    if conn is None:
+        return False
+    base = "/sys/fs/fuse/connections"
+    if not os.path.exists(os.path.join(base, conn)):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", base], capture_output=True)
+    try:
+        with open(os.path.join(base, conn, "abort"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def unmount(mountpoint: str, force: bool = False) -> None:
+    """Unmount a stepfs mount and wait until its daemon has exited."""
+    mp = os.path.normpath(os.path.abspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        raise NotMountedError(f"{mp} is not a stepfs mount; 'stepfs status' lists the mounts of a workspace.")
+    run_dir = os.path.join(entry.workspace, STORE_DIR, "run")
+    tool = shutil.which("fusermount3") or "fusermount3"
+    result = subprocess.run([tool, "-u", mp], capture_output=True, text=True)
+    if result.returncode != 0:
+        if not force:
+            reason = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else "unknown reason"
+            raise DaemonError(
+                f"cannot unmount {mp} ({reason}); close the programs using it or use 'stepfs unmount --force'."
+            )
+        abort_connection(mp)
+        subprocess.run([tool, "-u", "-z", mp], capture_output=True)
+    deadline = time.monotonic() + EXIT_TIMEOUT
+    while time.monotonic() < deadline:
+        pid = daemon_alive(run_dir, mp)
+        if pid is None:
+            return
+        time.sleep(0.05)
+    pid = daemon_alive(run_dir, mp)
+    if pid and force:
+        os.kill(pid, 9)
+        return
+    raise DaemonError(f"the daemon of {mp} (pid {pid}) did not exit within {EXIT_TIMEOUT:.0f} s; use --force.")
+
+
+# -- steps -------------------------------------------------------------------------
+
+
+def _op(row: staging.StagedRow) -> str:
+    from stepfs.store import tokens
+
+    if row.kind == "whiteout":
+        return "D"
+    return "A" if row.base == tokens.ABSENT else "M"
+
+
+def sync_rows(ws: Workspace, mountpoint: str | None = None) -> None:
+    """Ask every live daemon of ``ws`` (or the one of ``mountpoint``) to
+    write the staged rows it recorded but has not written yet, so that the
+    store shows what the mounts show (``view.py``, "Staged rows and
+    crashes").  A daemon that does not answer has nothing to add."""
+    for m in mounts.stepfs_mounts(ws.path):
+        if mountpoint is not None and m.mountpoint != mountpoint:
+            continue
+        if daemon_alive(ws.run_dir, m.mountpoint):
+            try:
+                control.request(m.mountpoint, {"op": "sync"}, timeout=60.0)
+            except StepfsError as exc:
+                log.warning("could not sync the staged rows of %s: %s", m.mountpoint, exc)
+
+
+def status(target: Target) -> dict:
+    """Mounts of the workspace, each open step's staged paths, the conflicts."""
+    from stepfs.store import conflicts, layers, staging
+    from stepfs.store.workspace import Workspace
+
+    with Workspace.open(target.workspace) as ws:
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        sync_rows(ws, target.mountpoint)
+        out = {"workspace": ws.path, "mounts": [], "conflicts": []}
+        with ws.db.read() as conn:
+            out["head"] = layers.head(conn)
+            for step in staging.list_steps(conn):
+                mp = step["mountpoint"]
+                if target.mountpoint and mp != target.mountpoint:
+                    continue
+                rows = staging.load(conn, step["id"])
+                pid = daemon_alive(ws.run_dir, mp)
+                if mp not in live and not rows:
+                    continue
+                out["mounts"].append({
+                    "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
+                    "readonly": _readonly_reason(mp) if mp in live and pid else None,
+                    "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
+                })
+            for c in conflicts.listed(conn):
+                path = os.fsdecode(bytes(c.path))
+                out["conflicts"].append({
+                    "id": c.id, "path": path, "reason": c.reason, "mount": c.mount,
+                    "agent": c.agent, "oid": c.oid, "created_ns": c.created_ns,
+                    "token_mine": c.token_mine, "token_theirs": c.token_theirs,
+                    # How to get the losing bytes back.
+                    "bytes": f"read {c.mount}/.stepfs/conflicts/{path} while that mount is up",
+                })
+        return out
+
+
+def _readonly_reason(mountpoint: str) -> str | None:
+    """Why a live mount went read-only, asked of its daemon (which keeps the
+    reason in memory: the disk may be too full to write it anywhere)."""
+    try:
+        return control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("readonly")
+    except DaemonError:
+        return None
+
+
+def discard(target: Target, paths: list[str]) -> list[str]:
+    """Drop staged paths from open steps (the mount's own with a mountpoint
+    target, every open step with a workspace target), keeping their bytes
+    as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
+    A path that is not staged is simply not in the result."""
+    from stepfs.store import refs, staging
+    from stepfs.store.workspace import Workspace
+
+    from stepfs.store import history
+
+    dropped: set[str] = set()
+    with Workspace.open(target.workspace) as ws:
+        rels = [history.user_path(ws, p, target.mountpoint) for p in paths]
+        with ws.db.read() as conn:
+            steps = staging.list_steps(conn)
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        for st in steps:
+            mp = st["mountpoint"]
+            if target.mountpoint is not None and mp != target.mountpoint:
+                continue
+            if mp in live and daemon_alive(ws.run_dir, mp):
+                answer = control.request(mp, {"op": "discard", "paths": ["/" + os.fsdecode(r) for r in rels]})
+                dropped.update(p.lstrip("/") for p in answer["discarded"])
+            else:
+                with ws.commit_lock(), ws.db.write() as conn:
+                    refs.import_refs(ws, conn, st["id"])  # discarded bytes are kept as objects
+                    for r in rels:
+                        dropped.update(os.fsdecode(p) for p in staging.discard(conn, st["id"], r, mount=mp))
+    return sorted(dropped)
+
+
+def step(target: Target, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+         overwrite: list[str] = ()) -> list[int]:
+    """Commit open steps as layers; returns the new layer numbers.
+
+    A mountpoint target commits that mount's step (through its daemon).  A
+    workspace target commits every open step that has changes: live mounts
+    through their daemons, steps of dead daemons straight from the store.
+    """
+    over = [os.fsencode(p.strip("/")) for p in overwrite]
+    payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
+               "overwrite": [os.fsdecode(p) for p in over]}
+    if target.mountpoint is not None:
+        return [control.request(target.mountpoint, payload)["number"]]
+    numbers = _step_live_mounts(target.workspace, payload)
+    if numbers:
+        return numbers
+    from stepfs.store import publish, staging
+    from stepfs.store.workspace import Workspace
+
+    numbers: list[int] = []
+    nothing: NothingToCommit | None = None
+    with Workspace.open(target.workspace) as ws:
+        with ws.db.read() as conn:
+            steps = staging.list_steps(conn)
+        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+        for st in steps:
+            mp = st["mountpoint"]
+            try:
+                if mp in live and daemon_alive(ws.run_dir, mp):
+                    numbers.append(control.request(mp, payload)["number"])
+                elif st["staged"]:
+                    numbers.append(publish.commit_step(
+                        ws, st["id"], message=message, mount=mp, meta=meta, allow_empty=allow_empty,
+                        overwrite=set(over)))
+            except NothingToCommit as exc:
+                nothing = exc
+        if not numbers and allow_empty:
+            numbers.append(publish.record_empty(ws, message=message, meta=meta))
+    if not numbers:
+        raise nothing or NothingToCommit(
+            "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."
+        )
+    return numbers
+
+
+def _step_live_mounts(workspace: str, payload: dict) -> list[int]:
+    """Commit a workspace through its live daemons alone, without opening
+    the store here (the database layer is most of a CLI start-up).  Returns
+    the new layer numbers, or ``[]`` when this fast path does not apply: no
+    live daemon, a daemon that cannot list the open steps, a dead mount's
+    step with staged changes (only the store can commit that), or nothing
+    committed (the caller then reports it, or records an empty layer)."""
+    run_dir = os.path.join(workspace, STORE_DIR, "run")
+    alive = [m.mountpoint for m in mounts.stepfs_mounts(workspace) if daemon_alive(run_dir, m.mountpoint)]
+    if not alive:
+        return []
+    try:
+        steps = control.request(alive[0], {"op": "steps"}, timeout=10.0)["steps"]
+    except (DaemonError, KeyError, TypeError):
+        return []
+    if any(st["staged"] and st["mountpoint"] not in alive for st in steps):
+        return []
+    numbers: list[int] = []
+    for st in steps:
+        if st["mountpoint"] in alive:
+            try:
+                numbers.append(control.request(st["mountpoint"], payload)["number"])
+            except NothingToCommit:
+                pass
+    return numbers
+
+
+# -- rollback ----------------------------------------------------------------------
+
+
+def _open_steps_with_changes(ws: Workspace) -> int:
+    from stepfs.store import staging
+
+    sync_rows(ws)
+    with ws.db.read() as conn:
+        return sum(1 for st in staging.list_steps(conn) if st["staged"])
+
+
+def invalidate_mounts(ws: Workspace, paths: list[bytes]) -> dict:
+    """Tell every live mount of ``ws`` that ``paths`` changed in the
+    workspace under it; returns ``{"invalidated": [mountpoints],
+    "unreachable": [mountpoints]}``.  A mount that does not answer only
+    serves cached attributes until its timeouts expire (the inotify watch
+    of a live daemon usually tells it sooner), so this never fails the
+    caller."""
+    view_paths = ["/" + os.fsdecode(p) for p in paths]
+    view_paths += ["/.stepfs/layers", "/.stepfs/layers/latest"]
+    out: dict[str, list[str]] = {"invalidated": [], "unreachable": []}
+    for m in mounts.stepfs_mounts(ws.path):
+        if not daemon_alive(ws.run_dir, m.mountpoint):
+            continue
+        try:
+            control.request(m.mountpoint, {"op": "invalidate", "paths": view_paths}, timeout=60.0)
+            out["invalidated"].append(m.mountpoint)
+        except DaemonError:
+            out["unreachable"].append(m.mountpoint)
+    return out
+
+
+def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool = False,
+             skip_conflicts: bool = False) -> dict:
+    """Roll the workspace of ``target`` back to layer ``number``.
+
+    Order: check the layer exists; commit every open step with changes (live
+    mounts through their daemons, dead ones from the store) so nothing
+    staged is thrown away; run ``store.rollback.rollback``; then invalidate
+    every live mount so processes in it see the result as soon as this
+    returns.  A dry run commits nothing and changes nothing; its card does
+    not include staged changes (``open_steps_with_changes`` counts them).
+    Paths are user paths (``store.history.user_path``).
+    """
+    from stepfs.store import history
+    from stepfs.store import rollback as store_rollback
+    from stepfs.store.workspace import Workspace
+
+    with Workspace.open(target.workspace) as ws:
+        rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in paths] or None
+        with ws.db.read() as conn:
+            history.require_layer(conn, number)
+        committed: list[int] = []
+        if not dry_run and _open_steps_with_changes(ws):
+            try:
+                committed = step(Target(ws.path), message=f"staged changes, committed before rollback to {number}")
+            except NothingToCommit:
+                pass
+        pending = _open_steps_with_changes(ws) if dry_run else 0
+        result = store_rollback.rollback(ws, number, rels, dry_run=dry_run, skip_conflicts=skip_conflicts,
+                                         mount=target.mountpoint or "")
+        seen = {"invalidated": [], "unreachable": []}
+        if result.layer is not None:
+            # Each mount also makes the kernel look the names up again (a
+            # name whose kind changed included: fuse_ops.KernelCache).
+            seen = invalidate_mounts(ws, result.paths)
+        return {
+            "number": number, "head_before": result.head, "layer": result.layer, "dry_run": dry_run,
+            "committed_first": committed, "open_steps_with_changes": pending,
+            "skipped": [c.as_dict() for c in result.skipped], "card": result.card, **seen,
+        }
+
+
+__all__ = ["Target", "resolve", "mount", "unmount", "status", "step", "rollback", "invalidate_mounts",
+           "abort_connection"]

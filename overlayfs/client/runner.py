@@ -1,0 +1,178 @@
+"""The command of ``stepfs run`` as a child process (no FUSE import): its
+result, and the signals stepfs receives while it runs.  The mounting and
+committing around it are ``api.run_command``'s.
+
+Signals (``forward_signals=True``, main thread only; the CLI uses it):
+
+* while mounting, SIGINT, SIGTERM and SIGHUP are only recorded, and the
+  command is then not started at all (exit code 128+N);
+* while the command runs they are blocked and taken with ``sigtimedwait``,
+  which tells where each came from: one sent by the kernel on behalf of the
+  terminal (``si_code == SI_KERNEL``: Ctrl-C, hangup) already reached the
+  whole foreground process group, command included, so it is not sent a
+  second time (two Ctrl-C in a row mean "quit" to many agents); any other
+  (``kill``, ``docker stop``) is forwarded to the command;
+* after the command has ended they are recorded and dropped: the commit and
+  the unmount always finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+
+
+log = logging.getLogger("stepfs.run")
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: ``siginfo.si_code`` of a signal the kernel generated itself (a terminal's
+#: Ctrl-C or hangup); ``kill(2)`` gives SI_USER.  Not exported by ``signal``.
+SI_KERNEL = 0x80
+
+
+@dataclass
+class RunResult:
+    command: list[str]
+    #: The command's exit status; 128+N if signal N ended it (or stopped
+    #: it from starting), 127/126 if it could not be started, as in a shell.
+    exit_code: int
+    #: The layer the command's changes became; None if it changed nothing.
+    number: int | None
+    mountpoint: str
+    #: The command ran in an existing mount (left mounted afterwards).
+    reused: bool
+    #: The directory the command ran in (inside the mount).
+    cwd: str
+    #: The workspace's absolute path.
+    workspace: str = ""
+    started: bool = True
+    #: Signals stepfs received while it ran, and those it passed on to the
+    #: command (one from the terminal reaches the command directly).
+    signals: list[int] = field(default_factory=list)
+    forwarded: list[int] = field(default_factory=list)
+
+
+class Signals:
+    """The signal policy of :func:`run_command` (see the module docstring).
+    Inactive outside the main thread or when forwarding is off: then the
+    process's own handlers stay in charge."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and threading.current_thread() is threading.main_thread()
+        # A signal the caller ignores stays ignored, for us and (through exec)
+        # for the command: 'nohup stepfs run ...' must survive a hangup.
+        self.signals = [s for s in FORWARDED if self.enabled and signal.getsignal(s) != signal.SIG_IGN]
+        self.received: list[int] = []
+        self.forwarded: list[int] = []
+        self._old_handlers: dict[int, object] = {}
+
+    def __enter__(self) -> "Signals":
+        if self.enabled:
+            for signum in self.signals:
+                self._old_handlers[signum] = signal.signal(signum, self._record)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._old_handlers.items():
+            signal.signal(signum, handler)
+
+    def _record(self, signum, _frame) -> None:
+        self.received.append(signum)
+
+    def run(self, command: list[str], **popen) -> tuple[int, bool]:
+        """Start the command, wait for it (forwarding signals); returns
+        (exit status, started)."""
+        if not self.enabled:
+            proc = _start(command, **popen)
+            if proc is None:
+                return _not_started(command), False
+            try:
+                return _status(proc.wait()), True
+            except BaseException:
+                # The caller is unwinding (KeyboardInterrupt in a harness):
+                # the command must not outlive its mount.
+                _stop(proc)
+                raise
+        with self._blocked() as old_mask:
+            # The child must not inherit the blocked mask (exec keeps it).
+            proc = _start(command, preexec_fn=lambda: signal.pthread_sigmask(signal.SIG_SETMASK, old_mask),
+                          **popen)
+            if proc is None:
+                return _not_started(command), False
+            wanted = {*self.signals, signal.SIGCHLD}
+            while proc.poll() is None:
+                info = signal.sigtimedwait(wanted, 1.0)  # SIGCHLD wakes us when the command ends
+                if info is None or info.si_signo == signal.SIGCHLD:
+                    continue
+                self.received.append(info.si_signo)
+                if info.si_code == SI_KERNEL and _in_our_group(proc.pid):
+                    continue  # the terminal already delivered it to the command
+                try:
+                    proc.send_signal(info.si_signo)
+                    self.forwarded.append(info.si_signo)
+                except ProcessLookupError:
+                    pass
+            return _status(proc.returncode), True
+
+    @contextmanager
+    def _blocked(self) -> Iterator[set]:
+        wanted = {*self.signals, signal.SIGCHLD}
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, wanted)
+        try:
+            yield old
+        finally:
+            # Take what is still pending before unblocking, so it is recorded
+            # rather than delivered in the middle of the commit.
+            while (info := signal.sigtimedwait(wanted, 0)) is not None:
+                if info.si_signo != signal.SIGCHLD:
+                    self.received.append(info.si_signo)
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _start(command: list[str], **popen) -> subprocess.Popen | None:
+    try:
+        return subprocess.Popen(command, **popen)
+    except FileNotFoundError:
+        log.error("%s: command not found", command[0])
+    except OSError as exc:
+        log.error("cannot run %s: %s", command[0], exc.strerror)
+    return None
+
+
+STOP_GRACE = 10.0
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after STOP_GRACE seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _not_started(command: list[str]) -> int:
+    import shutil
+
+    return 127 if shutil.which(command[0]) is None and not os.path.exists(command[0]) else 126
+
+
+def _status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _in_our_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except ProcessLookupError:
+        return True

@@ -1,0 +1,452 @@
+"""The overlay view of one mount: workspace below, open step above (FUSE-free).
+
+This is the whole filesystem logic; ``fuse_ops.py`` only translates calls
+and errors.  :class:`Overlay` is a facade: it owns the lock and builds the
+collaborators, each of which gets what it works on explicitly:
+
+* ``namespace.py``  lookup precedence, listings, the attributes shown;
+* ``changes.py``    namespace and metadata edits of the upper layer;
+* ``content.py``    drafts and handles (``drafts.py``: the records), with
+  the close's compare-and-swap in ``cas.py``;
+* ``versions.py``   version tokens and the agents' observations;
+* ``rows.py``       staged rows and when they reach the store;
+* ``scratch.py``    the step's scratch files;
+* ``links.py``      link counts of multi-link workspace files and the names
+  the kernel may hold;
+* ``committing.py`` a commit in the store's two phases, and the failsafe;
+* ``stepnodes.py``  what a commit, discard or rollback does to the nodes;
+* ``metatree.py``   the read-only ``.stepfs`` tree; ``status.py`` its status.
+
+Copy-up: the first open for writing (or truncate) of a workspace file copies
+it into a scratch file (sparse-aware, O(size of that file)); the close
+after writing stores it as an object -- or, for a big file, hands the
+scratch file over as the staged content (``store/refs.py``).  Mounting
+reads only the open step's staged rows: O(1) in the size of the workspace.
+
+Threading: every public method takes ``self.lock`` (one re-entrant lock) for
+its whole duration, except a commit (``committing.py``), which releases it once
+the layer is published and the view's bookkeeping is done, while the store
+completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
+staged rows and reads of history wait for it, still under the lock).  The
+FUSE loop, the control thread (commits), the auto-step thread and the
+row-flush timer are the only callers.  Nothing here blocks on another
+process.
+
+Caveats: mtime-only changes (``touch`` of an unchanged file) are shown in the
+mount but not committed; ownership changes are not staged yet.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from stepfs.store import staging
+from stepfs.store.errors import StepfsError
+from stepfs.store.workspace import Workspace
+
+from stepfs.store import xattrs as xattr_codec
+
+from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.committing import Commits, Failsafe, ViewCommit
+from stepfs.overlayfs.core.changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
+from stepfs.overlayfs.core.content import Content
+from stepfs.overlayfs.core.errors import Invalid, NameTooLong, NoAttribute, NotFound, ViewError
+from stepfs.overlayfs.core.links import Links
+from stepfs.overlayfs.core.namespace import Namespace, check_new_name
+from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
+from stepfs.overlayfs.core.rows import StagedRows
+from stepfs.overlayfs.core.status import status_text
+from stepfs.overlayfs.core.stepnodes import StepNodes
+from stepfs.overlayfs.core.scratch import ScratchFiles
+from stepfs.overlayfs.core.upper import Node, Upper, rel, view_path
+from stepfs.overlayfs.core.versions import Versions
+
+log = logging.getLogger("stepfs.view")
+
+__all__ = ["HIDDEN_PREFIX", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "Overlay"]
+
+
+class Overlay:
+    """The merged view of ``ws`` for the open step of ``mountpoint``."""
+
+    UTIME_NOW, UTIME_OMIT = UTIME_NOW, UTIME_OMIT  # as utimens takes them
+
+    def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
+                 row_delay: float | None = 0.0):
+        """``row_delay``: seconds before recorded staged rows are written by a
+        timer (the daemon passes :data:`ROW_DELAY`); 0, the default, writes
+        each change at once; None leaves them to the other flush points
+        (tests that decide when the store is written)."""
+        self.ws = ws
+        self.root = ws.root
+        self.mountpoint = mountpoint
+        self.agent = agent
+        self.default_agent = DEFAULT
+        self.row_delay = row_delay
+        self.lock = threading.RLock()
+        # Set by an auto-step policy (overlayfs/autostep.py): told of every
+        # staged change, under the lock; must not block.
+        self.on_change = None
+        # Set by the FUSE adapter: drop the kernel's caches of a path.
+        self.invalidate = lambda path: None
+        # Set by the FUSE adapter: make the kernel look every name up again
+        # before it uses the attributes it holds (KernelCache.new_epoch).
+        self.renew_names = lambda: None
+        with ws.db.write() as conn:
+            self.step = staging.open_step(conn, mountpoint, agent)
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Failsafe: a store that cannot write makes this view read-only.
+        self.failsafe = Failsafe(mountpoint)
+        ws.db.on_failure.append(self._store_failed)
+        self.commits = Commits(ws, self.step, agent, mountpoint, self.lock, self.failsafe)
+        self._await_settled = self.commits.await_settled
+        # The collaborators (each module says what it holds).  Late-bound
+        # lambdas: the adapter and tests replace the callbacks above later.
+        self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
+        self.upper = Upper()
+        self.ns = Namespace(self.root, self.upper, self.links)
+        self.versions = Versions(self.ns)
+        self.scratch = ScratchFiles(ws.store_dir, self.step, {row.scratch for row in rows if row.scratch is not None},
+                                    self.upper, ws.db, ws.objects, lambda path: self.content.release_scratch(path))
+        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
+                               self.scratch.unlink_retired, row_delay)
+        self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text)
+        # STEPFS_GUARD=0 turns the version-token checks off: only for the
+        # benchmark that measures what they cost.  Never for real use.
+        self.content = Content(
+            ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns, versions=self.versions,
+            scratch=self.scratch, rows=self.rows, links=self.links, meta=self.meta,
+            check_writable=self.failsafe.check_writable, check_new_name=check_new_name,
+            await_settled=self._await_settled, changed=self._changed,
+            guard=os.environ.get("STEPFS_GUARD", "1") != "0", require_read=require_read)
+        self.step_nodes = StepNodes(ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns,
+                                    versions=self.versions, content=self.content, rows=self.rows,
+                                    scratch=self.scratch, links=self.links, await_settled=self._await_settled)
+        # The same objects under the names the adapter, the watcher, the
+        # auto-step policy and the tests read.
+        self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
+        self.own_publishes = self.commits.own_publishes
+        self.handles, self.drafts, self.observed = self.content.handles, self.content.drafts, self.versions.observed
+        self.precaptured, self.last_errors = self.content.cas.precaptured, self.content.last_errors
+        self.scratch_dir, self.dir_times, self.lower_shown = self.scratch.dir, self.ns.dir_times, self.links.shown
+        groups: dict[int, Node] = {}
+        for row in rows:
+            path = view_path(row.path)
+            if row.link_group is not None and row.link_group in groups:
+                node = groups[row.link_group]  # another name of the same file
+            else:
+                node = Node.from_row(row, self.ns.new_ino())
+                if node.ref is not None:
+                    node.scratch = self.scratch.path(node.ref)
+                self.versions.bump(node)
+                if row.link_group is not None:
+                    groups[row.link_group] = node
+            if node.link_group is not None:
+                node.names.add(path)
+                node.name_bases[path] = row.base
+            self.upper.set(path, node)
+        self.changes = Changes(ws=ws, lock=self.lock, ns=self.ns, versions=self.versions, content=self.content,
+                               rows=self.rows, links=self.links, scratch=self.scratch, failsafe=self.failsafe,
+                               changed=self._changed,
+                               first_link_group=max(groups, default=0) + 1)
+
+    # -- namespace and metadata changes (changes.py) ---------------------------
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.changes.chmod(path, mode)
+
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        self.changes.chown(path, uid, gid)
+
+    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        self.changes.setxattr(path, name, value, options)
+
+    def removexattr(self, path: str, name: str) -> None:
+        self.changes.removexattr(path, name)
+
+    def utimens(self, path: str, times: tuple[int, int] | None) -> None:
+        self.changes.utimens(path, times)
+
+    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.mkdir(path, mode, owner, agent)
+
+    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.rmdir(path, agent)
+
+    def unlink(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.unlink(path, agent)
+
+    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.symlink(path, target, owner, agent)
+
+    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
+              agent: str = DEFAULT) -> None:
+        self.changes.mknod(path, mode, dev, owner, agent)
+
+    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
+        self.changes.rename(old, new, flags, agent)
+
+    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
+        self.changes.link(path, existing, agent)
+
+    # -- open files and tokens (content.py, versions.py) ----------------------
+
+    def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
+        return self.content.open(path, flags, agent)
+
+    def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
+               agent: str = DEFAULT) -> int:
+        return self.content.create(path, mode, flags, owner, agent)
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        return self.content.read(fh, size, offset)
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        return self.content.write(fh, data, offset)
+
+    def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
+        self.content.truncate(path, length, fh, agent)
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        self.content.fallocate(fh, mode, offset, length)
+
+    def flush(self, fh: int) -> None:
+        self.content.flush(fh)
+
+    def fsync(self, fh: int, datasync: bool) -> None:
+        self.content.fsync(fh, datasync)
+
+    def release(self, fh: int) -> None:
+        self.content.release(fh)
+
+    def handle_direct_io(self, fh: int) -> bool:
+        return self.content.handle_direct_io(fh)
+
+    def record_token(self, path: str) -> str:
+        return self.versions.record_token(path)
+
+    def current_token(self, path: str):
+        return self.versions.current_token(path)
+
+    def still(self, recorded: str, path: str) -> bool:
+        return self.versions.still(recorded, path)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def _store_failed(self, err: Exception) -> None:
+        """``Database.on_failure`` listener (any thread, maybe under the lock)."""
+        self._go_readonly(str(err))
+
+    def _go_readonly(self, reason: str) -> None:
+        """Once the store could not keep a write, or a commit failed past
+        its commit point, refuse every change (EROFS) rather than accept
+        writes that cannot be kept; reads keep working."""
+        self.failsafe.trip(reason)
+
+    @property
+    def readonly_reason(self) -> str | None:
+        return self.failsafe.reason
+
+    # -- persistence (write-through of staged rows) ------------------------------
+
+    def sync_rows(self, between: bool = True) -> None:
+        """Write every recorded staged row now (``rows.StagedRows.sync``)."""
+        self.rows.sync(between)
+
+    # -- attributes ---------------------------------------------------------
+
+    def getattr(self, path: str, fh: int | None = None, agent=DEFAULT) -> dict:
+        """Attributes as the calling agent sees them.  ``agent`` may be a
+        callable: it is only asked when the path has open drafts, keeping
+        the hot path free of /proc reads."""
+        with self.lock:
+            if fh is not None:
+                out = self.content.stat_handle(fh)
+                if out is not None:
+                    return out
+            if path.startswith(META_ROOT) and is_meta(path):
+                return self.meta.getattr(path)
+            if path in self.content.open_drafts or (self.content.hidden and path in self.content.hidden):
+                out = self.content.stat_open(path, agent)
+                if out is not None:
+                    return out
+            try:
+                node, st = self.ns.resolve(path)
+            except NotFound:
+                if len(os.fsencode(path.rpartition("/")[2])) > 255:
+                    raise NameTooLong(path) from None  # a lookup of a name no directory can hold
+                raise
+            if node is None:
+                return self.ns.stat_lower(path, st)
+            out = self.ns.stat_node(node)
+            if node.kind == "dir":
+                out["st_nlink"] = self.ns.dir_nlink(path)
+            return out
+
+    def getattr_listed(self, path: str, names: list[str], agent=DEFAULT) -> list[dict | None]:
+        """``getattr(path + "/" + name)`` for each of ``names`` (entries of
+        the directory ``path``, never ``.``/``..``), None where it would
+        fail: the attributes a READDIRPLUS reply carries.
+
+        The same answers with less work per name, under one hold of the
+        lock: a name whose path only the workspace decides (no upper node
+        at it or covering it, no open draft, no hidden name) is stat'ed
+        with one ``fstatat`` relative to a descriptor of the directory,
+        opened beneath the root without following symlinks (``Root.open``)
+        for this call only, instead of resolving its whole path again
+        (``openat2`` + ``fstat`` + ``close`` per name).  The name is one
+        component, not ``..``, stat'ed without following it: nothing
+        outside the directory is reached (a name that is not one plain
+        component, or ``.stepfs`` at the root, is not taken this way).
+        Any other name, or every name
+        when the directory has no workspace descriptor (an upper-only or
+        covered directory), goes through :meth:`getattr` (``agent`` as
+        there: a callable asked only for a path with open drafts)."""
+        prefix = path if path != "/" else ""
+        out: list[dict | None] = []
+        with self.lock:
+            nodes = self.upper.nodes
+            hidden = self.content.hidden
+            open_drafts = self.content.open_drafts
+            dfd = -1
+            if not self.ns.children_covered(path):
+                try:
+                    dfd = self.root.open(rel(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                except OSError:
+                    dfd = -1
+            try:
+                for name in names:
+                    child = prefix + "/" + name
+                    if (dfd < 0 or child in nodes or child in open_drafts or (hidden and child in hidden)
+                            or "/" in name or name == ".." or (not prefix and is_meta(child))):
+                        try:
+                            out.append(self.getattr(child, agent=agent))
+                        except (ViewError, StepfsError, OSError):
+                            out.append(None)  # as getattr's error would: a plain entry
+                        continue
+                    try:
+                        st = os.stat(os.fsencode(name), dir_fd=dfd, follow_symlinks=False)
+                    except OSError:
+                        out.append(None)  # gone since the listing: the kernel looks it up
+                        continue
+                    out.append(self.ns.stat_lower(child, st))
+            finally:
+                if dfd >= 0:
+                    os.close(dfd)
+        return out
+
+    def handle_workspace_token(self, fh: int) -> str | None:
+        """The version token of a read-only handle on the workspace file
+        itself (None for drafts, staged nodes, ``.stepfs`` files and
+        direct I/O): the FUSE adapter lets the kernel keep the pages of such
+        a file across opens while this token stays the same."""
+        h = self.content.handles.get(fh)
+        if h is None or h.writable or h.direct or h.draft is not None or h.node is not None or h.data is not None:
+            return None
+        return h.token or None
+
+    # -- extended attributes (user.*; see store/xattrs.py) -----------------
+
+    def getxattr(self, path: str, name: str) -> bytes:
+        with self.lock:
+            if is_meta(path):
+                raise NoAttribute(name)
+            raw = os.fsencode(name)
+            value = self.ns.xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
+            if value is None:
+                raise NoAttribute(name)
+            return value
+
+    def listxattr(self, path: str) -> list[str]:
+        with self.lock:
+            if is_meta(path):
+                return []
+            return [os.fsdecode(n) for n in sorted(self.ns.xattrs_of(path))]
+
+    def statfs(self, path: str) -> dict:
+        sv = os.statvfs(self.root.fd)
+        return {key: getattr(sv, key) for key in (
+            "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail",
+            "f_flag", "f_namemax")}
+
+    # -- directories ----------------------------------------------------------
+
+    def readdir(self, path: str) -> list[tuple[str, int, int]]:
+        """``[(name, S_IFMT bits, inode)]`` including ``.`` and ``..``.
+
+        Inode numbers matter: glibc's readdir skips entries whose d_ino is 0.
+        """
+        with self.lock:
+            if is_meta(path):
+                return self.meta.readdir(path)
+            return self.ns.listing(path)
+
+    # -- names ------------------------------------------------------------------
+
+    def readlink(self, path: str) -> str:
+        with self.lock:
+            if is_meta(path):
+                return self.meta.readlink(path)
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) != "symlink":
+                raise Invalid(path)
+            if node is not None:
+                return os.fsdecode(node.target)
+            return os.fsdecode(self.root.readlink(rel(path)))
+
+    # -- the step ---------------------------------------------------------------
+
+    def staged_paths(self) -> list[tuple[str, str]]:
+        """``[(op, path)]`` with op A (added), M (modified) or D (deleted)."""
+        return self.step_nodes.staged()
+
+    def discard(self, paths: list[str]) -> list[str]:
+        """Drop staged paths (and everything below them) from the open step."""
+        return self.step_nodes.discard(paths)
+
+    def forget(self, paths: list[str]) -> None:
+        """Drop what the view holds for ``paths`` after a rollback changed them."""
+        self.step_nodes.forget(paths)
+
+    def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+               overwrite: set[bytes] = frozenset()) -> int:
+        """Commit the open step as the next layer (see ``store.publish``).
+        Returns once the layer is committed (durably), or raises.  Drafts
+        still open for writing stay open and publish at their next close,
+        against the new workspace state."""
+        with self.begin_commit(message, meta, allow_empty, overwrite) as c:
+            number = c.publish()
+            c.complete()
+            return number
+
+    def begin_commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+                     overwrite: set[bytes] = frozenset()) -> ViewCommit:
+        """The commit in two phases, for a caller that answers between them
+        (the daemon): see ``committing.py``."""
+        return ViewCommit(self.commits, self.step_nodes.before_commit, self.step_nodes.after_commit,
+                          self.content.cas.precaptured,
+                          message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
+
+    def close(self) -> None:
+        """Unmount: decide every open handle, then write the recorded rows
+        (once a commit still completing has ended: the store closes next)."""
+        self.settled.wait()
+        with self.lock:
+            self.content.close()
+            self.rows.stop()
+            try:
+                self.sync_rows()
+            except Exception:
+                log.exception("writing %d staged rows at unmount failed; they are lost", len(self.rows.pending))
+            if not self.rows.pending:
+                self.scratch.unlink_retired()
+
+    def status_text(self) -> str:
+        """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
+        return status_text(self.mountpoint, self.ws.path, self.step, self.readonly_reason, self.content.last_errors,
+                           self.staged_paths())

@@ -1,0 +1,222 @@
+"""The mount daemon: one process per mountpoint.
+
+``python -m stepfs.overlayfs.daemon.main WORKSPACE MOUNTPOINT [--ready-fd N]`` opens the
+workspace (running recovery), takes the mountpoint's lock file
+(``.stepfs/run/<mount key>.lock``, holding the daemon's pid) so a second
+daemon for the same mountpoint is refused, starts the control server, and
+serves FUSE until unmounted.  When the kernel has finished the FUSE
+handshake it writes ``ready`` to the ready pipe, which is what
+``stepfs mount`` waits for.  The lock is released only when the process
+exits, so "lock free" means "daemon gone".
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import gc
+import logging
+import os
+import sys
+from typing import Callable
+
+from stepfs.store import staging
+from stepfs.store.db import Prepared
+from stepfs.store.workspace import Workspace
+
+from stepfs.overlayfs.daemon.control import ControlServer
+from stepfs.overlayfs.daemon.protocol import mount_key
+from stepfs.overlayfs.core.rows import ROW_DELAY
+from stepfs.overlayfs.core.view import Overlay
+
+log = logging.getLogger("stepfs.daemon")
+
+
+def ancestors(paths: list[str]) -> set[str]:
+    """Every directory above the view paths ``paths``, up to ``/``.  Their
+    cached listings (fuse_ops.ListingCache) and attributes are invalidated
+    when something changes below them without going through the kernel."""
+    out: set[str] = set()
+    for path in paths:
+        while path != "/":
+            path = path.rpartition("/")[0] or "/"
+            if path in out:
+                break
+            out.add(path)
+    return out
+
+
+#: Longest a mount waits at start-up for its first round of spare inodes
+#: (a disk that slow only delays the mount; ``manage.READY_TIMEOUT`` is 30 s).
+SPARES_WAIT = 10.0
+
+
+def settle(ws: Workspace) -> None:
+    """Finish the daemon's start-up work before the mount reports ready,
+    so that none of it lands in the first commands run in the mount:
+
+    * the first round of spare inodes (``store.spares``), whose creates
+      would compete with those commands for the CPU, the GIL and the
+      journal; waited for at most :data:`SPARES_WAIT` seconds (a slow disk
+      only delays the mount, never blocks it);
+    * the cyclic garbage collector's start-up heap (``gc.freeze``), whose
+      first full pass would otherwise walk it all inside the first
+      requests.  Frozen objects are never walked again; the few garbage
+      cycles alive at this point are never collected;
+    * the store's prepared statements (``db.Prepared.warm``), compiled
+      while the spares are still being made instead of at the first
+      close-write and the first commit."""
+    Prepared.warm(ws.db)
+    ws.spares.wait_filled(SPARES_WAIT)
+    gc.freeze()
+
+
+def lock_path(ws: Workspace, mountpoint: str) -> str:
+    return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
+
+
+def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Callable[[dict], None]], dict | None]:
+    """The control channel's handler of a daemon serving ``view``
+    (``control.ControlServer``; ``kernel_cache``: the FUSE adapter's
+    ``KernelCache``).  Runs on the control thread, one request at a time."""
+
+    def handle(req: dict, reply) -> dict | None:
+        op = req.get("op")
+        if op == "ping":  # never takes the view's lock: answers even while a commit runs
+            return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
+                    "listings_cached": kernel_cache.listings_cached}
+        if op == "commit":
+            # Answered as soon as the layer is published (intent durable,
+            # renames done: a crash from here recovers to it).  The view
+            # then does its bookkeeping under its lock, so the caller's next
+            # request through the mount sees it done, and releases the lock
+            # while the directory fsyncs and the "committed" record end
+            # (this thread, the commit lock held: the next control request,
+            # and any other process's commit or open, comes after them).
+            # A failure there is logged, turns the mount read-only and
+            # fails the next step (core/committing.py).
+            with view.begin_commit(message=req.get("message", ""), meta=req.get("meta") or {},
+                                   allow_empty=bool(req.get("allow_empty")),
+                                   overwrite={os.fsencode(p) for p in req.get("overwrite", [])}) as c:
+                number = c.publish()
+                reply({"number": number})
+                c.complete()
+            return None
+        if op == "sync":  # before someone reads this step's rows from the store
+            view.sync_rows()
+            return {}
+        if op == "status":
+            return {"staged": [[op_, p] for op_, p in view.staged_paths()]}
+        if op == "steps":
+            # Every open step of the workspace (any mount's): lets the CLI
+            # commit a workspace without opening the store itself.
+            with ws.db.read() as conn:
+                return {"steps": [{"mountpoint": st["mountpoint"], "staged": st["staged"]}
+                                  for st in staging.list_steps(conn)]}
+        if op == "discard":
+            paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
+            dropped = view.discard(paths)
+            # Gone: the workspace's file shows through again, maybe of
+            # another kind than the staged one (fuse_ops.KernelCache).
+            kernel_cache.invalidate(sorted(set(dropped)), gone=True)
+            kernel_cache.invalidate(sorted(ancestors(dropped) - set(dropped)))
+            return {"discarded": dropped}
+        if op == "invalidate":
+            # The workspace changed under this mount (a rollback): first the
+            # view forgets its copies, then (outside the view's lock) the
+            # kernel forgets attributes and pages of each path and its
+            # ancestors (their cached listings: a rollback may add or remove
+            # whole directories).
+            # The paths are marked gone: their files were replaced, maybe by
+            # another kind (the kernel must look the names up again).
+            paths = [p for p in req.get("paths", []) if isinstance(p, str) and p.startswith("/")]
+            view.forget(paths)
+            parents = sorted(ancestors(paths) - set(paths))
+            done = kernel_cache.invalidate(sorted(set(paths)), gone=True)
+            return {"invalidated": done + kernel_cache.invalidate(parents)}
+        raise ValueError(f"unknown op {op!r}")
+
+    return handle
+
+
+def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
+          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
+    from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+
+    mountpoint = os.path.abspath(mountpoint)
+    ws = Workspace.open(workspace, create=True)
+    lock_fd = os.open(lock_path(ws, mountpoint), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"stepfs: another daemon already serves {mountpoint}.", file=sys.stderr)
+        return 9
+    os.ftruncate(lock_fd, 0)
+    os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+
+    view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
+                   row_delay=ROW_DELAY)
+    kernel_cache = fuse_ops.KernelCache()
+    # Empty files made ahead, so a commit renames them into place instead
+    # of allocating inodes (store.spares): refilled after every commit
+    # (paused during one); the thread ends with ws.close().
+    ws.spares.start_filling()
+
+    handle = handler(view, ws, kernel_cache)
+
+    from stepfs.overlayfs.daemon.autostep import AutoStepper
+    from stepfs.overlayfs.daemon.protocol import parse_auto_step
+
+    delay = parse_auto_step(auto_step)
+    stepper = AutoStepper(view, delay) if delay is not None else None
+    if stepper is not None:
+        stepper.start()
+
+    control = ControlServer(mountpoint, handle)
+    control.start()
+
+    def ready() -> None:
+        # From libfuse's init, on the loop thread: no request is served yet.
+        settle(ws)
+        if ready_fd is not None:
+            try:
+                os.write(ready_fd, b"ready\n")
+                os.close(ready_fd)
+            except OSError:
+                pass
+
+    try:
+        fuse_ops.run(view, mountpoint, on_ready=ready, debug=debug, kernel_cache=kernel_cache,
+                     allow_other=allow_other, watch=os.environ.get("STEPFS_WATCH", "1") != "0")
+    finally:
+        control.stop()
+        if stepper is not None:
+            stepper.stop()
+        view.close()
+        ws.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stepfs-daemon")
+    parser.add_argument("workspace")
+    parser.add_argument("mountpoint")
+    parser.add_argument("--ready-fd", type=int)
+    parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--require-read", action="store_true")
+    parser.add_argument("--auto-step", default="manual")
+    parser.add_argument("--allow-other", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step,
+                     args.allow_other)
+    except Exception as exc:  # reported to the parent through the log file
+        log.exception("daemon failed")
+        print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)
+        return 9
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from stepfs.overlayfs.client import manage
 
-from . import fixtures, report
+from . import fixtures, report, session
 from .context import ROOT, Context, log, sh, timed
 from .targets import stepfs_mount
 
@@ -401,4 +401,5 @@ GROUPS = {  # in run order: mount first, so its first mount is the one that crea
     "checkpoint": checkpoint,
     "growth": store_growth,
     "rollback": rollback,
+    "session": session.agent_session,  # issue 20: store size against shadow-git
 }

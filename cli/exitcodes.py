@@ -32,6 +32,7 @@ CODES: list[tuple[type, int]] = [
     (errors.StoreDamaged, 15),
     (errors.StoreUnavailable, 16),  # StoreFull included
     (errors.PublishFailed, 17),
+    (errors.ConfinementUnavailable, 18),
 ]
 
 

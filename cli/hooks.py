@@ -19,10 +19,13 @@ HOOKS_EXAMPLE = """stepfs hooks claude-code > .claude/settings.local.json
 
 claude-code  settings JSON for Claude Code: a PostToolUse hook that pipes
              each tool call's payload into 'stepfs hook-commit' (merge the
-             "hooks" key into an existing settings file)
+             "hooks" key into an existing settings file); start the agent
+             confined so it cannot write outside the mount:
+             stepfs run --confine --allow-write ~/.claude --allow-write ~/.claude.json -- claude
 shell        a wrapper script for shell harnesses: 'stepfs-tool COMMAND...'
              runs one tool call through 'stepfs run' and tags the layer with
-             $STEPFS_TOOL_CALL_ID (save it, chmod +x, call it per tool call)"""
+             $STEPFS_TOOL_CALL_ID (save it, chmod +x, call it per tool call);
+             STEPFS_CONFINE=1 runs each call confined to the mount"""
 
 HOOK_COMMIT_HELP = "Commit the step behind one agent tool call, reading the hook's JSON payload on stdin."
 HOOK_COMMIT_EXAMPLE = """stepfs hook-commit < payload.json
@@ -82,6 +85,9 @@ SHELL_WRAPPER = r"""#!/usr/bin/env bash
 #   STEPFS_TOOL_CALL_ID  the harness's id of this call      -> layer meta tool_use_id
 #   STEPFS_TOOL_NAME     the tool's name (default: the command's name) -> meta tool_name
 #   STEPFS_SESSION_ID    the agent session                  -> meta session_id
+#   STEPFS_CONFINE       1: run the call confined (stepfs run --confine: it can
+#                        write nothing outside the mount; refused, exit 18,
+#                        where the kernel has no Landlock)
 #   STEPFS               the stepfs command to use
 #
 # The command runs in the workspace's live mount if there is one (else in a
@@ -97,6 +103,7 @@ fi
 meta=(--meta "tool_name=${STEPFS_TOOL_NAME:-$(basename -- "$1")}")
 if [ -n "${STEPFS_TOOL_CALL_ID:-}" ]; then meta+=(--meta "tool_use_id=$STEPFS_TOOL_CALL_ID"); fi
 if [ -n "${STEPFS_SESSION_ID:-}" ]; then meta+=(--meta "session_id=$STEPFS_SESSION_ID"); fi
+if [ "${STEPFS_CONFINE:-0}" != 0 ]; then meta+=(--confine); fi
 exec "$STEPFS" run ${STEPFS_WORKSPACE:+"$STEPFS_WORKSPACE"} --quiet "${meta[@]}" -- "$@"
 """
 

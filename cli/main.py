@@ -22,7 +22,7 @@ from stepfs.cli.render import card_text
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
-              "16 store cannot write, 17 publish failed, 141 output closed, 1 bug"
+              "16 store cannot write, 17 publish failed, 18 cannot confine, 141 output closed, 1 bug"
 
 
 def _emit(args, obj: dict, text: str, essential: bool = True) -> None:
@@ -67,14 +67,22 @@ def _auto_step(text: str) -> str:
 
 def cmd_mount(args) -> int:
     from stepfs.overlayfs.client import manage
+    from stepfs.store.errors import InputError
+    from stepfs.store.prune import parse_size
+
+    if args.keep_last is not None and args.keep_last < 1:
+        raise InputError("--keep-last must be at least 1: the newest layer is always kept.")
+    warn_size = parse_size(args.warn_size) if args.warn_size else None
 
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                                auto_step=args.auto_step, allow_other=args.allow_other)
+                                auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                                warn_size=warn_size)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
-                       auto_step=args.auto_step, allow_other=args.allow_other)
+                       auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
+                       warn_size=warn_size)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -102,6 +110,10 @@ def cmd_status(args) -> int:
         lines.append(f"mount {m['mountpoint']}  ({state}, {len(m['staged'])} staged)")
         if m.get("readonly"):
             lines.append(f"  read-only: {m['readonly']}")
+        for r in m.get("runs", []):
+            how = (f"confined (Landlock ABI {r.get('abi')}, writes only beneath {', '.join(r.get('writable', []))})"
+                   if r["confined"] else "not confined")
+            lines.append(f"  run pid {r['pid']}: {' '.join(r['command'])[:80]}  {how}")
         lines += [f"  {s['op']} {s['path']}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
@@ -151,6 +163,7 @@ def manage_is_target(path: str) -> bool:
 def cmd_log(args) -> int:
     from stepfs.overlayfs.client import manage
     from stepfs.store import cards
+    from stepfs.store.du import human
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
@@ -160,7 +173,8 @@ def cmd_log(args) -> int:
         who = f"  [{r['agent']}]" if r["agent"] else ""
         renamed = f" >{r['renamed']}" if r["renamed"] else ""
         line = (f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
-                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}{who}  {r['message']}")
+                f"{renamed}  lines +{r['lines_added']} -{r['lines_removed']}  +{human(r['stored_bytes'])} stored"
+                f"{who}  {r['message']}")
         if r["meta"]:
             line += "  " + " ".join(f"{k}={v}" for k, v in sorted(r["meta"].items()))
         lines.append(line)
@@ -329,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="refuse (EACCES) writing an existing file the agent never read")
     sp.add_argument("--allow-other", action="store_true",
                     help="let other users into the mount, with the kernel checking file modes (root only)")
+    sp.add_argument("--keep-last", type=int, metavar="N",
+                    help="after each step, prune all but the newest N layers (gc runs every 10 steps)")
+    sp.add_argument("--warn-size", metavar="SIZE",
+                    help="warn (stderr of 'stepfs step', MOUNT/.stepfs/status) once the store is over SIZE (2G)")
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")
@@ -390,9 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
-    from stepfs.cli import completion, hooks, run
+    from stepfs.cli import completion, confine, hooks, retention, run
 
     run.register(add)
+    confine.register(add)
+    retention.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
     return p

@@ -30,6 +30,8 @@ def _file_line(f: dict) -> str:
 def card_text(card: dict) -> str:
     """A change card (``store.cards.card``) as ``stepfs show`` prints it:
     renames, symlink targets and mode changes included."""
+    from stepfs.store.du import human
+
     lines = [
         f"layer {card['number']} ({card['kind']})  {card['time']}",
         f"message: {card['message']}" if card["message"] else "message: (none)",
@@ -39,7 +41,9 @@ def card_text(card: dict) -> str:
     for key, value in sorted(card["meta"].items()):
         lines.append(f"meta: {key}={value}")
     renamed = f" >{card['renamed']}" if card["renamed"] else ""
+    # What the layer added to the store (store/du.py); absent on a dry run's card.
+    stored = f"   stored: +{human(card['stored_bytes'])}" if "stored_bytes" in card else ""
     lines.append(f"files: +{card['added']} ~{card['modified']} -{card['deleted']}{renamed}   "
-                 f"lines: +{card['lines_added']} -{card['lines_removed']}")
+                 f"lines: +{card['lines_added']} -{card['lines_removed']}{stored}")
     lines += [_file_line(f) for f in card["files"]]
     return "\n".join(lines)

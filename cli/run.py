@@ -11,7 +11,9 @@ import sys
 
 from stepfs.cli import progress
 
-USAGE = "stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] -- COMMAND..."
+USAGE = ("stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] "
+         "[--confine [--allow-write PATH]... [--allow-read PATH]... [--no-network] [--allow-connect PORT]...] "
+         "-- COMMAND...")
 HELP = "Run COMMAND in a mount of the workspace and commit what it changed as one step."
 EXAMPLE = """stepfs run ~/project -m 'agent turn 1' --meta run=7 -- claude -p 'fix the tests'
 
@@ -23,6 +25,12 @@ mountpoint (or --mountpoint) and unmounted afterwards.  When the command
 exits its changes are committed as one layer (message: the command line;
 meta exit_code=N) and the change card is printed; no change, no layer.
 SIGINT, SIGTERM and SIGHUP are forwarded to the command.
+
+With --confine the command (and every process it starts) can write only
+beneath the mount, a private TMPDIR, /dev/null, /dev/tty, /dev/pts and the
+--allow-write paths (Linux Landlock); a write elsewhere, through a symlink
+or not, fails with EACCES.  Where Landlock is missing, --confine refuses
+(exit 18) before anything starts.
 
 exit status: the command's (128+N if signal N ended it, 127/126 if it could
 not be started); a stepfs error code if mounting or the commit failed."""
@@ -36,6 +44,32 @@ def _options(p: argparse.ArgumentParser) -> None:
                    help="mount here instead of a private temporary directory (reused if already a mount of WS)")
     p.add_argument("--private", action="store_true",
                    help="always mount afresh, even if WS is already mounted")
+    p.add_argument("--confine", action="store_true",
+                   help="run the command under Linux Landlock: it may write only beneath the mount (and the "
+                        "paths below); exit 18 where the kernel cannot")
+    confine_options(p)
+
+
+def confine_options(p: argparse.ArgumentParser) -> None:
+    """The options of --confine (shared with 'stepfs confine')."""
+    p.add_argument("--allow-write", action="append", default=None, metavar="PATH",
+                   help="with confinement: also allow writing beneath PATH (repeatable; not the workspace)")
+    p.add_argument("--allow-read", action="append", default=None, metavar="PATH",
+                   help="with confinement: read only the system, the mount, the writable paths and these "
+                        "(repeatable; default: read everywhere)")
+    p.add_argument("--no-network", action="store_true",
+                   help="with confinement: deny TCP bind and connect (Landlock ABI 4, Linux 6.7)")
+    p.add_argument("--allow-connect", action="append", type=int, default=None, metavar="PORT",
+                   help="with confinement: deny TCP except connecting to PORT (repeatable; implies --no-network)")
+
+
+def policy_of(args, mountpoint: str = ""):
+    """The confinement policy the options ask for."""
+    from stepfs.overlayfs.client.confine import Policy
+
+    return Policy(mountpoint=mountpoint, allow_write=list(args.allow_write or []),
+                  allow_read=list(args.allow_read) if args.allow_read else None,
+                  no_network=args.no_network, allow_connect=list(args.allow_connect or []))
 
 
 def register(add) -> None:
@@ -90,6 +124,10 @@ def cmd_run(args) -> int:
 
     split_command(args)
     meta = parse_meta(args.meta)
+    asked = [o for o, v in (("--allow-write", args.allow_write), ("--allow-read", args.allow_read),
+                            ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
+    if asked and not args.confine:
+        _usage(f"{asked[0]} restricts a confined command; add --confine")
     setup_logging(args)
     bar = progress.for_args(args, "mounting")
 
@@ -103,7 +141,8 @@ def cmd_run(args) -> int:
     try:
         result = api.run_command(args.command, args.workspace, message=args.message, meta=meta,
                                     mountpoint=args.mountpoint, private=args.private,
-                                    forward_signals=True, on_phase=on_phase)
+                                    forward_signals=True, on_phase=on_phase,
+                                    confine=policy_of(args) if args.confine else None)
     except StepfsError as exc:
         bar.close()
         code = getattr(exc, "command_exit_code", None)
@@ -119,7 +158,7 @@ def cmd_run(args) -> int:
             "message_type": "run", "command": result.command, "exit_code": result.exit_code,
             "number": result.number, "mountpoint": result.mountpoint, "reused": result.reused,
             "cwd": result.cwd, "workspace": result.workspace, "started": result.started, "card": card,
-            "signals": result.signals, "forwarded": result.forwarded,
+            "signals": result.signals, "forwarded": result.forwarded, "confined": result.confined,
         }, sort_keys=True))
     elif card is not None:
         if not args.quiet:

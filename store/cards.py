@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Connection
 
-from stepfs.store import diff, layers
+from stepfs.store import diff, du, layers
 from stepfs.store.contained import DEVICE_KINDS, rdev_of
 from stepfs.store.objects import ObjectStore
 
@@ -85,7 +85,9 @@ def header(layer: layers.Layer) -> dict:
 def card(objects: ObjectStore, conn: Connection, number: int) -> dict:
     """The card of committed layer ``number``; raises NoSuchLayer."""
     layer = layers.get(conn, number)
-    return card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)))
+    c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)))
+    c["stored_bytes"] = du.added_bytes(conn, [number])[number]
+    return c
 
 
 def layer_patch(objects: ObjectStore, conn: Connection, number: int) -> str:
@@ -99,9 +101,12 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None) -> lis
     list (``files`` holds the count).  Line counts read the content of every
     changed text file, so this costs what the layers changed."""
     out = []
-    for layer in layers.list_layers(conn, limit=limit):
+    listed = layers.list_layers(conn, limit=limit)
+    added = du.added_bytes(conn, [layer.number for layer in listed])
+    for layer in listed:
         c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)))
         c["files"] = len(c["files"])
+        c["stored_bytes"] = added[layer.number]  # what the layer added to the store (store/du.py)
         out.append(c)
     return out
 

@@ -103,25 +103,36 @@ class Database:
     # -- transactions -------------------------------------------------------
 
     @contextmanager
-    def write(self, durable: bool = False, checkpoint: bool | None = None) -> Iterator[Connection]:
+    def write(self, durable: bool = False, checkpoint: bool | None = None,
+              foreign_keys: bool = True) -> Iterator[Connection]:
         """A writing transaction (``BEGIN IMMEDIATE``); commits on success,
         rolls back on any exception.  Raises :class:`StoreFull` /
         :class:`StoreUnavailable` when SQLite cannot write.  ``checkpoint``
         (default: ``durable``): whether its COMMIT may checkpoint a WAL
-        past :data:`CHECKPOINT_PAGES` (see ``_install_sqlite_hooks``)."""
+        past :data:`CHECKPOINT_PAGES` (see ``_install_sqlite_hooks``).
+        ``foreign_keys=False``: SQLite does not check references in this
+        transaction (gc's sweep, which deletes only what no row names and
+        would otherwise search every referring table per deleted row)."""
         if checkpoint is None:
             checkpoint = durable
         with self._translated(notify=True):
             with self.engine.connect() as conn:
                 conn.execution_options(stepfs_begin="BEGIN IMMEDIATE", stepfs_durable=durable,
                                        stepfs_checkpoint=checkpoint)
-                trans = conn.begin()
+                raw = conn.connection.dbapi_connection if not foreign_keys else None
+                if raw is not None:
+                    raw.execute("PRAGMA foreign_keys=OFF").close()  # outside a transaction, or a no-op
                 try:
-                    yield conn
-                    durable_calls.commit(trans.commit, durable)
+                    trans = conn.begin()
+                    try:
+                        yield conn
+                        durable_calls.commit(trans.commit, durable)
+                    finally:
+                        if trans.is_active:
+                            trans.rollback()
                 finally:
-                    if trans.is_active:
-                        trans.rollback()
+                    if raw is not None:
+                        raw.execute("PRAGMA foreign_keys=ON").close()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
@@ -237,6 +248,12 @@ UPGRADES: dict[int, list[str]] = {
     4: ["ALTER TABLE staged ADD COLUMN scratch TEXT", "ALTER TABLE staged ADD COLUMN scratch_sum VARCHAR(48)"],
     # Layers looked up by state (the pending check of every commit, history).
     5: ["CREATE INDEX IF NOT EXISTS layers_state_number ON layers (state, number)"],
+    # Compressed and delta chunks, gc generations of objects, pruned layers
+    # (store/codec.py, store/gc.py, store/prune.py).
+    6: ["ALTER TABLE chunks ADD COLUMN codec INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE chunks ADD COLUMN base VARCHAR(48) REFERENCES chunks (cid)",
+        "ALTER TABLE objects ADD COLUMN gen INTEGER NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS chunks_base ON chunks (base)"],
 }
 
 
@@ -271,6 +288,14 @@ def _install_sqlite_hooks(engine: Engine, wal: bool) -> None:
         cur = dbapi_conn.cursor()
         try:
             cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # Free pages go back to the file system in place (gc's
+            # incremental_vacuum): set on a new, empty file only (before the
+            # WAL header is written); on an existing one the pragma waits
+            # for the write lock, which would make every new connection wait
+            # for a running commit.  An older store gets it at its one
+            # VACUUM (``store/gc.py``).
+            if cur.execute("PRAGMA page_count").fetchone()[0] == 0:
+                cur.execute("PRAGMA auto_vacuum=INCREMENTAL")
             if wal:
                 cur.execute("PRAGMA journal_mode=WAL")
             cur.execute("PRAGMA synchronous=NORMAL")

@@ -61,6 +61,10 @@ class NoSuchLayer(StepfsError):
     """A layer number that does not exist."""
 
 
+class LayerPruned(NoSuchLayer):
+    """A layer number that existed and was dropped by ``stepfs prune``."""
+
+
 class NoSuchPath(StepfsError):
     """A path that did not exist (or was not a file) as of the layer asked for."""
 
@@ -72,6 +76,11 @@ class CorruptObject(StepfsError):
 class MissingStagedContent(CorruptObject):
     """The scratch file a staged row references (a big file staged by
     reference, ``store/refs.py``) is gone or no longer holds what was closed."""
+
+
+class ConfinementUnavailable(StepfsError):
+    """``--confine`` was asked for where the kernel cannot confine (no
+    Landlock, or an ABI too old for an option); nothing was started."""
 
 
 class InputError(StepfsError):

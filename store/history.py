@@ -18,7 +18,7 @@ import stat as stat_mod
 from sqlalchemy import select
 
 from stepfs.store import schema
-from stepfs.store.errors import ContainmentError, NoSuchLayer, NoSuchPath
+from stepfs.store.errors import ContainmentError, NoSuchPath
 from stepfs.store.layers import State, entry_from_row
 from stepfs.store.workspace import STORE_DIR, Workspace
 
@@ -118,7 +118,9 @@ def require_layer(conn, number: int) -> None:
     if number < 0 or conn.execute(
         select(L.c.number).where(L.c.number == number, L.c.state == "committed")
     ).first() is None:
-        raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+        from stepfs.store.layers import missing
+
+        raise missing(conn, number)
 
 
 def state_at(conn, path: bytes, number: int) -> State | None:

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from stepfs.store import schema
 from stepfs.store.db import Prepared
-from stepfs.store.errors import NoSuchLayer
+from stepfs.store.errors import LayerPruned, NoSuchLayer
 
 L, E = schema.layers, schema.entries
 
@@ -135,7 +135,18 @@ def list_layers(conn: Connection, limit: int | None = None, number: int | None =
 def get(conn: Connection, number: int) -> Layer:
     for layer in list_layers(conn, number=number):
         return layer
-    raise NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+    raise missing(conn, number)
+
+
+def missing(conn: Connection, number: int) -> NoSuchLayer:
+    """The error for a layer number that is not a committed layer: pruned
+    ones say so (and which layer is the oldest kept)."""
+    state = conn.execute(select(L.c.state).where(L.c.number == number)).scalar()
+    if state == "pruned":
+        oldest = conn.execute(select(func.min(L.c.number)).where(L.c.state == "committed")).scalar()
+        return LayerPruned(f"layer {number} was pruned; the oldest layer kept is {oldest} "
+                           f"('stepfs log' lists the layers kept).")
+    return NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
 
 
 def entries(conn: Connection, number: int) -> list[Entry]:

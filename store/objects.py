@@ -30,7 +30,7 @@ from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import NoResultFound
 
-from stepfs.store import chunking, durable, schema
+from stepfs.store import chunking, codec, durable, schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import CorruptObject
 
@@ -58,10 +58,16 @@ def _family_params(digest: str) -> dict:
 _C, _O, _OC = schema.chunks, schema.objects, schema.object_chunks
 # The hot ones run through ``db.Prepared`` (no per-execution SQLAlchemy
 # work): their values and columns are plain str, int and bytes.
-_CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None)).where(
-    _key_family(_C.c.cid))
-_CHUNK_INSERT = Prepared(_C.insert(), ["cid", "size", "data"])
-_CHUNKS_BY_KEY = Prepared(select(_C.c.cid, _C.c.data).where(_C.c.cid.in_(bindparam("cids", expanding=True))))
+_CHUNK_FAMILY = select(_C.c.cid, case((_C.c.size == bindparam("size"), _C.c.data), else_=None),
+                       _C.c.codec, _C.c.size, _C.c.base).where(_key_family(_C.c.cid))
+_CHUNK_INSERT = Prepared(_C.insert(), ["cid", "size", "data", "codec", "base"])
+_CHUNKS_BY_KEY = Prepared(select(_C.c.cid, _C.c.data, _C.c.codec, _C.c.size, _C.c.base)
+                          .where(_C.c.cid.in_(bindparam("cids", expanding=True))))
+_CHUNK_ROW = Prepared(select(_C.c.data, _C.c.codec, _C.c.size, _C.c.base).where(_C.c.cid == bindparam("cid")))
+_GENERATION = Prepared(select(schema.meta.c.value).where(schema.meta.c.key == bindparam("key")))
+_OBJECT_TOUCH = Prepared(schema.objects.update().where(
+    schema.objects.c.oid == bindparam("b_oid"), schema.objects.c.gen < bindparam("b_gen"))
+    .values(gen=bindparam("b_gen")))
 #: Chunks looked up and inserted per statement (well under SQLite's bound-variable limit).
 _BATCH = 256
 #: Zero runs at least this long and aligned in the file are left as holes.
@@ -71,9 +77,9 @@ _OBJECT_CHUNK_LISTS = Prepared(
     select(_OC.c.oid, _OC.c.cid).where(_OC.c.oid.in_(bindparam("oids", expanding=True)))
     .order_by(_OC.c.oid, _OC.c.seq)
 )
-_OBJECT_INSERT = Prepared(_O.insert(), ["oid", "size"])
+_OBJECT_INSERT = Prepared(_O.insert(), ["oid", "size", "gen"])
 _OBJECT_READ = Prepared(
-    select(_OC.c.cid, _OC.c.offset, _C.c.data)
+    select(_OC.c.cid, _OC.c.offset, _C.c.data, _C.c.codec, _C.c.size, _C.c.base)
     .select_from(_OC.outerjoin(_C, _C.c.cid == _OC.c.cid))
     .where(_OC.c.oid == bindparam("oid"))
     .order_by(_OC.c.seq)
@@ -89,6 +95,34 @@ def _free_key(digest: str, taken: list[str]) -> str:
     while (digest if n == 0 else f"{digest}.{n}") in used:
         n += 1
     return digest if n == 0 else f"{digest}.{n}"
+
+
+def generation(conn: Connection) -> int:
+    """The current gc generation (meta ``gc_generation``; 0 before any gc)."""
+    rows = _GENERATION.execute(conn, {"key": "gc_generation"})
+    return int(rows[0][0]) if rows else 0
+
+
+def chunk_bytes(conn: Connection, cid: str, data, codec_: int, size: int, base: str | None) -> bytes:
+    """The decoded bytes of chunk ``cid`` from its row's fields (a delta's
+    base read too).  Raises :class:`CorruptObject` for undecodable data."""
+    base_raw = None
+    if codec_ == codec.DELTA:
+        rows = _CHUNK_ROW.execute(conn, {"cid": base}) if base is not None else []
+        if not rows or rows[0][1] == codec.DELTA:
+            raise CorruptObject(f"chunk {cid} is a delta whose base chunk {base} is missing; "
+                                f"run 'stepfs verify' for a full report.")
+        bdata, bcodec, bsize, _bbase = rows[0]
+        base_raw = chunk_bytes(conn, base, bdata, bcodec, bsize, None)
+    try:
+        return codec.decode(codec_, data, size, base_raw)
+    except ValueError as exc:
+        raise CorruptObject(f"chunk {cid} is corrupt: it cannot be decoded ({exc}); run 'stepfs verify' for a full report.") from None
+
+
+def _new_chunk_row(cid: str, piece) -> dict:
+    how, data = codec.compress(piece)
+    return {"cid": cid, "size": len(piece), "data": data, "codec": how, "base": None}
 
 
 def _equal_streams(a: Iterator[bytes], b: Iterator[bytes]) -> bool:
@@ -167,11 +201,12 @@ class ObjectStore:
     def _put_chunks(self, conn: Connection, batch: list[memoryview]) -> list[tuple[str, int]]:
         """Put a run of chunks with one lookup and one insert for the common
         cases: bytes never seen (their key is free: keys are taken in family
-        order and chunks are never deleted) and bytes stored already (compared
+        order, and gc never deletes a plain key while a suffixed one lives) and bytes stored already (compared
         byte for byte).  A key that names other bytes -- a collision, with a
         stored chunk or within the run -- takes the per-chunk path."""
         digests = [self.hasher(piece) if self.hasher is xxh3_hex else self.hasher(bytes(piece)) for piece in batch]
-        stored = {cid: data for cid, data in _CHUNKS_BY_KEY.execute(conn, {"cids": sorted(set(digests))})}
+        stored = {cid: chunk_bytes(conn, cid, data, how, size, base) for cid, data, how, size, base
+                  in _CHUNKS_BY_KEY.execute(conn, {"cids": sorted(set(digests))})}
         fresh: dict[str, memoryview] = {}
         rows: list[dict] = []
         out: list[tuple[str, int]] = []
@@ -182,7 +217,7 @@ class ObjectStore:
                 cid = digest
             elif have is None and digest not in fresh:
                 fresh[digest] = piece
-                rows.append({"cid": digest, "size": len(piece), "data": piece})
+                rows.append(_new_chunk_row(digest, piece))
                 cid = digest
             elif have is None and bytes(fresh[digest]) == bytes(piece):
                 cid = digest
@@ -202,12 +237,12 @@ class ObjectStore:
         # crafted colliding chunks must not turn every put into a linear
         # probe); only same-size candidates' bytes are fetched and compared.
         family = conn.execute(_CHUNK_FAMILY, {"size": len(data), **_family_params(digest)}).all()
-        for cid, stored in family:
-            if stored is not None and bytes(stored) == data:
+        for cid, stored, how, size, base in family:
+            if stored is not None and chunk_bytes(conn, cid, stored, how, size, base) == data:
                 return cid
         # New bytes, or a real collision: take the first free suffix.
-        cid = _free_key(digest, [cid for cid, _ in family])
-        _CHUNK_INSERT.executemany(conn, [{"cid": cid, "size": len(data), "data": data}])
+        cid = _free_key(digest, [row[0] for row in family])
+        _CHUNK_INSERT.executemany(conn, [_new_chunk_row(cid, data)])
         return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int,
@@ -222,20 +257,28 @@ class ObjectStore:
             wanted = [cid for cid, _ in cids]
             for oid in same_size:
                 if lists[oid] == wanted:
-                    return oid
+                    return self._touch(conn, oid)
             # The same hash and size cut otherwise (stored by a fixed-size
             # writer) or a collision: only the bytes tell.
             if reread is not None:
                 for oid in same_size:
                     if _equal_streams(self.iter_chunks(conn, oid), reread()):
-                        return oid
+                        return self._touch(conn, oid)
         oid = _free_key(digest, [oid for oid, _ in taken])
-        _OBJECT_INSERT.executemany(conn, [{"oid": oid, "size": size}])
+        _OBJECT_INSERT.executemany(conn, [{"oid": oid, "size": size, "gen": generation(conn)}])
         rows, pos = [], 0
         for seq, (cid, length) in enumerate(cids):
             rows.append({"oid": oid, "seq": seq, "offset": pos, "cid": cid})
             pos += length
         _OBJECT_CHUNKS_INSERT.executemany(conn, rows)
+        return oid
+
+    @staticmethod
+    def _touch(conn: Connection, oid: str) -> str:
+        """An existing object put again: it belongs to the current gc
+        generation from now on, so a gc that started before cannot collect
+        it while the caller still holds only its id (``store/gc.py``)."""
+        _OBJECT_TOUCH.execute(conn, {"b_oid": oid, "b_gen": generation(conn)})
         return oid
 
     # -- reading ------------------------------------------------------------
@@ -268,12 +311,12 @@ class ObjectStore:
         offsets raises too (even without ``verify``): a short read would
         otherwise pass for the file's content."""
         pos = 0
-        for cid, offset, stored in _OBJECT_READ.iterate(conn, {"oid": oid}):
+        for cid, offset, stored, how, size, base in _OBJECT_READ.iterate(conn, {"oid": oid}):
             if stored is None or offset != pos:
                 raise CorruptObject(
                     f"object {oid} is missing its bytes at offset {pos}; run 'stepfs verify' for a full report."
                 )
-            data = bytes(stored)
+            data = chunk_bytes(conn, cid, stored, how, size, base)
             if verify and self.hasher(data) != cid.split(".", 1)[0]:
                 raise CorruptObject(f"chunk {cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
             pos += len(data)
@@ -287,18 +330,21 @@ class ObjectStore:
         end = offset + size
         oc, ch = schema.object_chunks, schema.chunks
         rows = conn.execute(
-            select(oc.c.offset, ch.c.cid, ch.c.data)
+            select(oc.c.offset, ch.c.cid, ch.c.data, ch.c.codec, ch.c.size, ch.c.base)
             .join(ch, ch.c.cid == oc.c.cid)
             .where(oc.c.oid == oid, oc.c.offset < end, oc.c.offset + ch.c.size > offset)
             .order_by(oc.c.seq)
         )
         out = []
-        for row in rows:
-            data = bytes(row.data)
+        for row in rows.all():
+            data = chunk_bytes(conn, row.cid, row.data, row.codec, row.size, row.base)
             if self.hasher(data) != row.cid.split(".", 1)[0]:
                 raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
             lo = max(offset - row.offset, 0)
             out.append(data[lo:end - row.offset])
+        if not out and not _OBJECT_SIZE.execute(conn, {"oid": oid}):
+            # Past the end, or no such object (collected by gc): never a silent EOF.
+            raise CorruptObject(f"object {oid} is missing; run 'stepfs verify' for a full report.")
         return b"".join(out)
 
     def read_all(self, conn: Connection, oid: str) -> bytes:

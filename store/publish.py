@@ -285,7 +285,10 @@ def _before_of(ws: Workspace, conn, path: bytes, known: dict[bytes, _Before] | N
         before = known.get(path)
         if before is not None:
             st = _lstat(ws, path)
-            if st is not None and stat_mod.S_ISREG(st.st_mode) and tokens.from_stat(st) == before.token:
+            # gc may have collected the object since (no row named it): then
+            # it is captured again (FORMAT.md, "Garbage collection").
+            if st is not None and stat_mod.S_ISREG(st.st_mode) and tokens.from_stat(st) == before.token \
+                    and ws.objects.exists(conn, before.state.oid):
                 return before
             return capture(ws, conn, path, st)
     return capture(ws, conn, path)

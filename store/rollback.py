@@ -48,7 +48,7 @@ from sqlalchemy.engine import Connection
 
 from stepfs.store import cards, diff, publish, schema
 from stepfs.store.contained import DEVICE_KINDS, kind_of
-from stepfs.store.errors import CommitConflict, NothingToRollBack
+from stepfs.store.errors import CommitConflict, LayerPruned, NothingToRollBack
 from stepfs.store.history import committed_rows, require_layer, state_from_rows
 from stepfs.store.layers import Entry, State, entry_from_row, head as head_of, next_number
 from stepfs.store.workspace import Workspace
@@ -167,9 +167,13 @@ def _ancestors(path: bytes) -> list[bytes]:
 def plan(ws: Workspace, conn: Connection, number: int, paths: list[bytes] | None = None) -> Plan:
     """The entries and conflicts of a rollback to ``number`` (reads only).
 
-    Raises NoSuchLayer, or NothingToRollBack when ``number`` is the head.
+    Raises NoSuchLayer (LayerPruned for a layer prune dropped), or
+    NothingToRollBack when ``number`` is the head.
     """
-    require_layer(conn, number)
+    try:
+        require_layer(conn, number)
+    except LayerPruned as exc:
+        raise LayerPruned(f"cannot roll back to layer {number}: {exc}") from None
     head = head_of(conn)
     if number == head:
         raise NothingToRollBack(f"layer {number} is the head already: there is nothing to roll back.")

@@ -29,7 +29,7 @@ from sqlalchemy import (
 
 #: The one integer format version of a store.  A store whose version is newer
 #: is refused; an older one is upgraded (``db.UPGRADES``).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: The content hash that keys objects and chunks.
 HASH_ALGORITHM = "xxh3_128"
 #: The largest chunk writers make, recorded in ``meta.chunk_size``.  Chunks are
@@ -57,9 +57,17 @@ chunks = Table(
     "chunks",
     metadata,
     Column("cid", String(48), primary_key=True),
-    Column("size", Integer, nullable=False),
+    Column("size", Integer, nullable=False),  # length of the chunk's bytes (decoded)
     Column("data", LargeBinary, nullable=False),
+    # How ``data`` holds the bytes (format 6, store/codec.py): 0 as they
+    # are, 1 zstd, 2 zstd with the bytes of chunk ``base`` as dictionary
+    # (a delta against an earlier version of the same file).
+    Column("codec", Integer, nullable=False, server_default="0"),
+    Column("base", String(48), ForeignKey("chunks.cid")),
 )
+# Which chunks a base chunk is the dictionary of: gc keeps a base while a
+# delta names it.
+Index("chunks_base", chunks.c.base)
 
 # Immutable file contents.  ``oid`` is the hex XXH3-128 of the whole content
 # (suffixed like chunk ids on a collision).  An object is the concatenation of
@@ -69,6 +77,10 @@ objects = Table(
     metadata,
     Column("oid", String(48), primary_key=True),
     Column("size", BigInteger, nullable=False),
+    # The gc generation (meta ``gc_generation``) in which the object was
+    # last put, new or found again (format 6, store/gc.py): gc never
+    # collects an object of the generation it started.
+    Column("gen", Integer, nullable=False, server_default="0"),
 )
 
 object_chunks = Table(
@@ -91,7 +103,7 @@ layers = Table(
     "layers",
     metadata,
     Column("number", Integer, primary_key=True, autoincrement=False),
-    Column("state", String(16), nullable=False),
+    Column("state", String(16), nullable=False),  # pending | committed | void | pruned (format 6)
     Column("kind", String(16), nullable=False),  # baseline | step | rollback
     Column("created_ns", BigInteger, nullable=False),
     Column("message", Text, nullable=False, default=""),

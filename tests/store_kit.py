@@ -125,3 +125,23 @@ def object_to_file(db, objects, oid: str, out: Path) -> os.stat_result:
         return os.fstat(fd)
     finally:
         os.close(fd)
+
+
+def drop_format_6(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: undo what format 6
+    added (chunks.codec and chunks.base, objects.gen), so the file looks as
+    a version-5 writer made it (compressed chunks are stored raw again).
+    The chunks table is rebuilt: a column in a foreign key cannot be
+    dropped.  The caller sets the version and commits."""
+    import zstandard
+
+    raw.execute("PRAGMA foreign_keys=OFF")
+    rows = raw.execute("SELECT cid, size, data, codec FROM chunks").fetchall()
+    raw.execute("DROP INDEX IF EXISTS chunks_base")
+    raw.execute("DROP TABLE chunks")
+    raw.execute("CREATE TABLE chunks (cid VARCHAR(48) NOT NULL PRIMARY KEY, size INTEGER NOT NULL, data BLOB NOT NULL)")
+    for cid, size, data, codec in rows:
+        assert codec in (0, 1), "a delta chunk cannot be turned back into format 5 here"
+        plain = zstandard.ZstdDecompressor().decompress(data, max_output_size=size) if codec == 1 else data
+        raw.execute("INSERT INTO chunks VALUES (?, ?, ?)", (cid, size, plain))
+    raw.execute("ALTER TABLE objects DROP COLUMN gen")

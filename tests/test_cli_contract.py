@@ -86,6 +86,7 @@ def _obj(result, expected: str, last_line: bool = False) -> dict:
 
 
 @pytest.mark.mount
+@pytest.mark.timeout(300)  # about twenty CLI processes, one per command: slow on a loaded machine
 def test_every_command_prints_json_with_a_message_type(workspace, mount, private_tmp):
     (workspace / "a.txt").write_text("a\n")
     mp = private_tmp / "mnt"
@@ -104,7 +105,10 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         payload = json.dumps({"cwd": str(mp), "tool_name": "Write", "tool_use_id": "t1"}).encode()
         seen["hook-commit"] = _obj(stepfs("hook-commit", "--json", input=payload), "hook-commit")
         seen["run"] = _obj(stepfs("run", "--json", mp, "--", "sh", "-c", "echo d > d.txt"), "run", last_line=True)
-        assert seen["run"]["reused"] is True
+        assert seen["run"]["reused"] is True and seen["run"]["confined"] is None
+        seen["confine"] = _obj(stepfs("confine", "--json", mp, "--", "sh", "-c", "echo e > e2.txt"), "confine",
+                               last_line=True)
+        assert seen["confine"]["confined"]["confined"] is True and seen["confine"]["exit_code"] == 0
         seen["hooks"] = _obj(stepfs("hooks", "--json", "claude-code"), "hooks")
         assert _obj(stepfs("hooks", "--json", "shell"), "hooks")["script"].startswith("#!")
         seen["completion"] = _obj(stepfs("completion", "--json", "bash"), "completion")
@@ -118,6 +122,11 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         if "discard" in COMMANDS:
             (mp / "e.txt").write_text("e\n")
             seen["discard"] = _obj(stepfs("discard", "--json", mp, "e.txt"), "discard")
+        if "gc" in COMMANDS:  # bounded history (issue 20), with the mount live
+            seen["du"] = _obj(stepfs("du", "--json", mp), "du")
+            seen["gc"] = _obj(stepfs("gc", "--json", mp), "gc")
+            seen["prune"] = _obj(stepfs("prune", "--json", workspace, "--keep-last", "2"), "prune")
+            seen["conflicts"] = _obj(stepfs("conflicts", "drop", workspace, "--all", "--json"), "conflicts")
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

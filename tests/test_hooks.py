@@ -132,6 +132,15 @@ def test_shell_wrapper_runs_a_tool_call_as_a_tagged_step(workspace, mount, tmp_p
     assert card["mount"] == str(m.mountpoint), "the wrapper should reuse the harness's live mount"
     assert (workspace / "out.txt").read_text() == "built\n"
     assert sh(str(wrapper), cwd=workspace, check=False).returncode == 2
+    # STEPFS_CONFINE=1: the call runs confined; its write outside fails, its write inside is committed.
+    decoy = tmp_path / "decoy"
+    decoy.write_bytes(b"keep\r\n")
+    r = sh(f"{wrapper} sh -c 'echo out > {decoy}; echo in > in.txt'", cwd=workspace, check=False,
+           env={**env, "STEPFS_CONFINE": "1", "STEPFS_TOOL_CALL_ID": "call_43"})
+    assert r.returncode == 0 and b"Permission denied" in r.stderr, r.stderr
+    assert decoy.read_bytes() == b"keep\r\n"
+    card = api.open_workspace(workspace).card(2)
+    assert card["meta"]["tool_use_id"] == "call_43" and [f["path"] for f in card["files"]] == ["in.txt"]
 
 
 def test_message_and_meta_from_payloads():

@@ -7,13 +7,14 @@ import sqlite3
 import threading
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import event, func, select, text
 
 from stepfs.store import db as db_mod
 from stepfs.store import chunking, schema, staging
 from stepfs.store.db import Database
 from stepfs.store.objects import ObjectStore
 from stepfs.store.errors import StoreFormatError
+from store_kit import drop_format_6
 
 
 def meta_rows(db: Database) -> dict[str, str]:
@@ -45,7 +46,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "5"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "6"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE) == str(chunking.MAX_SIZE)
     db.close()
@@ -74,8 +75,20 @@ def test_newer_format_is_refused(tmp_path):
         Database.open(path)
 
 
+def as_version_5(path: str) -> None:
+    """Turn a new store into what format 5 looked like (store_kit.drop_format_6)."""
+    raw = sqlite3.connect(path)
+    try:
+        drop_format_6(raw)
+        raw.execute("UPDATE meta SET value = '5' WHERE key = 'format_version'")
+        raw.commit()
+    finally:
+        raw.close()
+
+
 def as_version_3(path: str) -> None:
     """Turn a new store into what format 3 looked like (no staged.scratch*)."""
+    as_version_5(path)
     raw = sqlite3.connect(path)
     try:
         raw.execute("ALTER TABLE staged DROP COLUMN scratch")
@@ -98,7 +111,7 @@ def test_version_2_store_is_upgraded_keeping_its_data(tmp_path):
     set_meta(path, "format_version", "2")
     db = Database.open(path, create=False)
     facts = meta_rows(db)
-    assert facts["format_version"] == "5" and facts["probe"] == "kept"
+    assert facts["format_version"] == "6" and facts["probe"] == "kept"
     db.close()
 
 
@@ -118,11 +131,41 @@ def test_version_3_store_is_upgraded_to_5_keeping_staged_rows(tmp_path):
     raw.close()
     assert "scratch" not in columns
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "5"
+    assert meta_rows(db)["format_version"] == "6"
     with db.read() as conn:
         [row] = staging.load(conn, step)
     assert (row.oid, row.scratch, row.scratch_sum) == (oid, None, None)
     db.close()
+
+
+def test_version_5_store_is_upgraded_to_6_keeping_its_objects(tmp_path):
+    """Format 6: chunk codecs (old chunks stay raw and read as before),
+    object gc generations (0 for old objects), pruned layers."""
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    text = b"a line of text that compresses well\n" * 4000
+    with db.write() as conn:
+        from stepfs.store.objects import ObjectStore as OS
+
+        oid = OS().put_bytes(conn, text)
+        conn.execute(schema.chunks.update().values(codec=0, data=text, base=None))  # as a v5 writer stored it
+    db.close()
+    as_version_5(path)
+    raw = sqlite3.connect(path)
+    assert "codec" not in {r[1] for r in raw.execute("PRAGMA table_info(chunks)")}
+    raw.close()
+    db = Database.open(path, create=False)
+    assert meta_rows(db)["format_version"] == "6"
+    store = ObjectStore()
+    with db.read() as conn:
+        assert store.read_all(conn, oid) == text
+        assert conn.execute(select(schema.objects.c.gen)).scalars().all() == [0]
+    with db.write() as conn:  # new chunks are compressed
+        other = store.put_bytes(conn, text + b"more")
+        assert store.read_all(conn, other) == text + b"more"
+        assert conn.execute(select(func.max(schema.chunks.c.codec))).scalar() == 1
+    db.close()
+    assert "chunks_base" in index_names(path)
 
 
 def index_names(path: str) -> set[str]:
@@ -141,13 +184,14 @@ def test_version_4_store_is_upgraded_to_5_with_the_layers_state_index(tmp_path):
         conn.execute(schema.layers.insert().values(number=1, state="pending", kind="step", created_ns=1))
     db.close()
     assert "layers_state_number" in index_names(path)
+    as_version_5(path)
     raw = sqlite3.connect(path)
     raw.execute("DROP INDEX layers_state_number")
     raw.execute("UPDATE meta SET value = '4' WHERE key = 'format_version'")
     raw.commit()
     raw.close()
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "5"
+    assert meta_rows(db)["format_version"] == "6"
     with db.read() as conn:
         assert conn.execute(select(schema.layers.c.number, schema.layers.c.state)).all() == [(1, "pending")]
     db.close()
@@ -268,13 +312,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "5"
+    assert meta_rows(db)["format_version"] == "6"
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "5"
+    assert meta_rows(db)["format_version"] == "6"
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"
@@ -363,4 +407,26 @@ def test_big_staging_writes_leave_checkpoints_to_the_next_durable_commit(tmp_pat
             conn.execute(schema.meta.insert().values(key="test", value="x"))
         assert path.stat().st_size > main_size + 2000 * 4096
     finally:
+        db.close()
+
+
+def test_a_new_connection_does_not_wait_for_a_running_writer(tmp_path):
+    """The connection set-up's pragmas never need the write lock (setting
+    auto_vacuum on an existing file would wait for it: the busy timeout)."""
+    import time
+
+    path = str(tmp_path / "store.db")
+    db = Database.open(path)
+    other = None
+    try:
+        with db.write() as conn:
+            conn.execute(schema.meta.insert().values(key="probe", value="held"))
+            started = time.monotonic()
+            other = Database.open(path, create=False)  # connects while the write lock is held
+            with other.read() as c2:
+                c2.execute(select(schema.meta.c.value)).all()
+            assert time.monotonic() - started < 5
+    finally:
+        if other is not None:
+            other.close()
         db.close()

@@ -32,6 +32,7 @@ from stepfs.store import durable, schema, staging, verify
 from stepfs.store.db import Database
 from stepfs.store.objects import ObjectStore
 from stepfs.store.workspace import Workspace
+from store_kit import drop_format_6
 
 # -- SIGKILL inside database transactions ---------------------------------------------
 
@@ -256,6 +257,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
     raw = sqlite3.connect(db)
     raw.execute("UPDATE layers SET intent_sum = ? WHERE number = 1", (v1_sum,))
     raw.execute("DELETE FROM staged WHERE step = ?", (t.step,))
+    drop_format_6(raw)
     raw.execute("ALTER TABLE layers DROP COLUMN step")
     raw.execute("ALTER TABLE staged DROP COLUMN scratch")  # format 4
     raw.execute("ALTER TABLE staged DROP COLUMN scratch_sum")
@@ -265,7 +267,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
 
     assert check_recovered(run / "ws", t) == "NEW"  # opens: upgrade, then recovery
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("5",)
+    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("6",)
     assert raw.execute("SELECT number, state, step FROM layers ORDER BY number").fetchall() == [
         (0, "committed", None), (1, "committed", None)]
     raw.close()

@@ -12,6 +12,7 @@ import pytest
 
 from stepfs.store import cards, diff, layers, rollback
 from stepfs.store.contained import kind_of
+from store_kit import drop_format_6
 from viewkit import open_view, reopen
 
 NULL_RDEV = os.makedev(1, 3)  # /dev/null's numbers
@@ -179,6 +180,7 @@ def test_special_before_state_of_a_version_2_store_still_reads_and_is_not_restor
     ws.close()
     raw = sqlite3.connect(str(tmp_path / "ws" / ".stepfs" / "store.db"))
     raw.execute("UPDATE entries SET before_kind = 'special' WHERE layer = ? AND path = ?", (n, b"s"))
+    drop_format_6(raw)
     raw.execute("ALTER TABLE staged DROP COLUMN scratch")  # format 4 added these
     raw.execute("ALTER TABLE staged DROP COLUMN scratch_sum")
     raw.execute("UPDATE meta SET value = '2' WHERE key = 'format_version'")

@@ -38,14 +38,15 @@ from typing import Callable
 from stepfs.store import cards, history, layers
 
 from stepfs.store.errors import (  # noqa: F401  (re-exported for harnesses)
-    CommitConflict, ContainmentError, CorruptObject, DaemonError, MountpointError, NoSuchLayer,
-    NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
+    CommitConflict, ConfinementUnavailable, ContainmentError, CorruptObject, DaemonError, MountpointError,
+    NoSuchLayer, NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
 )
 from stepfs.store.workspace import Workspace as Store
 from stepfs.store.workspace import is_workspace
 
 from stepfs.overlayfs.client import manage, mounts
-from stepfs.overlayfs.client.runner import RunResult, Signals
+from stepfs.overlayfs.client import confine as confine_mod
+from stepfs.overlayfs.client.runner import RunResult, Signals, run_in
 
 log = logging.getLogger("stepfs.api")
 
@@ -285,7 +286,8 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
                 cwd: str | os.PathLike | None = None, env: dict | None = None,
                 stdin=None, stdout=None, stderr=None,
                 forward_signals: bool = False,
-                on_phase: Callable[[str], None] | None = None) -> RunResult:
+                on_phase: Callable[[str], None] | None = None,
+                confine: "confine_mod.Policy | None" = None) -> RunResult:
     """Run ``command`` in a mount of ``workspace`` and commit what it changed.
 
     ``workspace``: a :class:`WorkspaceClient`, or a path (workspace, mount, or
@@ -294,7 +296,10 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
     mapped into the mount; outside the workspace the command runs at the
     mount's root.  ``env`` is added to the environment, with
     ``STEPFS_WORKSPACE`` and ``STEPFS_MOUNT`` set.  ``on_phase`` is called
-    with "mounting", "running", "committing", "unmounting".
+    with "mounting", "running", "committing", "unmounting".  ``confine``
+    (a :class:`confine.Policy`; its mountpoint is filled in) runs the
+    command under Landlock; the kernel is checked before anything is
+    touched (``ConfinementUnavailable``).
 
     Raises :class:`StepfsError` if the mount or the commit fails; a failed
     commit carries the command's status as ``exc.command_exit_code`` (its
@@ -305,7 +310,12 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
     command = [os.fspath(c) for c in command]
     phase = on_phase or (lambda _name: None)
     start_dir = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    if confine is not None:
+        confine_mod.require(confine)  # first: where the kernel cannot, touch nothing
     ws, standing_in = _resolve(workspace, start_dir)
+    if confine is not None:
+        confine.workspace = ws.path
+        confine_mod.check(confine)  # before mounting
     with Signals(forward_signals) as sig:
         phase("mounting")
         if mountpoint is not None:
@@ -323,9 +333,9 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
                 result.started = False
                 result.exit_code = 128 + sig.received[0]
             else:
-                phase("running")
-                result.exit_code, result.started = sig.run(
-                    command, cwd=run_cwd, env=child_env, stdin=stdin, stdout=stdout, stderr=stderr)
+                result.exit_code, result.started, result.confined = run_in(
+                    m.path, command, confine, sig, phase, cwd=run_cwd, env=child_env, stdin=stdin,
+                    stdout=stdout, stderr=stderr)
             result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
             if result.started:
                 phase("committing")
@@ -340,6 +350,34 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
             if m.owned:
                 phase("unmounting")
                 m.unmount()
+    return result
+
+
+def run_confined(mountpoint: str | os.PathLike, command: list[str], policy: "confine_mod.Policy", *,
+                 cwd: str | os.PathLike | None = None, env: dict | None = None, stdin=None, stdout=None,
+                 stderr=None, forward_signals: bool = False) -> RunResult:
+    """``stepfs confine``: run ``command`` confined to an existing mount
+    (which a harness manages: nothing is mounted, committed or unmounted).
+    ``cwd`` defaults to the current directory if it is inside the mount,
+    else the mount's root."""
+    mp = os.path.abspath(os.fspath(mountpoint))
+    entry = mounts.find(mp)
+    if entry is None or entry.workspace is None:
+        raise NotMountedError(f"{mp} is not a stepfs mount; mount the workspace there first ('stepfs mount WS {mp}').")
+    policy.mountpoint, policy.workspace = mp, entry.workspace
+    confine_mod.check(policy)
+    confine_mod.require(policy)
+    here = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+    run_cwd = here if here == mp or here.startswith(mp.rstrip("/") + "/") else mp
+    command = [os.fspath(c) for c in command]
+    result = RunResult(command, 0, None, mp, reused=True, cwd=run_cwd, workspace=entry.workspace)
+    child_env = {**os.environ, **(env or {}), "STEPFS_WORKSPACE": entry.workspace, "STEPFS_MOUNT": mp,
+                 "PWD": run_cwd}
+    with Signals(forward_signals) as sig:
+        result.exit_code, result.started, result.confined = run_in(
+            mp, command, policy, sig, lambda _name: None, cwd=run_cwd, env=child_env, stdin=stdin,
+            stdout=stdout, stderr=stderr)
+        result.signals, result.forwarded = list(sig.received), list(sig.forwarded)
     return result
 
 

@@ -152,7 +152,8 @@ def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other:
 
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-          auto_step: str = "manual", allow_other: bool = False) -> int:
+          auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
+          warn_size: int | None = None) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
@@ -164,7 +165,8 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
-        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other) + ["--ready-fd", str(write_end)]
+        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size) \
+            + ["--ready-fd", str(write_end)]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/",
@@ -193,7 +195,7 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
 
 
 def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
-                   allow_other: bool) -> list[str]:
+                   allow_other: bool, keep_last: int | None = None, warn_size: int | None = None) -> list[str]:
     """The daemon's command line: this interpreter, so it imports the same
     installed ``stepfs`` as this process."""
     cmd = [sys.executable, "-m", "stepfs.overlayfs.daemon.main", ws_path, mp]
@@ -205,18 +207,23 @@ def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_
         cmd += ["--auto-step", auto_step]
     if allow_other:
         cmd.append("--allow-other")
+    if keep_last is not None:  # prune after each step (overlayfs/daemon/retention.py)
+        cmd += ["--keep-last", str(keep_last)]
+    if warn_size is not None:
+        cmd += ["--warn-size", str(warn_size)]
     return cmd
 
 
 def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
-                     auto_step: str = "manual", allow_other: bool = False) -> NoReturn:
+                     auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
+                     warn_size: int | None = None) -> NoReturn:
     """``stepfs mount --foreground``: check the arguments as :func:`mount`
     does, then become the daemon (exec, same pid), attached to this terminal
     until unmounted."""
     ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other)
     sys.stdout.flush()
     sys.stderr.flush()
-    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other)
+    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size)
     os.execv(cmd[0], cmd)
 
 
@@ -338,7 +345,7 @@ def status(target: Target) -> dict:
                     continue
                 out["mounts"].append({
                     "mountpoint": mp, "mounted": mp in live, "pid": pid, "step": step["id"],
-                    "readonly": _readonly_reason(mp) if mp in live and pid else None,
+                    **_daemon_state(mp, mp in live and pid),
                     "staged": [{"op": _op(r), "path": os.fsdecode(r.path), "kind": r.kind} for r in rows],
                 })
             for c in conflicts.listed(conn):
@@ -353,13 +360,20 @@ def status(target: Target) -> dict:
         return out
 
 
-def _readonly_reason(mountpoint: str) -> str | None:
-    """Why a live mount went read-only, asked of its daemon (which keeps the
-    reason in memory: the disk may be too full to write it anywhere)."""
-    try:
-        return control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("readonly")
-    except DaemonError:
-        return None
+def _daemon_state(mountpoint: str, alive) -> dict:
+    """Asked of a live mount's daemon: why it went read-only (kept in memory:
+    the disk may be too full to write it anywhere), the runs started in it
+    and whether they are confined (``runs.py``): ``confined`` is True if
+    every live run is, False if one is not, None if no run is live."""
+    answer = {}
+    if alive:
+        try:
+            answer = control.request(mountpoint, {"op": "ping"}, timeout=5.0)
+        except DaemonError:
+            pass
+    runs = answer.get("runs") or []
+    return {"readonly": answer.get("readonly"), "runs": runs,
+            "confined": all(r.get("confined") for r in runs) if runs else None}
 
 
 def discard(target: Target, paths: list[str]) -> list[str]:
@@ -405,7 +419,10 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
                "overwrite": [os.fsdecode(p) for p in over]}
     if target.mountpoint is not None:
-        return [control.request(target.mountpoint, payload)["number"]]
+        answer = control.request(target.mountpoint, payload)
+        for warning in answer.get("warnings", []):  # the store over the size set at mount
+            print(f"stepfs: warning: {warning}", file=sys.stderr)
+        return [answer["number"]]
     numbers = _step_live_mounts(target.workspace, payload)
     if numbers:
         return numbers

@@ -2,6 +2,11 @@
 result, and the signals stepfs receives while it runs.  The mounting and
 committing around it are ``api.run_command``'s.
 
+:func:`run_in` starts it, confined by a :class:`confine.Policy` if one is
+given (through the Landlock trampoline, so only the command and its
+children are restricted), and registers it with the mount's daemon either
+way, so ``MOUNT/.stepfs/status`` can say whether it is confined.
+
 Signals (``forward_signals=True``, main thread only; the CLI uses it):
 
 * while mounting, SIGINT, SIGTERM and SIGHUP are only recorded, and the
@@ -25,8 +30,9 @@ import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
+from stepfs.overlayfs.client import confine as confine_mod
 
 
 log = logging.getLogger("stepfs.run")
@@ -57,6 +63,34 @@ class RunResult:
     #: command (one from the terminal reaches the command directly).
     signals: list[int] = field(default_factory=list)
     forwarded: list[int] = field(default_factory=list)
+    #: How the command was confined (``Plan.describe``), None if it was not.
+    confined: dict | None = None
+
+
+def run_in(mountpoint: str, command: list[str], policy: "confine_mod.Policy | None", sig: "Signals",
+           phase: Callable[[str], None], *, env: dict, **popen) -> tuple[int, bool, dict | None]:
+    """Start ``command`` in the mount (confined by ``policy`` if given),
+    register it with the daemon, wait; (status, started, confinement)."""
+    confinement = None
+    if policy is not None:
+        policy.mountpoint = mountpoint
+        confinement = confine_mod.prepare(policy)
+    try:
+        argv = confinement.argv(command) if confinement else command
+        if confinement:
+            env = {**env, **confinement.env()}
+            popen["pass_fds"] = confinement.pass_fds
+            if _missing(command[0], env.get("PATH", os.defpath), popen.get("cwd")):
+                # The trampoline always starts; say "not started" as an unconfined run would.
+                log.error("%s: command not found", command[0])
+                return 127, False, confinement.describe()
+        phase("running")
+        code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
+            mountpoint, pid, command, confinement), **popen)
+        return code, started, confinement.describe() if confinement else None
+    finally:
+        if confinement:
+            confinement.close()
 
 
 class Signals:
@@ -86,13 +120,15 @@ class Signals:
     def _record(self, signum, _frame) -> None:
         self.received.append(signum)
 
-    def run(self, command: list[str], **popen) -> tuple[int, bool]:
+    def run(self, command: list[str], on_start: Callable[[int], None] = lambda _pid: None,
+            **popen) -> tuple[int, bool]:
         """Start the command, wait for it (forwarding signals); returns
-        (exit status, started)."""
+        (exit status, started).  ``on_start`` gets the child's pid."""
         if not self.enabled:
             proc = _start(command, **popen)
             if proc is None:
                 return _not_started(command), False
+            on_start(proc.pid)
             try:
                 return _status(proc.wait()), True
             except BaseException:
@@ -106,6 +142,7 @@ class Signals:
                           **popen)
             if proc is None:
                 return _not_started(command), False
+            on_start(proc.pid)
             wanted = {*self.signals, signal.SIGCHLD}
             while proc.poll() is None:
                 info = signal.sigtimedwait(wanted, 1.0)  # SIGCHLD wakes us when the command ends
@@ -159,6 +196,14 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _missing(name: str, path: str, cwd: str | None) -> bool:
+    import shutil
+
+    if "/" in name:
+        return not os.path.exists(os.path.join(cwd or os.getcwd(), name))
+    return shutil.which(name, path=path) is None
 
 
 def _not_started(command: list[str]) -> int:

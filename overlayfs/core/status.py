@@ -5,13 +5,18 @@ from __future__ import annotations
 
 
 def status_text(mountpoint: str, workspace: str, step: int, readonly: str | None,
-                last_errors: dict[str, str], staged: list[tuple[str, str]]) -> str:
-    """``staged``: ``[(op, path)]`` as ``Overlay.staged_paths`` gives them."""
+                last_errors: dict[str, str], staged: list[tuple[str, str]], warnings: list[str] = (),
+                runs: list[str] = ()) -> str:
+    """``staged``: ``[(op, path)]`` as ``Overlay.staged_paths`` gives them;
+    ``warnings``: the daemon's (``overlayfs/daemon/retention.py``);
+    ``runs``: lines about the commands started in the mount (``runs.py``)."""
     lines = [f"mount: {mountpoint}", f"workspace: {workspace}", f"step: {step}"]
     if readonly:
         lines.append(f"read-only: {readonly}")
     for agent, error in sorted(last_errors.items()):
         lines.append(f"last error ({agent}): {error}")
+    lines += [f"warning: {w}" for w in warnings]
+    lines += runs
     lines.append(f"staged: {len(staged)}")
     lines += [f"  {op} {path}" for op, path in staged]
     return "\n".join(lines) + "\n"

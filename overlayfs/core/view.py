@@ -57,6 +57,7 @@ from stepfs.overlayfs.core.links import Links
 from stepfs.overlayfs.core.namespace import Namespace, check_new_name
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
 from stepfs.overlayfs.core.rows import StagedRows
+from stepfs.overlayfs.core.runs import Runs
 from stepfs.overlayfs.core.status import status_text
 from stepfs.overlayfs.core.stepnodes import StepNodes
 from stepfs.overlayfs.core.scratch import ScratchFiles
@@ -86,6 +87,11 @@ class Overlay:
         self.default_agent = DEFAULT
         self.row_delay = row_delay
         self.lock = threading.RLock()
+        #: Commands started here by 'stepfs run' / 'stepfs confine', and their confinement.
+        self.runs = Runs()
+        #: Warnings for ``MOUNT/.stepfs/status`` (the store over the size
+        #: the user set: ``overlayfs/daemon/retention.py``).
+        self.warnings: list[str] = []
         # Set by an auto-step policy (overlayfs/autostep.py): told of every
         # staged change, under the lock; must not block.
         self.on_change = None
@@ -449,4 +455,4 @@ class Overlay:
     def status_text(self) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself."""
         return status_text(self.mountpoint, self.ws.path, self.step, self.readonly_reason, self.content.last_errors,
-                           self.staged_paths())
+                           self.staged_paths(), warnings=self.warnings, runs=self.runs.status_lines())

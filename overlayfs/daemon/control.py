@@ -13,7 +13,9 @@ the mount: the view forgets its copies of those paths and the kernel its
 cached attributes and pages; answered once done, so a caller that got the
 answer knows the mount shows the new state), ``{"op": "sync"}`` (write the
 staged rows the view recorded but has not written yet, see ``view.py``;
-answered once they are in the store).
+answered once they are in the store), ``{"op": "run", "pid", "command",
+"confinement"}`` (a command ``stepfs run`` / ``confine`` started in the
+mount, and whether it is confined: ``runs.py``).
 Answers: ``{"ok": true, ...}`` or ``{"ok": false, "error": <class name>,
 "message": <sentence>, "paths": [...]}``.
 

@@ -75,7 +75,8 @@ def lock_path(ws: Workspace, mountpoint: str) -> str:
     return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
 
 
-def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Callable[[dict], None]], dict | None]:
+def handler(view: Overlay, ws: Workspace, kernel_cache,
+            after_step: Callable[[], None] | None = None) -> Callable[[dict, Callable[[dict], None]], dict | None]:
     """The control channel's handler of a daemon serving ``view``
     (``control.ControlServer``; ``kernel_cache``: the FUSE adapter's
     ``KernelCache``).  Runs on the control thread, one request at a time."""
@@ -84,7 +85,10 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
         op = req.get("op")
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
-                    "listings_cached": kernel_cache.listings_cached}
+                    "listings_cached": kernel_cache.listings_cached, "runs": view.runs.live()}
+        if op == "run":  # a command started in this mount, and its confinement (runs.py)
+            confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}
+            return {"recorded": view.runs.add(int(req["pid"]), list(req.get("command") or []), confinement)}
         if op == "commit":
             # Answered as soon as the layer is published (intent durable,
             # renames done: a crash from here recovers to it).  The view
@@ -99,8 +103,11 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
                                    allow_empty=bool(req.get("allow_empty")),
                                    overwrite={os.fsencode(p) for p in req.get("overwrite", [])}) as c:
                 number = c.publish()
-                reply({"number": number})
+                # Warnings only when there are some (the store over --warn-size).
+                reply({"number": number, **({"warnings": list(view.warnings)} if view.warnings else {})})
                 c.complete()
+            if after_step is not None:
+                after_step()
             return None
         if op == "sync":  # before someone reads this step's rows from the store
             view.sync_rows()
@@ -140,7 +147,8 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
 
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
-          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False) -> int:
+          require_read: bool = False, auto_step: str = "manual", allow_other: bool = False,
+          keep_last: int | None = None, warn_size: int | None = None) -> int:
     from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
@@ -162,7 +170,18 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     # (paused during one); the thread ends with ws.close().
     ws.spares.start_filling()
 
-    handle = handler(view, ws, kernel_cache)
+    if keep_last is not None or warn_size is not None:
+        from stepfs.overlayfs.daemon.retention import AfterStep
+
+        after = AfterStep(view, ws, keep_last=keep_last, warn_size=warn_size)
+        view.commit = after.wrap(view.commit)  # the auto-stepper commits here
+        # The control thread commits in two phases (view.begin_commit): the
+        # same retention runs once its commit has completed.
+        after_step = after.wrap(lambda: None)
+        after.check_size()
+    else:
+        after_step = None
+    handle = handler(view, ws, kernel_cache, after_step)
 
     from stepfs.overlayfs.daemon.autostep import AutoStepper
     from stepfs.overlayfs.daemon.protocol import parse_auto_step
@@ -206,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--require-read", action="store_true")
     parser.add_argument("--auto-step", default="manual")
     parser.add_argument("--allow-other", action="store_true")
+    parser.add_argument("--keep-last", type=int)
+    parser.add_argument("--warn-size", type=int)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step,
-                     args.allow_other)
+                     args.allow_other, keep_last=args.keep_last, warn_size=args.warn_size)
     except Exception as exc:  # reported to the parent through the log file
         log.exception("daemon failed")
         print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)

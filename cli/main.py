@@ -409,10 +409,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave paths changed outside stepfs as they are and roll back the rest")
 
     from stepfs.cli import completion, confine, hooks, retention, run
+    from stepfs.cli.web import command as web_command
 
     run.register(add)
     confine.register(add)
     retention.register(add)
+    web_command.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
     return p

@@ -44,6 +44,15 @@ class CommitConflict(StepfsError):
         self.paths = paths
 
 
+class HeadMoved(CommitConflict):
+    """A rollback was asked for against a head the history has moved past
+    (a preview made before another layer was committed); nothing written."""
+
+    def __init__(self, message: str, head: int):
+        super().__init__(message, [])
+        self.head = head
+
+
 class NothingToRollBack(NothingToCommit):
     """``rollback N`` found nothing to change: N is the head, or every path
     touched after N already holds its state as of N."""

@@ -157,9 +157,12 @@ def state_from_rows(rows: list, number: int) -> tuple[State, int | None] | None:
 
 
 def committed_rows(conn, where, order_by_path: bool = True) -> list:
-    """Committed entry rows matching the SQL condition ``where``."""
-    committed = select(L.c.number).where(L.c.state == "committed")
-    q = select(E).where(where, E.c.layer.in_(committed))
+    """Committed entry rows matching the SQL condition ``where``.
+
+    A join with the layer, not ``layer IN (committed layers)``: given that
+    list, SQLite probed (path, layer) once per committed layer for every
+    path, so a rollback of 10,000 paths over 10,000 layers took ~110 s."""
+    q = select(E).join(L, L.c.number == E.c.layer).where(where, L.c.state == "committed")
     if order_by_path:
         q = q.order_by(E.c.path, E.c.layer)
     return conn.execute(q).all()

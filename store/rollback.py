@@ -48,7 +48,7 @@ from sqlalchemy.engine import Connection
 
 from stepfs.store import cards, diff, publish, schema
 from stepfs.store.contained import DEVICE_KINDS, kind_of
-from stepfs.store.errors import CommitConflict, LayerPruned, NothingToRollBack
+from stepfs.store.errors import CommitConflict, HeadMoved, LayerPruned, NothingToRollBack
 from stepfs.store.history import committed_rows, require_layer, state_from_rows
 from stepfs.store.layers import Entry, State, entry_from_row, head as head_of, next_number
 from stepfs.store.workspace import Workspace
@@ -292,8 +292,13 @@ def _settle_structure(disk: _Disk, planned: dict[bytes, Entry]) -> list[Conflict
 
 
 def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dry_run: bool = False,
-             skip_conflicts: bool = False, agent: str = "", mount: str = "") -> Result:
+             skip_conflicts: bool = False, agent: str = "", mount: str = "",
+             expect_head: int | None = None) -> Result:
     """Roll the workspace back to layer ``number`` (see the module doc).
+
+    With ``expect_head``, raises HeadMoved (nothing written) unless the head
+    is still that layer under the commit lock: a rollback previewed against
+    one head is never applied to another.
 
     Raises NoSuchLayer, NothingToRollBack (``number`` is the head, or every
     path already holds its state as of ``number``) and CommitConflict
@@ -303,6 +308,10 @@ def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dr
     with ws.commit_lock():
         publish._recover_locked(ws)
         with ws.db.read() as conn:
+            if expect_head is not None and head_of(conn) != expect_head:
+                now = head_of(conn)
+                raise HeadMoved(f"the history moved from layer {expect_head} to layer {now} since this rollback "
+                                f"was previewed; nothing was written: look at the new preview and try again.", now)
             p = plan(ws, conn, number, paths)
         if p.conflicts and (not skip_conflicts or not p.entries):
             names = ", ".join(f"{os.fsdecode(c.path)} ({c.reason})" for c in p.conflicts[:10])

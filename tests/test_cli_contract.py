@@ -7,7 +7,10 @@ from __future__ import annotations
 import io
 import json
 import re
+import signal
 import subprocess
+import sys
+import threading
 
 import pytest
 
@@ -85,6 +88,30 @@ def _obj(result, expected: str, last_line: bool = False) -> dict:
     return obj
 
 
+def _serve_json(workspace) -> dict:
+    """``stepfs serve --json``'s object: its first line, printed once it
+    listens; then Ctrl-C stops it (a watchdog kills it if it never prints)."""
+    proc = subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "serve", "--json", "--port", "0",
+                             str(workspace)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(60, proc.kill)
+    watchdog.start()
+    try:
+        line = proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, proc.stderr.read().decode()
+    obj = json.loads(line)
+    assert obj.get("message_type") == "serve", obj
+    return obj
+
+
 @pytest.mark.mount
 @pytest.mark.timeout(300)  # about twenty CLI processes, one per command: slow on a loaded machine
 def test_every_command_prints_json_with_a_message_type(workspace, mount, private_tmp):
@@ -127,6 +154,9 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
             seen["gc"] = _obj(stepfs("gc", "--json", mp), "gc")
             seen["prune"] = _obj(stepfs("prune", "--json", workspace, "--keep-last", "2"), "prune")
             seen["conflicts"] = _obj(stepfs("conflicts", "drop", workspace, "--all", "--json"), "conflicts")
+        if "serve" in COMMANDS:
+            seen["serve"] = _serve_json(workspace)
+            assert seen["serve"]["url"].startswith("http://127.0.0.1:") and "?token=" in seen["serve"]["url"]
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

@@ -515,7 +515,7 @@ def invalidate_mounts(ws: Workspace, paths: list[bytes]) -> dict:
 
 
 def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool = False,
-             skip_conflicts: bool = False) -> dict:
+             skip_conflicts: bool = False, expect_head: int | None = None) -> dict:
     """Roll the workspace of ``target`` back to layer ``number``.
 
     Order: check the layer exists; commit every open step with changes (live
@@ -524,25 +524,35 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
     every live mount so processes in it see the result as soon as this
     returns.  A dry run commits nothing and changes nothing; its card does
     not include staged changes (``open_steps_with_changes`` counts them).
-    Paths are user paths (``store.history.user_path``).
+    Paths are user paths (``store.history.user_path``).  With
+    ``expect_head`` (the head a preview was made against) it raises
+    HeadMoved, changing nothing, if the head is another layer; staged
+    changes it commits itself first do not count as a move.
     """
-    from stepfs.store import history
+    from stepfs.store import history, layers
     from stepfs.store import rollback as store_rollback
+    from stepfs.store.errors import HeadMoved
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
         rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in paths] or None
         with ws.db.read() as conn:
             history.require_layer(conn, number)
+            if expect_head is not None and layers.head(conn) != expect_head:
+                now = layers.head(conn)
+                raise HeadMoved(f"the history moved from layer {expect_head} to layer {now} since this rollback "
+                                f"was previewed; nothing was written: look at the new preview and try again.", now)
         committed: list[int] = []
         if not dry_run and _open_steps_with_changes(ws):
             try:
                 committed = step(Target(ws.path), message=f"staged changes, committed before rollback to {number}")
             except NothingToCommit:
                 pass
+        if committed and expect_head is not None:
+            expect_head = max(committed)
         pending = _open_steps_with_changes(ws) if dry_run else 0
         result = store_rollback.rollback(ws, number, rels, dry_run=dry_run, skip_conflicts=skip_conflicts,
-                                         mount=target.mountpoint or "")
+                                         mount=target.mountpoint or "", expect_head=expect_head)
         seen = {"invalidated": [], "unreachable": []}
         if result.layer is not None:
             # Each mount also makes the kernel look the names up again (a

@@ -1,5 +1,9 @@
 """Atomic publish of a step into the workspace, and crash recovery.
 
+Why one module of about 1,250 lines: the commit, the switch and recovery
+share the temporary-file names, the durable seam and the crash invariants
+written below; a reader checks the protocol against FORMAT.md in one place.
+
 Commit protocol (the order is the whole point; FORMAT.md repeats it).  Every
 call that moves or persists state goes through ``store.durable`` (the seam
 the crash tests count, fail and kill at).  What a crash (process kill or
@@ -60,16 +64,18 @@ and made durable, with the intent or not at all.
    *Crash before it:* recovery publishes the layer again (idempotent) and
    then does this step.
 
-The caller holds the commit lock from step 1 to the end of step 5.  A mount
-daemon answers its caller between steps 4 and 5 (``on_published``: every
-rename done, the directory fsyncs and step 5 still running): past the
-intent a crash recovers to the layer anyway, so the answer promises
+The API follows the steps: ``with begin(ws, step) as c`` takes the commit
+lock; ``c.publish()`` runs steps 1 to 4 and returns the layer's number;
+``c.complete()`` runs step 5 (:class:`Commit`).  The lock is held from step
+1 to the end of step 5.  A mount daemon answers its caller between the two
+(every rename done, the directory fsyncs and step 5 still to come): past
+the intent a crash recovers to the layer anyway, so the answer promises
 nothing that is not on disk.  Until step 5 ends, the daemon writes no row
 of the step (step 5 deletes the step's rows: it would take a later row with
 it) and the commit lock keeps every other commit, recovery and
 ``Workspace.open`` out, so none of them sees the layer pending.  A failure
 after the answer leaves the layer pending as below, and the daemon's mount
-read-only with its message (``overlayfs.view.Overlay.commit``).
+read-only with its message (``overlayfs.committing``).
 
 Recovery (:func:`recover`) runs before anything else uses a store
 (``Workspace.open``, and the start of every commit): every ``pending`` layer
@@ -108,11 +114,9 @@ import os
 import stat as stat_mod
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import xxhash
 from sqlalchemy import bindparam, func, select, update
-from sqlalchemy.engine import Connection
 
 from stepfs.store import durable, refs, schema, staging, tokens, xattrs
 from stepfs.store.contained import NODE_KINDS, kind_of, rdev_of, rdev_target
@@ -425,116 +429,259 @@ def _entry_row(layer: int, e: Entry) -> dict:
     }
 
 
-def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
-                meta: dict | None, consume_step: int | None, number: int | None = None,
-                planner: Callable[[Connection], tuple[list[Entry], int] | None] | None = None,
-                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int | None:
-    """Steps 2-5: new files, intent record, switch, mark committed (and
-    consume ``consume_step``'s staged rows).  Caller holds the commit lock
-    and has checked for conflicts.  ``number``: the layer's number if the
-    caller already read ``next_number`` under this same hold of the lock.
+class Commit:
+    """One layer's commit in two phases, on one hold of the commit lock.
 
-    ``planner``: instead of ``entries`` and ``number``, a function run at
-    the start of the intent's own transaction that returns them (a commit
-    plans, stores its before objects and records its intent in one
-    transaction) or None for "nothing to record": the transaction then
-    commits whatever the planner wrote and None is returned.  An exception
-    from it rolls the transaction back.
+    ``with begin(ws, step, ...) as c`` (a step) or ``with Commit(ws,
+    entries=..., ...) as c`` (a layer the caller planned, under its own
+    hold of the lock: rollback, an empty layer), then:
 
-    ``on_published(number)``: called once the layer is published (intent
-    and new files durable, every rename done; a crash from here on
-    recovers to the layer), before the switch's directory fsyncs begin and
-    before step 5 (``committed``), still under the caller's commit lock,
-    which is held until step 5 has ended: a mount daemon answers its
-    caller from it.  It may return a function, called once the fsyncs
-    have begun (work that need not delay them, nor the answer).  Whatever
-    either raises is raised once step 5 has ended (step 5 runs regardless;
-    a failure of step 5 wins).
+    1. ``number = c.publish()``: steps 1 to 4 (module docstring): plan,
+       new files and intent durable, every rename done.  From its return a
+       crash recovers to the layer, so a mount daemon may answer its
+       caller now.
+    2. ``c.start_completion()`` (optional): begin the switch's last
+       directory fsyncs, once the answer is out (started before, the
+       pool's threads took the GIL from it); the caller's own bookkeeping
+       then runs while they do.
+    3. ``c.complete()``: step 5, the ``committed`` record; its COMMIT
+       waits for those fsyncs.
 
-    Returns the layer number.  Raises :class:`PublishFailed` or
-    :class:`StoreUnavailable`; the module docstring says what each leaves
-    behind."""
-    # The new files are fsynced while the intent is committed: neither needs
-    # the other (recovery rewrites every new file from the store), and both
-    # are done before the first rename.  The fsyncs start once the intent's
-    # rows are in, just before its COMMIT syncs the WAL: started earlier,
-    # the pool's threads would take the GIL from the building of the rows.
-    syncing: durable.Syncing | None = None
-    prep = None  # the switch's preparation, run while the intent commits
-    unsynced: list[int] = []
-    try:
+    Leaving the block runs step 5 if the layer was published and
+    :meth:`complete` was not called (a failure between the phases, say
+    of the caller's answer: the layer is on disk all the same); a failure
+    of step 5 is raised over the block's own.  Then the lock is released.
+    Raises :class:`NothingToCommit`, :class:`CommitConflict`,
+    :class:`PublishFailed` and :class:`StoreUnavailable`; the module
+    docstring says what each leaves behind."""
+
+    def __init__(self, ws: Workspace, *, step: int | None = None, entries: list[Entry] | None = None,
+                 kind: str = "step", message: str = "", agent: str = "", mount: str = "",
+                 meta: dict | None = None, consume_step: int | None = None, allow_empty: bool = False,
+                 overwrite: set[bytes] = frozenset(), known: dict[bytes, _Before] | None = None,
+                 locked: bool = False):
+        """``step``: plan the open step ``step`` (``allow_empty``,
+        ``overwrite``, ``known`` as for :func:`begin`); else ``entries`` is
+        the layer and ``consume_step`` the step whose rows it consumes.
+        ``locked``: the caller holds the commit lock already."""
+        self.ws = ws
+        self.step = step
+        self.kind, self.message, self.agent, self.mount, self.meta = kind, message, agent, mount, meta
+        self.consume_step = step if step is not None else consume_step
+        self.allow_empty, self.overwrite, self.known = allow_empty, overwrite, known
+        self.entries = entries if entries is not None else []
+        self.number: int | None = None
+        #: staged entries below something that is no longer a directory
+        #: (:func:`_blocked`): left alone, recorded as outside changes.
+        self.outside: list[Entry] = []
+        self._locked = locked
+        self._held: list = []
+        self._dir_sync: _DirSync | None = None  # set once every rename is done
+        self._completed = False
+
+    def __enter__(self) -> "Commit":
+        if not self._locked:
+            for cm in (self.ws.commit_lock(), self.ws.spares.pausing()):
+                cm.__enter__()
+                self._held.append(cm)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
         try:
-            # No WAL checkpoint at the intent's COMMIT: step 5's COMMIT
-            # (after a daemon's answer) does it.
-            with ws.db.write(durable=True, checkpoint=False) as conn:
-                if planner is not None:
-                    planned = planner(conn)
-                    if planned is None:
+            if self._dir_sync is not None and not self._completed:
+                self.complete()
+        finally:
+            while self._held:
+                self._held.pop().__exit__(None, None, None)
+        return False
+
+    def publish(self) -> int:
+        """Steps 1 to 4; returns the layer's number."""
+        ws = self.ws
+        while True:
+            if self.step is not None:
+                _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
+            try:
+                prepped = self._write_intent()
+            except _PendingFound:
+                _recover_locked(ws)  # may consume this step's rows: the plan reads them again
+                continue
+            break
+        if self.number is None:
+            if self.outside:
+                raise NothingToCommit(
+                    f"nothing was committed: {len(self.outside)} staged path(s) lie below something that is no "
+                    f"longer a directory in the workspace ({os.fsdecode(self.outside[0].path)}, ...); their "
+                    f"versions are kept as 'outside-change' conflicts ('stepfs status' lists them)."
+                )
+            raise NothingToCommit(
+                "nothing to commit: the open step has no changes against the workspace "
+                "(use --allow-empty to record an empty layer anyway)."
+            )
+        # Past the commit point: from here a failure leaves the layer pending.
+        try:
+            self._dir_sync = _switch(ws, self.number, self.entries, wait=False, prepped=prepped)
+        except OSError as exc:
+            raise _pending_failure(self.number, exc) from None
+        return self.number
+
+    def start_completion(self) -> None:
+        """Begin the directory fsyncs step 5 waits for (after the answer)."""
+        if self._dir_sync is not None:
+            self._dir_sync.start()
+
+    def complete(self) -> None:
+        """Step 5: the layer is committed and its step's rows consumed."""
+        if self._dir_sync is None or self._completed:
+            return
+        self._completed = True
+        try:
+            _complete(self.ws, self.number, self.consume_step, self._dir_sync)
+        except OSError as exc:
+            raise _pending_failure(self.number, exc) from None
+        finally:
+            self._dir_sync.close()
+
+    def _plan(self, conn) -> bool:
+        """Step 1 at the start of the intent's transaction: sets
+        ``entries`` and ``number``; False for "nothing to record" (the
+        transaction then commits the no-op rows' removal)."""
+        if self.step is None:
+            if self.number is None:
+                self.number = next_number(conn)
+            return True
+        step = self.step
+        # Everything from the pending check to the intent is one writing
+        # transaction: nobody else can add a layer or an intent while we
+        # hold the commit lock, and the before objects become durable with
+        # the intent.
+        if _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None:
+            raise _PendingFound()
+        rows = staging.load(conn, step)
+        if any(r.scratch is not None for r in rows):
+            refs.import_refs(self.ws, conn, step)  # files staged by reference become objects first
+            rows = staging.load(conn, step)
+        number = next_number(conn)  # numbers are only allocated under the commit lock
+        plan = plan_step(self.ws, rows, self.overwrite, conn, self.known)
+        if plan.conflicts:
+            names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
+            more = f" and {len(plan.conflicts) - 10} more" if len(plan.conflicts) > 10 else ""
+            raise CommitConflict(
+                f"{len(plan.conflicts)} path(s) changed in the workspace since this step staged them "
+                f"({names}{more}); nothing was written: discard them with 'stepfs discard' or commit over "
+                f"them with 'stepfs step --overwrite PATH'.",
+                [os.fsdecode(p) for p in plan.conflicts],
+            )
+        self.outside = plan.outside  # a plan run again after recovery starts over
+        if plan.outside:
+            for e in plan.outside:
+                log.warning("step leaves %s alone: its parent is not a directory in the workspace; its "
+                            "staged version is kept as an 'outside-change' conflict", os.fsdecode(e.path))
+            _record_outside(self.ws, conn, plan.outside, self.mount, self.agent)
+        if not plan.entries and not self.allow_empty:
+            if rows:  # they all equal the workspace (or are kept as conflicts): drop them with this transaction
+                _CONSUME_STEP.execute(conn, {"s": step})
+            return False
+        self.entries, self.number = plan.entries, number
+        return True
+
+    def _write_intent(self) -> _Prepped | None:
+        """Steps 1 to 3: plan, new files, intent; returns what the switch
+        was prepared with meanwhile.  ``number`` stays None if there is
+        nothing to record."""
+        ws = self.ws
+        # The new files are fsynced while the intent is committed: neither
+        # needs the other (recovery rewrites every new file from the store),
+        # and both are done before the first rename.  The fsyncs start once
+        # the intent's rows are in, just before its COMMIT syncs the WAL.
+        syncing: durable.Syncing | None = None
+        prep = None  # the switch's preparation, run while the intent commits
+        unsynced: list[int] = []
+        try:
+            try:
+                # No WAL checkpoint at the intent's COMMIT: step 5's does it.
+                with ws.db.write(durable=True, checkpoint=False) as conn:
+                    if not self._plan(conn):
                         return None
-                    entries, number = planned
-                elif number is None:
-                    number = next_number(conn)
-                try:
-                    unsynced = _prepare(ws, number, entries, conn)
-                except StepfsError:  # a corrupt object, an unreadable store: before the commit point
+                    number, entries = self.number, self.entries
+                    try:
+                        unsynced = _prepare(ws, number, entries, conn)
+                    except StepfsError:  # a corrupt object, an unreadable store: before the commit point
+                        _remove_temps(ws)
+                        raise
+                    except OSError as exc:
+                        _remove_temps(ws)
+                        raise _prepare_failure(exc) from None
+                    _INSERT_LAYER.executemany(conn, [dict(
+                        number=number, state="pending", kind=self.kind, created_ns=time.time_ns(),
+                        message=self.message, agent=self.agent, mount=self.mount,
+                        meta=json.dumps(self.meta or {}, sort_keys=True),
+                        intent_sum=intent_checksum(entries, self.consume_step), step=self.consume_step,
+                    )])
+                    _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
+                    syncing = durable.start_fsync_all(unsynced)
+                    prep = durable.run_meanwhile(_switch_prep, ws, entries)
+            except BaseException as exc:
+                if syncing is not None:
+                    syncing.abandon()
+                if prep is not None:
+                    _close_prepped(_prepped(prep))
+                if isinstance(exc, StoreUnavailable):
                     _remove_temps(ws)
-                    raise
-                except OSError as exc:
-                    _remove_temps(ws)
-                    raise _prepare_failure(exc) from None
-                _INSERT_LAYER.executemany(conn, [dict(
-                    number=number, state="pending", kind=kind, created_ns=time.time_ns(), message=message,
-                    agent=agent, mount=mount, meta=json.dumps(meta or {}, sort_keys=True),
-                    intent_sum=intent_checksum(entries, consume_step), step=consume_step,
-                )])
-                _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
-                syncing = durable.start_fsync_all(unsynced)
-                prep = durable.run_meanwhile(_switch_prep, ws, entries)
-        except BaseException as exc:
-            if syncing is not None:
-                syncing.abandon()
-            if prep is not None:
+                raise
+            try:
+                syncing.wait()
+            except OSError as exc:
+                # A new file did not reach the disk: take the intent back, so
+                # the commit fails as a whole with nothing changed.
                 _close_prepped(_prepped(prep))
-            if isinstance(exc, StoreUnavailable):
+                _withdraw_intent(ws, number, exc)
                 _remove_temps(ws)
-            raise
-        try:
-            syncing.wait()
-        except OSError as exc:
-            # A new file did not reach the disk: take the intent back, so
-            # the commit fails as a whole with nothing changed.
-            _close_prepped(_prepped(prep))
-            _withdraw_intent(ws, number, exc)
-            _remove_temps(ws)
-            raise _prepare_failure(exc) from None
-    finally:
-        for fd in unsynced:
-            os.close(fd)
-    # Past the commit point: from here a failure leaves the layer pending.
-    try:
-        dir_sync = _switch(ws, number, entries, wait=False, prepped=_prepped(prep))
-    except OSError as exc:
-        raise _pending_failure(number, exc) from None
-    # The caller may answer first: from here a crash recovers to this
-    # layer.  The directory fsyncs begin once it has (started before, the
-    # pool's threads took the GIL from the answer), run while its
-    # continuation does, and the completion's transaction is built while
-    # they end; its COMMIT waits for them (_complete).
-    try:
-        then = on_published(number) if on_published is not None else None
-        try:
-            dir_sync.start()
+                raise _prepare_failure(exc) from None
         finally:
-            if then is not None:
-                then()
-    finally:
-        try:
-            _complete(ws, number, consume_step, dir_sync)
-        except OSError as exc:
-            raise _pending_failure(number, exc) from None
-        finally:
-            dir_sync.close()
-    return number
+            for fd in unsynced:
+                os.close(fd)
+        return _prepped(prep)
+
+
+def begin(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
+          meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
+          known: dict[bytes, _Before] | None = None) -> Commit:
+    """The commit of open step ``step`` as the next layer (a
+    :class:`Commit`: use it as a context manager; it takes the commit
+    lock).  ``known``: before states captured ahead (:func:`precapture`),
+    reused for paths whose token has not changed since.  A mount daemon
+    writes no row of ``step`` until :meth:`Commit.complete` has ended (step
+    5 consumes the step's rows: it would take a later row with it).
+
+    :meth:`Commit.publish` raises :class:`NothingToCommit` (nothing staged,
+    or everything staged equals the workspace already; the no-op rows are
+    dropped) and :class:`CommitConflict` (nothing written, step left open)."""
+    return Commit(ws, step=step, message=message, agent=agent, mount=mount, meta=meta,
+                  allow_empty=allow_empty, overwrite=overwrite, known=known)
+
+
+def commit_step(ws: Workspace, step: int, **options) -> int:
+    """Commit open step ``step`` (options as for :func:`begin`); returns
+    once the layer is committed."""
+    with begin(ws, step, **options) as c:
+        number = c.publish()
+        c.complete()
+        return number
+
+
+def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
+                meta: dict | None, consume_step: int | None, number: int | None = None) -> int:
+    """Steps 2 to 5 for a layer the caller planned (``entries``; the layer
+    consumes ``consume_step``'s rows), under the caller's hold of the
+    commit lock.  ``number``: the layer's number if the caller already read
+    ``next_number`` under this same hold of the lock."""
+    with Commit(ws, entries=entries, kind=kind, message=message, agent=agent, mount=mount, meta=meta,
+                consume_step=consume_step, locked=True) as c:
+        c.number = number
+        published = c.publish()
+        c.complete()
+        return published
 
 
 def _prepped(prep) -> _Prepped | None:
@@ -642,86 +789,6 @@ def import_refs(ws: Workspace, step: int) -> dict[str, str]:
 
 class _PendingFound(Exception):
     """A pending layer turned up at the start of a commit: recover first."""
-
-
-def commit_step(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
-                meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
-                known: dict[bytes, _Before] | None = None,
-                on_published: Callable[[int], Callable[[], None] | None] | None = None) -> int:
-    """Commit open step ``step`` as the next layer and publish it.
-    Returns once the layer is committed.
-
-    ``known``: before states captured ahead (:func:`precapture`), reused
-    for paths whose token has not changed since.  ``on_published``: see
-    :func:`write_layer` (a daemon answers its caller from it; until this
-    returns, the commit lock stays held and the step's rows are not yet
-    consumed, so the caller MUST NOT write rows of ``step`` meanwhile).
-
-    Raises :class:`NothingToCommit` (nothing staged, or everything staged
-    equals the workspace already; no-op rows are dropped),
-    :class:`CommitConflict` (nothing written, step left open),
-    :class:`PublishFailed` and :class:`StoreUnavailable` (see the module
-    docstring for what each leaves behind).
-    """
-
-    def planner(conn) -> tuple[list[Entry], int] | None:
-        # Everything from the pending check to the intent is one writing
-        # transaction (three fewer than a read, a write and a read apart):
-        # nobody else can add a layer or an intent while we hold the commit
-        # lock, and the before objects become durable with the intent.
-        if _FIRST_IN_STATE.execute(conn, {"state": "pending"})[0][0] is not None:
-            raise _PendingFound()
-        outside.clear()  # a planner run again after recovery starts over
-        rows = staging.load(conn, step)
-        if any(r.scratch is not None for r in rows):
-            refs.import_refs(ws, conn, step)  # files staged by reference become objects first
-            rows = staging.load(conn, step)
-        number = next_number(conn)  # numbers are only allocated under the commit lock
-        plan = plan_step(ws, rows, overwrite, conn, known)
-        if plan.conflicts:
-            names = ", ".join(os.fsdecode(p) for p in plan.conflicts[:10])
-            more = f" and {len(plan.conflicts) - 10} more" if len(plan.conflicts) > 10 else ""
-            raise CommitConflict(
-                f"{len(plan.conflicts)} path(s) changed in the workspace since this step staged them "
-                f"({names}{more}); nothing was written: discard them with 'stepfs discard' or commit over "
-                f"them with 'stepfs step --overwrite PATH'.",
-                [os.fsdecode(p) for p in plan.conflicts],
-            )
-        if plan.outside:
-            for e in plan.outside:
-                log.warning("step leaves %s alone: its parent is not a directory in the workspace; its "
-                            "staged version is kept as an 'outside-change' conflict", os.fsdecode(e.path))
-            _record_outside(ws, conn, plan.outside, mount, agent)
-            outside.extend(plan.outside)
-        if not plan.entries and not allow_empty:
-            if rows:  # they all equal the workspace (or are kept as conflicts): drop them with this transaction
-                _CONSUME_STEP.execute(conn, {"s": step})
-            return None
-        return plan.entries, number
-
-    outside: list[Entry] = []
-
-    with ws.commit_lock(), ws.spares.pausing():
-        while True:
-            _remove_temps(ws)  # what a commit killed before its intent left (recovery would)
-            try:
-                number = write_layer(ws, [], kind="step", message=message, agent=agent, mount=mount, meta=meta,
-                                     consume_step=step, planner=planner, on_published=on_published)
-            except _PendingFound:
-                _recover_locked(ws)  # may consume this step's rows: the planner reads them again
-                continue
-            if number is None:
-                if outside:
-                    raise NothingToCommit(
-                        f"nothing was committed: {len(outside)} staged path(s) lie below something that is no "
-                        f"longer a directory in the workspace ({os.fsdecode(outside[0].path)}, ...); their "
-                        f"versions are kept as 'outside-change' conflicts ('stepfs status' lists them)."
-                    )
-                raise NothingToCommit(
-                    "nothing to commit: the open step has no changes against the workspace "
-                    "(use --allow-empty to record an empty layer anyway)."
-                )
-            return number
 
 
 # -- publishing -----------------------------------------------------------------
@@ -922,149 +989,132 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
     :class:`_DirSync`, begun by its ``start``) instead of done; the caller
     MUST wait for it before it marks the layer committed, and close it.
 
-    ``prepped``: what :func:`_switch_prep` did ahead for this layer (taken
-    over: its descriptors are closed here or handed to the result); the
-    same durable calls then run in the same order on its descriptors.
+    ``prepped``: what :func:`_switch_prep` did ahead for a layer of files
+    only (taken over: its descriptors are closed here or handed to the
+    result): the same durable calls run in the same order on the parents
+    it opened and the kinds it found.
 
     ``keep``: paths left as they are (recovery: they hold something the
     layer must not overwrite, :func:`classify`); the directories that hold
     them are fsynced all the same.
     """
-    if prepped is not None:
-        return _switch_prepped(ws, number, entries, wait, prepped)
     root = ws.root
-
-    def parent_of(p: bytes) -> bytes:
-        return p.rpartition(b"/")[0] or b"."
-
-    # Every parent of a touched path, and every directory whose mode the
-    # layer sets, is fsynced at the end, whether or not this run changed it:
-    # after a crash the re-run finds a removal or chmod already done (in the
-    # page cache, maybe not on disk) and must still make it durable before
-    # the layer is marked committed.
-    dirs_to_sync: set[bytes] = {parent_of(e.path) for e in entries}
-    dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
-    if keep:
-        entries_all, entries = entries, [e for e in entries if e.path not in keep]
-        seq_of = {id(e): seq for seq, e in enumerate(entries_all)}  # temporary names follow the whole list
-    else:
-        seq_of = None
-
-    # 1. removals, deepest first
-    for e in sorted(entries, key=lambda e: -_depth(e.path)):
-        cur = _current_kind(ws, e.path)
-        if cur is None or cur == e.after.kind:
-            continue
-        pfd, name = root.parent(e.path)
-        try:
-            if cur == "dir":
-                durable.rmdir(name, dir_fd=pfd)
-            else:
-                ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
-                durable.unlink(name, dir_fd=pfd)
-        finally:
-            os.close(pfd)
-
-    # 2. new directories, shallowest first
-    for e in sorted((e for e in entries if e.after.kind == "dir"), key=lambda e: _depth(e.path)):
-        if _current_kind(ws, e.path) == "dir":
-            continue
-        pfd, name = root.parent(e.path)
-        try:
-            durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
-        finally:
-            os.close(pfd)
-
-    # 3. files, symlinks, FIFOs, devices, sockets and links: each temporary
-    # file renamed over its path
-    tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for seq, e in enumerate(entries):
-            if e.after.kind not in LEAF_KINDS:
-                continue
-            if seq_of is not None:
-                seq = seq_of[id(e)]
-            pfd, name = root.parent(e.path)
-            try:
-                # The replaced inode is freed after the commit, not inside the
-                # rename (``store.spares``: freeing is the dearest part of it).
-                ws.spares.retire(name, pfd)
-                durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
-            finally:
-                os.close(pfd)
-    finally:
-        os.close(tmp_fd)
-        ws.spares.release()
+        # Every parent of a touched path, and every directory whose mode the
+        # layer sets, is fsynced at the end, whether or not this run changed
+        # it: after a crash the re-run finds a removal or chmod already done
+        # (in the page cache, maybe not on disk) and must still make it
+        # durable before the layer is marked committed.
+        dirs_to_sync: set[bytes] = {_split(e.path)[0] for e in entries}
+        dirs_to_sync.update(e.path for e in entries if e.after.kind == "dir")
+        if keep:
+            entries_all, entries = entries, [e for e in entries if e.path not in keep]
+            seq_of = {id(e): seq for seq, e in enumerate(entries_all)}  # temporary names follow the whole list
+        else:
+            seq_of = None
 
-    # 4. directory metadata (last, so a read-only directory is filled first)
-    for e in entries:
-        if e.after.kind == "dir":
-            fd = root.open(e.path, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                st = os.fstat(fd)
-                owner = _owner_for(ws, e.path, e.after)
-                if owner is not None and (st.st_uid, st.st_gid) != owner:
-                    os.fchown(fd, *owner)
-                if stat_mod.S_IMODE(st.st_mode) != e.after.mode:
-                    os.fchmod(fd, e.after.mode)
-                xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
-            finally:
-                os.close(fd)
+        def parent(path: bytes) -> tuple[int, bytes, bool]:
+            """``(directory fd, name, whether the caller closes the fd)``.
+            Without ``prepped`` each is opened when needed: a directory of
+            the layer may have been made or removed since."""
+            if prepped is not None:
+                parent_path, name = _split(path)
+                return prepped.parents[parent_path], name, False
+            pfd, name = root.parent(path)
+            return pfd, name, True
 
-    # 5. make every directory entry and metadata change durable: each
-    # distinct directory once, all of a batch together (one journal commit)
-    dir_fds: list[int] = []
-    try:
-        for d in sorted(dirs_to_sync):
-            try:
-                dir_fds.append(root.open(d, os.O_RDONLY | os.O_DIRECTORY))
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    continue  # removed, or replaced by a file or symlink, in this same layer
-                raise
-            if len(dir_fds) >= SYNC_BATCH:  # bounded: a big layer never holds every directory open
-                batch, dir_fds = dir_fds, []
-                _sync_closing(batch)
-        last, dir_fds = dir_fds, []
-    finally:
-        for fd in dir_fds:
-            os.close(fd)
-    return _sync_dirs(last, wait)
+        def kind_now(path: bytes) -> str | None:
+            return prepped.kinds[path] if prepped is not None else _current_kind(ws, path)
 
-
-def _switch_prepped(ws: Workspace, number: int, entries: list[Entry], wait: bool, prepped: _Prepped) -> _DirSync | None:
-    """:func:`_switch` for a layer of files only, on the descriptors and
-    kinds :func:`_switch_prep` found (no directory is made or removed, so
-    steps 2 and 4 have nothing to do and every directory to fsync is a
-    parent)."""
-    fds = prepped.parents
-    try:
-        # 1. removals, deepest first (retired already)
+        # 1. removals, deepest first
         for e in sorted(entries, key=lambda e: -_depth(e.path)):
-            cur = prepped.kinds[e.path]
+            cur = kind_now(e.path)
             if cur is None or cur == e.after.kind:
                 continue
-            parent, name = _split(e.path)
-            ws.spares.retire(name, fds[parent])  # freed after the commit, not in the unlink
-            durable.unlink(name, dir_fd=fds[parent])
-        # 3. every temporary file renamed over its path
+            pfd, name, owned = parent(e.path)
+            try:
+                if cur == "dir":
+                    durable.rmdir(name, dir_fd=pfd)
+                else:
+                    ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
+                    durable.unlink(name, dir_fd=pfd)
+            finally:
+                if owned:
+                    os.close(pfd)
+
+        # 2. new directories, shallowest first (none in a prepared layer)
+        for e in sorted((e for e in entries if e.after.kind == "dir"), key=lambda e: _depth(e.path)):
+            if _current_kind(ws, e.path) == "dir":
+                continue
+            pfd, name = root.parent(e.path)
+            try:
+                durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
+            finally:
+                os.close(pfd)
+
+        # 3. files, symlinks, FIFOs, devices, sockets and links: each
+        # temporary file renamed over its path
         tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for seq, e in enumerate(entries):
                 if e.after.kind not in LEAF_KINDS:
                     continue
-                parent, name = _split(e.path)
-                ws.spares.retire(name, fds[parent])  # the replaced inode is freed after the commit
-                durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=fds[parent])
+                if seq_of is not None:
+                    seq = seq_of[id(e)]
+                pfd, name, owned = parent(e.path)
+                try:
+                    # The replaced inode is freed after the commit, not inside
+                    # the rename (``store.spares``: freeing is the dearest part).
+                    ws.spares.retire(name, pfd)
+                    durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd)
+                finally:
+                    if owned:
+                        os.close(pfd)
         finally:
             os.close(tmp_fd)
             ws.spares.release()
-        # 5. every parent, each once, together (batches of SYNC_BATCH)
-        dir_fds = [fds[d] for d in sorted(fds)]
-        prepped.parents = {}  # owned by _sync_dirs from here
-        return _sync_dirs(dir_fds, wait)
+
+        # 4. directory metadata (last, so a read-only directory is filled first)
+        for e in entries:
+            if e.after.kind == "dir":
+                fd = root.open(e.path, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    st = os.fstat(fd)
+                    owner = _owner_for(ws, e.path, e.after)
+                    if owner is not None and (st.st_uid, st.st_gid) != owner:
+                        os.fchown(fd, *owner)
+                    if stat_mod.S_IMODE(st.st_mode) != e.after.mode:
+                        os.fchmod(fd, e.after.mode)
+                    xattrs.apply_fd(fd, xattrs.decode(e.after.xattrs))
+                finally:
+                    os.close(fd)
+
+        # 5. make every directory entry and metadata change durable: each
+        # distinct directory once, all of a batch together (one journal
+        # commit), a prepared parent on the descriptor it was opened with
+        dir_fds: list[int] = []
+        try:
+            for d in sorted(dirs_to_sync):
+                fd = prepped.parents.pop(d, None) if prepped is not None else None
+                if fd is None:
+                    try:
+                        fd = root.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                    except OSError as exc:
+                        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                            continue  # removed, or replaced by a file or symlink, in this same layer
+                        raise
+                dir_fds.append(fd)
+                if len(dir_fds) >= SYNC_BATCH:  # bounded: a big layer never holds every directory open
+                    batch, dir_fds = dir_fds, []
+                    _sync_closing(batch)
+            last, dir_fds = dir_fds, []
+        finally:
+            for fd in dir_fds:
+                os.close(fd)
+        return _sync_dirs(last, wait)
     finally:
-        prepped.close()
+        if prepped is not None:
+            prepped.close()
 
 
 def _sync_closing(fds: list[int]) -> None:

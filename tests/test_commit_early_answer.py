@@ -1,7 +1,7 @@
 """A mount daemon answers ``step`` once the layer is published (intent and
 new files durable, every rename done), before the directory fsyncs and the
-"committed" record have ended (``store.publish.write_layer``'s
-``on_published``).  Through the daemon's own control handler
+"committed" record have ended (between ``store.publish.Commit``'s
+``publish`` and ``complete``).  Through the daemon's own control handler
 (``overlayfs.daemon.handler``) on a real control socket, with a view that
 is not mounted (kernel-free):
 

@@ -35,12 +35,8 @@ ALLOWED = {
     "api": {"api", "client", "store"},
 }
 
-#: Cycles that exist today and have an owner.  view -> content -> metatree
-#: -> view (metatree names Overlay for its type hints): the split of the
-#: overlay into collaborating objects (issue 16, branch ``overlay``) removes
-#: it, and this entry with it.
+#: Cycles that exist today and have an owner.
 ALLOWED_CYCLES = [
-    {"stepfs.overlayfs.core.view", "stepfs.overlayfs.core.content", "stepfs.overlayfs.core.metatree"},
     # publish names Workspace in its type hints and Workspace.open runs
     # publish.recover: the two-phase publish (same branch) owns publish.py.
     {"stepfs.store.publish", "stepfs.store.workspace"},

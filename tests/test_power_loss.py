@@ -66,11 +66,11 @@ def test_removing_any_one_fsync_makes_the_model_fail(fast_tmp):
     commits = sorted(s for s, op in sites.items() if op == "commit")
     # The protocol's own fsync sites: directories (begun by the switch,
     # waited for by the completion before its COMMIT) and new files
-    # (fsynced by write_layer while it records the intent).
-    assert [s.split(":")[1] for s in fsyncs] == ["_complete", "write_layer"], fsyncs
+    # (fsynced by _write_intent while it records the intent).
+    assert [s.split(":")[1] for s in fsyncs] == ["_complete", "_write_intent"], fsyncs
     # Durable commits: the intent (the commit point) and the completion.
-    assert sorted(s.split(":")[1] for s in commits) == ["_complete", "write_layer"], commits
-    intent = next(s for s in commits if ":write_layer:" in s)
+    assert sorted(s.split(":")[1] for s in commits) == ["_complete", "_write_intent"], commits
+    intent = next(s for s in commits if ":_write_intent:" in s)
     for site in fsyncs + [intent]:
         failures, _ = recover_images(run_model(t, fast_tmp, frozenset({site})), t, fast_tmp)
         assert failures, f"the power-loss model still passes without the fsync at {site}: it has no teeth there"

@@ -1,4 +1,4 @@
-"""Which handles bypass the kernel's page cache (``ContentMixin._needs_direct_io``),
+"""Which handles bypass the kernel's page cache (``core.pagecache.needs_direct_io``),
 without a kernel.
 
 The kernel keeps one page cache per inode, shared by every process whatever

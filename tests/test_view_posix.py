@@ -224,7 +224,7 @@ def test_names_removed_in_the_view_stay_counted_after_a_discard_or_rollback_else
     assert view.getattr("/a")["st_nlink"] == 1  # b and sub/c are still not names of it here
     view.forget(["/other.txt"])  # a rollback of another path
     assert view.getattr("/a")["st_nlink"] == 1
-    assert not view._exists("/b") and view.getattr("/sub/own")["st_nlink"] == 1
+    assert not view.ns.exists("/b") and view.getattr("/sub/own")["st_nlink"] == 1
     assert view.discard(["/b"]) == ["/b"]  # b is the workspace's name again
     assert view.getattr("/a")["st_nlink"] == view.getattr("/b")["st_nlink"] == 2
     view.discard(["/sub"])
@@ -234,9 +234,9 @@ def test_names_removed_in_the_view_stay_counted_after_a_discard_or_rollback_else
 def test_link_bookkeeping_is_bounded(tmp_path, monkeypatch):
     """Past the bound nothing more is recorded and the next removal of a
     name of any multi-link file renews (the kernel may hold any name)."""
-    from stepfs.overlayfs.core import view as view_mod
+    from stepfs.overlayfs.core import links
 
-    monkeypatch.setattr(view_mod, "LOWER_SHOWN_LIMIT", 2)
+    monkeypatch.setattr(links, "LOWER_SHOWN_LIMIT", 2)
     _linked_workspace(tmp_path, "a", "b", "c")
     _linked_workspace(tmp_path, "x", "y")
     _ws, view = open_view(tmp_path)

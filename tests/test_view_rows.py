@@ -158,7 +158,7 @@ def test_a_failed_write_keeps_the_rows_recorded(deferred):
 
 def test_the_timer_writes_recorded_rows(tmp_path):
     ws, view = open_view(tmp_path, row_delay=0.01)
-    timer = view._row_timer
+    timer = view.rows.timer
     thread = timer._thread
     assert not timer.armed and thread.is_alive()
     view.mkdir("/later", 0o755)
@@ -182,9 +182,9 @@ def test_the_timer_writes_recorded_rows(tmp_path):
 def test_a_view_closed_while_the_timer_is_armed_writes_its_rows_once(tmp_path):
     ws, view = open_view(tmp_path, row_delay=60)
     view.mkdir("/pending", 0o755)
-    assert view._row_timer.armed
+    assert view.rows.timer.armed
     view.close()
-    assert not view._row_timer.armed
+    assert not view.rows.timer.armed
     assert rows(ws, view)[b"pending"].kind == "dir"
     ws.close()
 
@@ -193,5 +193,5 @@ def test_row_delay_zero_writes_each_change_at_once(tmp_path):
     ws, view = open_view(tmp_path)  # the default for library callers
     view.mkdir("/now", 0o755)
     assert rows(ws, view)[b"now"].kind == "dir"
-    assert view._row_timer is None
+    assert view.rows.timer is None
     ws.close()

@@ -35,10 +35,10 @@ def reopen(view: Overlay) -> Overlay:
         if h.fd >= 0:
             os.close(h.fd)
     view.handles.clear()
-    if view._row_timer is not None:
-        view._row_timer.stop()
-    view._pending.clear()
-    view.upper = None  # any further use of the dead view fails loudly
+    if view.rows.timer is not None:
+        view.rows.timer.stop()
+    view.rows.pending.clear()
+    view.upper = view.ns.upper = view.scratch.upper = None  # any further use of the dead view fails loudly
     return Overlay(view.ws, mountpoint=view.mountpoint, row_delay=view.row_delay)
 
 

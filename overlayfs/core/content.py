@@ -1,8 +1,4 @@
-"""File content in the view: drafts, handles, version tokens (FUSE-free).
-
-This is the half of :class:`overlayfs.view.Overlay` that deals with open
-files; ``view.py`` holds the namespace half.  Both run under the view's one
-lock.
+"""Open files of the view: drafts, handles and the close's compare-and-swap (FUSE-free).
 
 Model
 -----
@@ -15,14 +11,9 @@ Model
   visibility inside an agent); another agent writing the same path gets its
   own draft, so exactly one of them wins.  A draft with no open handle is
   kept as a cache of its version if it is a file, dropped if in memory.
-* **Version tokens** identify published versions: ``u:<epoch>:<gen>`` for an
-  upper node (``gen`` changes on every publish or metadata change),
-  ``store.tokens.from_stat`` for a workspace path (plus a content hash when
-  the stat is inside the racy window), ``absent``.  Tokens are compared only
-  with :func:`store.tokens.same`.
-* Every open records the published token in the agent's **observation
-  registry**.  Opening for writing fails with ``Stale`` if the path moved on
-  since the agent last observed it (read it again to refresh).
+* Every open records the published token (``versions.py``) in the agent's
+  observations.  Opening for writing fails with ``Stale`` if the path moved
+  on since the agent last observed it (read it again to refresh).
 * The close after writing (``flush``) is the **compare-and-swap**: the draft's
   base token must still be the path's token; then the draft is published
   (stored as an object, staged row written, new token; a big draft's
@@ -34,222 +25,91 @@ Model
   (``dup``, ``fork``), because ``release``'s result is ignored by the kernel.
 * A rewrite whose content equals the published content publishes nothing and
   changes no token.
+
+Lock rule: every public method of :class:`Content` takes the view's lock.
+
+Why one module of about 770 lines: drafts and handles are one unit (a
+thaw moves every handle of a draft to its new file, an open attaches the
+agent's read handles to its draft, a release decides and drops it), so
+both live in one object, and so does how they follow the agent's own
+renames and removals; the close's compare-and-swap (``cas.py``), the
+records (``drafts.py``) and the page-cache rule (``pagecache.py``) are apart.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno
 import fcntl
+import itertools
 import logging
 import os
 import stat as stat_mod
 import time
-from dataclasses import dataclass, field
 
-import xxhash
 
-from stepfs.store import publish, refs, schema, staging, tokens
+from stepfs.store import tokens
 from stepfs.store import xattrs as xattr_codec
 
 from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.drafts import Draft, Handle, sparse_copy
+from stepfs.overlayfs.core.cas import CompareAndSwap
 from stepfs.overlayfs.core.errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from stepfs.overlayfs.core.metatree import is_meta
+from stepfs.overlayfs.core.pagecache import needs_direct_io
 from stepfs.overlayfs.core.upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
 #: A draft smaller than this starts in memory (a memfd) instead of a scratch
-#: file, and moves to a scratch file (``ContentMixin._thaw``) before a change
-#: makes it this big.  Creating a file on the workspace's filesystem takes
-#: an inode and a journal handle: 0.03 ms on a quiet disk, 0.5-2 ms while
-#: other processes fsync, which made it most of the cost of ``tar -x`` or an
-#: npm install through the mount (issue #7).  An idle memory draft whose
-#: bytes are published (or unchanged) is dropped at its last release, so
-#: memory is held by open files only: at most this much per open draft.
+#: file, and moves to a scratch file (:meth:`Content.thaw`) before a change
+#: makes it this big: creating a file on the workspace's filesystem waits
+#: for the journal.  An idle memory draft whose bytes are published (or
+#: unchanged) is dropped at its last release, so memory is held by open
+#: files only: at most this much per open draft.
 MEMORY_DRAFT_MAX = 256 << 10
-#: Before states captured ahead of the commit (``ContentMixin._precapture``)
-#: that a view keeps at most; paths staged beyond that are captured by the
-#: commit itself.
-PRECAPTURED_MAX = 4096
 #: A memory draft is reopened by name through /proc, so every handle gets
 #: its own open file (its own O_APPEND), as with a scratch file.
 _PROC_FD = "/proc/self/fd"
 _MEMORY = hasattr(os, "memfd_create") and os.path.isdir(_PROC_FD)
 
 
-@dataclass(eq=False)
-class Draft:
-    """One agent's working copy of one path."""
+class Content:
+    """Drafts and handles of one view (see the module doc).
 
-    agent: str
-    path: str
-    scratch: str
-    base: str  # the published token this draft starts from / last published
-    node_base: str  # workspace token for a node created when publishing
-    mode: int
-    ino: int
-    uid: int
-    gid: int
-    opens: int = 0
-    dirty: bool = False
-    stale: bool = False  # a close already lost the compare-and-swap
-    detached: bool = False  # unlinked by its own agent: closes succeed, bytes go nowhere
-    # Its close published ``scratch`` by reference: the file is the node's
-    # content now and is never written again; a write first moves the draft
-    # to a copy (``_thaw``).  A frozen draft is forgotten when its last
-    # handle closes.
-    frozen: bool = False
-    xattrs: dict = field(default_factory=dict)  # of the workspace file it copies
-    # A small draft lives in memory: ``mem`` is its memfd and ``scratch``
-    # names it through /proc (see ``ContentMixin._memory_draft``); -1 for a
-    # draft in a scratch file.
-    mem: int = -1
+    Receives what it works on: ``ns`` (lookup), ``versions`` (tokens and
+    observations), ``scratch``, ``rows``, ``links``, the view's ``lock``
+    (held by every public method), ``ws`` (objects and conflicts),
+    ``meta`` (the ``.stepfs`` tree's files), and callables: ``check_writable``
+    and ``check_new_name`` (the view's refusals), ``await_settled``
+    (a commit completing consumes the step's rows) and ``changed`` (an
+    auto-step policy is told of every staged change)."""
 
-
-@dataclass(eq=False)
-class Handle:
-    """An open file: ``fd`` reads the draft, the published scratch, or the
-    workspace file; ``data`` serves files of the ``.stepfs`` tree."""
-
-    path: str
-    fd: int
-    agent: str
-    writable: bool
-    draft: Draft | None = None
-    node: Node | None = None
-    wrote: bool = False
-    result: str | None = None  # last compare-and-swap decision: "ok" | "stale"
-    data: bytes | None = None
-    direct: bool = False
-    token: str = ""  # the published version this handle was opened on
-
-
-def sparse_copy(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes, leaving holes where the source has them."""
-    pos = 0
-    while pos < size:
-        try:
-            data_start = os.lseek(src, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole remains
-                break
-            raise
-        hole = os.lseek(src, data_start, os.SEEK_HOLE)
-        _copy_range(src, dst, data_start, hole)
-        pos = hole
-    os.ftruncate(dst, size)
-
-
-def _copy_range(src: int, dst: int, off: int, end: int) -> None:
-    """Copy bytes ``[off, end)`` to the same offsets; ``copy_file_range``
-    refuses to cross filesystems (EXDEV: a memory draft and a file), then
-    the bytes go through user space (memory drafts are small)."""
-    while off < end:
-        try:
-            n = os.copy_file_range(src, dst, end - off, off, off)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-                raise
-            data = os.pread(src, min(end - off, 1 << 20), off)
-            n = len(data) and os.pwrite(dst, data, off)
-        if n == 0:
-            break
-        off += n
-
-
-def _fd_digest(fd: int) -> str:
-    """XXH3-128 (hex) of the whole content of ``fd``, read with ``pread``."""
-    h = xxhash.xxh3_128()
-    off = 0
-    while True:
-        data = os.pread(fd, 1 << 20, off)
-        if not data:
-            return h.hexdigest()
-        h.update(data)
-        off += len(data)
-
-
-def _same_bytes(a: int, b: int) -> bool:
-    if os.fstat(a).st_size != os.fstat(b).st_size:
-        return False
-    off = 0
-    while True:
-        x, y = os.pread(a, 1 << 20, off), os.pread(b, 1 << 20, off)
-        if x != y:
-            return False
-        if not x:
-            return True
-        off += len(x)
-
-
-class ContentMixin:
-    """Drafts, handles and tokens; mixed into ``Overlay`` (see module doc)."""
-
-    # -- tokens -------------------------------------------------------------
-
-    def node_token(self, node: Node) -> str:
-        if node.kind == "whiteout":
-            return tokens.ABSENT
-        return f"u:{self.epoch}:{node.gen}"
-
-    def _lower_digest(self, path: str) -> str:
-        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            return _fd_digest(fd)
-        finally:
-            os.close(fd)
-
-    def current_token(self, path: str):
-        """``(token without hash, stat or None, digest())`` of ``path`` now."""
-        try:
-            node, st = self._resolve(path)
-        except NotFound:
-            return tokens.ABSENT, None, lambda: ""
-        if node is not None:
-            return self.node_token(node), None, lambda: ""
-        target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
-        return tokens.from_stat(st, target), st, lambda: self._lower_digest(path)
-
-    def record_token(self, path: str) -> str:
-        """A token worth remembering: hashed when taken inside the racy window."""
-        tok, st, digest = self.current_token(path)
-        if st is not None and tokens.is_racy(st, time.time_ns()):
-            return tokens.with_hash(tok, digest())
-        return tok
-
-    @staticmethod
-    def _open_token(fd: int) -> str:
-        """:meth:`record_token` of the workspace file open at ``fd``: from
-        its ``fstat``, hashed through ``fd`` inside the racy window.  The
-        token of the very file the handle reads, even if the path was
-        replaced since it was opened (a token of the path would credit the
-        reader with a version it never read); and no second resolution of
-        the path."""
-        st = os.fstat(fd)
-        tok = tokens.from_stat(st)
-        if tokens.is_racy(st, time.time_ns()):
-            return tokens.with_hash(tok, _fd_digest(fd))
-        return tok
-
-    def still(self, recorded: str, path: str) -> bool:
-        tok, _st, digest = self.current_token(path)
-        return tokens.same(recorded, tok, digest)
-
-    def observe(self, agent: str, path: str, token: str) -> None:
-        self.observed.setdefault(agent, {})[path] = token
-
-    def _bump(self, node: Node) -> None:
-        node.gen = next(self._gen)
+    def __init__(self, *, ws, step: int, mountpoint: str, lock, ns, versions, scratch, rows, links, meta,
+                 check_writable, check_new_name, await_settled, changed, guard: bool, require_read: bool):
+        self.ws, self.step, self.mountpoint, self.lock = ws, step, mountpoint, lock
+        self.ns, self.versions, self.scratch, self.rows, self.links, self.meta = ns, versions, scratch, rows, links, meta
+        self._check_writable, self._check_new_name = check_writable, check_new_name
+        self._await_settled, self._changed = await_settled, changed
+        self.guard, self.require_read = guard, require_read
+        self.drafts: dict[tuple[str, str], Draft] = {}
+        self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
+        self.last_errors: dict[str, str] = {}
+        self.handles: dict[int, Handle] = {}
+        self._fh = itertools.count(1)
+        # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
+        self.hidden: dict[str, tuple[Draft | None, dict]] = {}
+        self.cas = CompareAndSwap(ws=ws, step=step, mountpoint=mountpoint, ns=ns, versions=versions, rows=rows,
+                                  scratch=scratch, links=links, guard=guard, await_settled=await_settled,
+                                  changed=changed, thaw=self.thaw, note_error=self._note_error)
 
     # -- drafts ---------------------------------------------------------------
 
     def _new_draft(self, path: str, agent: str) -> Draft:
-        node, st = self._resolve(path)
-        if self._kind(node, st) == "dir":
+        node, st = self.ns.resolve(path)
+        if self.ns.kind(node, st) == "dir":
             raise IsADirectory(path)
-        if self._kind(node, st) != "file":
+        if self.ns.kind(node, st) != "file":
             raise Invalid(path)
         scratch, mem = self._draft_storage(node.size if node is not None else st.st_size)
         dst = mem if mem >= 0 else os.open(scratch, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -265,10 +125,10 @@ class ContentMixin:
                     with self.ws.db.read() as conn:
                         self.ws.objects.write_to_fd(conn, node.oid, dst)
                 os.utime(dst, ns=(node.atime_ns, node.mtime_ns))
-                d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino,
+                d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino,
                           node.uid, node.gid)
             else:
-                src = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                src = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
                 try:
                     st = os.fstat(src)  # token and content from the same open file
                     sparse_copy(src, dst, st.st_size)
@@ -279,7 +139,7 @@ class ContentMixin:
                 base = tokens.from_stat(st)
                 recorded = base
                 if tokens.is_racy(st, time.time_ns()):
-                    recorded = tokens.with_hash(base, self._lower_digest(path))
+                    recorded = tokens.with_hash(base, self.ns.lower_digest(path))
                 d = Draft(agent, path, scratch, recorded, base, st.st_mode, st.st_ino, st.st_uid, st.st_gid,
                           xattrs=attrs)
         except BaseException:
@@ -297,7 +157,7 @@ class ContentMixin:
         """A read handle's own copy in memory of small staged file ``node``
         that has no scratch file (its idle memory draft was dropped), or -1:
         reading a file just written then costs no file on disk, and works
-        on a full disk.  Bigger files get a scratch file (``_materialize``)."""
+        on a full disk.  Bigger files get a scratch file (``ScratchFiles.materialize``)."""
         if not _MEMORY or node.scratch is not None or node.ref is not None or node.size >= MEMORY_DRAFT_MAX:
             return -1
         try:
@@ -305,7 +165,7 @@ class ContentMixin:
         except OSError:
             return -1  # out of descriptors or memory: a scratch file may still do
         try:
-            self._fill_from_store(fd, node)
+            self.scratch.fill(fd, node)
         except BaseException:
             os.close(fd)
             raise
@@ -322,9 +182,9 @@ class ContentMixin:
                 pass  # out of descriptors or memory: a scratch file may still do
             else:
                 return f"{_PROC_FD}/{mem}", mem
-        return self._new_scratch(), -1
+        return self.scratch.new(), -1
 
-    def _discard_draft(self, d: Draft) -> None:
+    def discard_draft(self, d: Draft) -> None:
         if self.drafts.get((d.agent, d.path)) is d:
             del self.drafts[(d.agent, d.path)]
         if d.frozen:
@@ -339,12 +199,12 @@ class ContentMixin:
         except FileNotFoundError:
             pass
 
-    def _thaw(self, d: Draft) -> None:
+    def thaw(self, d: Draft) -> None:
         """Before a frozen draft changes, or a memory draft grows past
         :data:`MEMORY_DRAFT_MAX`: copy its content (a node's content, or
         memory) into a new scratch file and move every handle of it there."""
         mine = [h for h in self.handles.values() if h.draft is d]
-        new = self._new_scratch()
+        new = self.scratch.new()
         dst = os.open(new, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         opened = d.mem < 0 and not mine
         try:
@@ -375,37 +235,37 @@ class ContentMixin:
     def _writable(self, d: Draft, end: int = 0) -> Draft:
         """``d``, ready for a change that reaches byte ``end``."""
         if d.frozen or (d.mem >= 0 and end >= MEMORY_DRAFT_MAX):
-            self._thaw(d)
+            self.thaw(d)
         return d
 
     def _draft_for_write(self, path: str, agent: str) -> Draft:
         """The agent's draft of ``path``, after the read-then-write check."""
-        seen = self.observed.get(agent, {}).get(path)
-        if seen is not None and self.guard and not self.still(seen, path):
+        seen = self.versions.observed.get(agent, {}).get(path)
+        if seen is not None and self.guard and not self.versions.still(seen, path):
             self._note_error(agent, path, "ESTALE at open for writing: the file changed since you last read it")
             raise Stale(path)
-        if seen is None and self.require_read and self._exists(path):
+        if seen is None and self.require_read and self.ns.exists(path):
             self._note_error(agent, path, "EACCES at open for writing: --require-read and you never read it")
             raise NotObserved(path)
         d = self.drafts.get((agent, path))
-        if d is not None and d.frozen and not d.stale and not d.detached and self.still(d.base, path):
+        if d is not None and d.frozen and not d.stale and not d.detached and self.versions.still(d.base, path):
             if d.opens:
-                self._thaw(d)  # shared with its open descriptors, as before its close
+                self.thaw(d)  # shared with its open descriptors, as before its close
             else:
-                self._discard_draft(d)  # a new draft copies the node anyway
+                self.discard_draft(d)  # a new draft copies the node anyway
                 d = None
-        if d is not None and (d.stale or d.detached or not self.still(d.base, path)):
+        if d is not None and (d.stale or d.detached or not self.versions.still(d.base, path)):
             # A copy of an outdated version is never shared with a new open
             # (the agent has seen the current version, or it would have got
             # Stale above): its own descriptors keep it and lose at close.
             if d.opens:
                 del self.drafts[(agent, path)]
             else:
-                self._discard_draft(d)
+                self.discard_draft(d)
             d = None
         if d is None:
             d = self._new_draft(path, agent)
-        self.observe(agent, path, d.base)
+        self.versions.observe(agent, path, d.base)
         self._attach_readers(d)
         return d
 
@@ -417,7 +277,7 @@ class ContentMixin:
         they opened) and other agents' handles keep what they opened."""
         for h in self.handles.values():
             if (h.agent == d.agent and h.path == d.path and h.draft is None and not h.writable and h.data is None
-                    and h.token and self.still(h.token, d.path)):
+                    and h.token and self.versions.still(h.token, d.path)):
                 os.close(h.fd)
                 h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                 h.draft, h.node = d, None
@@ -431,7 +291,7 @@ class ContentMixin:
         else:
             self.open_drafts.pop(d.path, None)
 
-    def _reindex_draft(self, d: Draft, new_path: str) -> None:
+    def reindex_draft(self, d: Draft, new_path: str) -> None:
         """Move a draft to another path (rename by its own agent)."""
         if d.opens:
             count = self.open_drafts.get(d.path, 0) - d.opens
@@ -441,166 +301,6 @@ class ContentMixin:
                 self.open_drafts.pop(d.path, None)
             self.open_drafts[new_path] = self.open_drafts.get(new_path, 0) + d.opens
         d.path = new_path
-
-    # -- publish and conflicts ---------------------------------------------------
-
-    def _close_write(self, d: Draft) -> str:
-        """The compare-and-swap; returns "ok" or "stale"."""
-        if d.stale:
-            return "stale"
-        if d.detached or not d.dirty:
-            d.dirty = False
-            return "ok"
-        tok, _st, digest = self.current_token(d.path)
-        if self.guard and not tokens.same(d.base, tok, digest):
-            self._conflict(d, tok)
-            d.stale = True
-            d.dirty = False
-            return "stale"
-        self._publish(d)
-        return "ok"
-
-    def _publish(self, d: Draft) -> None:
-        if self.on_change is not None:
-            self.on_change()
-        if d.mem >= 0 and os.fstat(d.mem).st_size >= refs.MIN_SIZE:
-            self._thaw(d)  # staged by reference below: its content must be a scratch file
-        node = self.upper.get(d.path)
-        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if node is None and self._lower_equals(d.path, fd):
-                d.dirty = False  # identical rewrite of a workspace file: nothing to stage
-                return
-            # A big file is staged by reference (store/refs.py): its draft's
-            # file becomes the node's content, the store takes the bytes at
-            # the commit.  Copying them into SQLite here cost more than the
-            # writes themselves (issue #7).
-            by_ref = st.st_size >= refs.MIN_SIZE
-            ref_sum = refs.content_sum(fd) if by_ref else None
-            if by_ref and node is not None and node.kind == "file" and node.staged \
-                    and self._same_content(node, fd, ref_sum):
-                d.dirty = False  # identical rewrite: same content, same token
-                return
-            old_scratch = node.scratch if node is not None else None
-            self._await_settled(writing=True)  # a commit completing consumes this step's rows
-            with self.ws.db.write() as conn:
-                if by_ref:
-                    oid, size = None, st.st_size
-                else:
-                    # One read of the known size: put_fd's 1 MiB read buffer
-                    # cost an mmap, mremap and munmap per close of a small file.
-                    data = os.pread(fd, st.st_size, 0)
-                    oid, size = self.ws.objects.put_bytes(conn, data), len(data)
-                if not by_ref and node is not None and node.kind == "file" and node.oid == oid and node.staged:
-                    d.dirty = False  # identical rewrite: same content, same token
-                    return
-                # A created file closed still empty: it is staged now, but every
-                # agent already saw this empty file, so its token stays.
-                same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
-                if node is None or node.kind != "file":
-                    if node is None:
-                        lower = self._lower_stat(d.path)
-                        if lower is not None:
-                            self._lower_name_gone(lower, d.path)  # this name is a file of its own now
-                            self._precapture(conn, d.path, lower)
-                    node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
-                                uid=d.uid, gid=d.gid)
-                    node.xattrs = dict(d.xattrs)
-                    self.upper.set(d.path, node)
-                old_ref = (node.oid, node.ref, node.ref_sum)
-                node.oid, node.size = oid, size
-                node.ref = os.path.basename(d.scratch) if by_ref else None
-                node.ref_sum = ref_sum
-                node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
-                node.ctime_ns = time.time_ns()
-                names = node.names if node.link_group is not None else (d.path,)
-                try:
-                    self._write_pending(conn, superseded=names)  # recorded rows ride along (view.py)
-                    for name in names:
-                        staging.put(conn, self.step, node.row(name))
-                except BaseException:
-                    node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
-                    raise
-            self._pending_written()
-        finally:
-            os.close(fd)
-        node.staged = True
-        d.dirty = False
-        if same:
-            return
-        # The old content: every row naming it was just replaced, so even a
-        # file held by reference can go now (readers keep their fds).
-        if old_scratch is not None:
-            self._unlink_scratch(old_scratch)
-        node.scratch = None
-        if by_ref:
-            node.scratch = d.scratch
-            d.frozen = True
-        self._invalidate_names(node, except_path=d.path)
-        self._bump(node)
-        d.base = self.node_token(node)
-        self.observe(d.agent, d.path, d.base)
-
-    def _precapture(self, conn, path: str, lower: os.stat_result) -> None:
-        """A workspace file is staged for the first time: capture its
-        before state now, in the close's transaction, so the commit only
-        checks its token instead of reading, hashing and storing it on the
-        step's critical path (``publish.precapture``; reused only while the
-        token holds).  Small files only, a bounded number of them; a file
-        that cannot be read is left to the commit, which reports it."""
-        if (not stat_mod.S_ISREG(lower.st_mode) or lower.st_size >= publish.PRECAPTURE_MAX
-                or len(self.precaptured) >= PRECAPTURED_MAX):
-            return
-        try:
-            before = publish.precapture(self.ws, conn, rel(path))
-        except OSError as exc:
-            log.debug("no before state captured ahead for %s: %s", path, exc)
-            return
-        if before is not None:
-            self.precaptured[rel(path)] = before
-
-    def _same_content(self, node: Node, fd: int, digest: str) -> bool:
-        """Whether staged file ``node`` holds the bytes of ``fd``, whose
-        XXH3-128 is ``digest`` (compared byte for byte when the hash agrees)."""
-        if node.size != os.fstat(fd).st_size or digest not in (node.ref_sum, node.oid):
-            return False
-        self._materialize(node)
-        mine = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return _same_bytes(mine, fd)
-        finally:
-            os.close(mine)
-
-    def _lower_equals(self, path: str, fd: int) -> bool:
-        try:
-            node, st = self._resolve(path)
-        except NotFound:
-            return False
-        if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
-            return False
-        lower = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            return _same_bytes(lower, fd)
-        finally:
-            os.close(lower)
-
-    def _conflict(self, d: Draft, theirs: str) -> None:
-        """Keep the losing bytes; nothing a user wrote is dropped silently."""
-        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            with self.ws.db.write() as conn:
-                oid, _size = self.ws.objects.put_fd(conn, fd)
-                conn.execute(schema.conflicts.insert().values(
-                    created_ns=time.time_ns(), path=rel(d.path), mount=self.mountpoint, agent=d.agent,
-                    reason="stale-close", oid=oid, mode=stat_mod.S_IMODE(d.mode), token_mine=d.base,
-                    token_theirs=theirs,
-                ))
-        finally:
-            os.close(fd)
-        self._note_error(d.agent, d.path, "ESTALE at close: another writer changed the file after you opened it; "
-                                          f"your bytes are in .stepfs/conflicts{d.path}")
-        log.warning("stale close of %s by agent %s: kept as a conflict", d.path, d.agent)
 
     def _note_error(self, agent: str, path: str, what: str) -> None:
         self.last_errors[agent] = f"{path}: {what}; re-read the file, then retry"
@@ -618,64 +318,6 @@ class ContentMixin:
         except KeyError:
             raise BadHandle(str(fh)) from None
 
-    def _needs_direct_io(self, path: str, agent: str) -> bool:
-        """The kernel's page cache and size of an inode are shared by every
-        process, whatever its agent.  A handle may use them only while no
-        other agent has the path open: then the cache holds one agent's view
-        (its draft, or the published version), and the next agent to open
-        it gets a handle that bypasses the cache.  That handle's direct
-        writes drop the cached pages they overlap, so the first agent
-        re-reads them through its own handle; and an open that keeps no
-        cache drops the previous agent's pages (see fuse_ops ``_keep_pages``).
-        So one agent at a time -- the default one or a named one -- has the
-        cache and shared ``mmap`` (SQLite in WAL mode needs it); handles
-        opened while another agent has the path open do not.
-
-        Handles keep the path they were opened on (another agent's rename
-        does not move them), while the kernel's inode moves with the name:
-        so another agent's handle counts if it was opened on ``path`` or
-        holds the very file ``path`` names now (the same inode number as
-        the view shows it: ``_file_ino``, ``_handle_ino``).
-
-        Cost: nothing while only one agent has ever opened a file (every
-        open records an observation); otherwise a pass over the open
-        handles, which are few, and, if none was opened on ``path``, one
-        ``lstat`` and an ``fstat`` per other agent's workspace handle."""
-        node = self.upper.get(path)
-        if node is not None and node.link_group is not None:
-            return True  # the kernel caches each name of a hard link as its own inode
-        if len(self.observed) < 2 and agent in self.observed:
-            return False
-        others = [h for h in self.handles.values() if h.agent != agent and h.data is None]
-        if not others:
-            return False
-        if any(h.path == path for h in others):
-            return True
-        ino = self._file_ino(path)
-        return ino is not None and any(self._handle_ino(h) == ino for h in others)
-
-    def _shown_ino(self, dev: int, ino: int) -> int:
-        return self.ino_alias.get((dev, ino), ino) if self.ino_alias else ino
-
-    def _file_ino(self, path: str) -> int | None:
-        """The inode number of the file ``path`` names now, or None."""
-        try:
-            node, st = self._resolve(path)
-        except NotFound:
-            return None
-        return self._shown_ino(self.root_dev, node.ino) if node is not None else self._shown_ino(st.st_dev, st.st_ino)
-
-    def _handle_ino(self, h: Handle) -> int | None:
-        """The inode number of the file handle ``h`` holds, or None."""
-        if h.draft is not None:
-            return self._shown_ino(self.root_dev, h.draft.ino)
-        if h.node is not None:
-            return self._shown_ino(self.root_dev, h.node.ino)
-        if h.fd < 0:
-            return None
-        st = os.fstat(h.fd)
-        return self._shown_ino(st.st_dev, st.st_ino)
-
     def handle_direct_io(self, fh: int) -> bool:
         h = self.handles.get(fh)
         return h is not None and h.direct
@@ -689,7 +331,7 @@ class ContentMixin:
                 if entry.kind == "dir":
                     raise IsADirectory(path)
                 return self._add_handle(Handle(path, -1, agent, False, data=entry.data, direct=True))
-            direct = self._needs_direct_io(path, agent)
+            direct = needs_direct_io(self.ns, self.handles.values(), self.versions.observed, path, agent)
             writable = flags & os.O_ACCMODE != os.O_RDONLY
             if writable or flags & os.O_TRUNC:
                 self._check_writable(path)
@@ -701,15 +343,15 @@ class ContentMixin:
                     d.dirty = h.wrote = True
                 self._open_drafts_add(d, 1)
                 return self._add_handle(h)
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) == "dir":
                 raise IsADirectory(path)
             d = self.drafts.get((agent, path))
-            if d is not None and (d.stale or not self.still(d.base, path)):
+            if d is not None and (d.stale or not self.versions.still(d.base, path)):
                 # An outdated copy (still open elsewhere, or idle): a new open
                 # reads the published version, never an older one.
                 if d.opens == 0:
-                    self._discard_draft(d)
+                    self.discard_draft(d)
                 d = None
             if d is not None:
                 h = Handle(path, os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC), agent, False, draft=d, direct=direct,
@@ -718,18 +360,18 @@ class ContentMixin:
             elif node is not None:
                 fd = self._memory_copy(node)
                 if fd < 0:
-                    self._materialize(node)
+                    self.scratch.materialize(node)
                     fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.node_token(node))
+                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.versions.node_token(node))
             else:
-                fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+                fd = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
                 try:
-                    token = self._open_token(fd)
+                    token = self.versions.open_token(fd)
                 except BaseException:
                     os.close(fd)
                     raise
                 h = Handle(path, fd, agent, False, direct=direct, token=token)
-            self.observe(agent, path, h.token)
+            self.versions.observe(agent, path, h.token)
             return self._add_handle(h)
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
@@ -737,20 +379,20 @@ class ContentMixin:
         with self.lock:
             self._check_new_name(path)  # first: creating /.stepfs itself is EEXIST, not EROFS
             self._check_writable(path)
-            self._require_dir(parent_name(path)[0])
-            if self._exists(path):
+            self.ns.require_dir(parent_name(path)[0])
+            if self.ns.exists(path):
                 if flags & os.O_EXCL:
                     from stepfs.overlayfs.core.errors import Exists
 
                     raise Exists(path)
                 return self.open(path, flags & ~os.O_CREAT, agent)
-            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino), uid=owner[0] if owner else os.getuid(),
+            node = Node("file", stat_mod.S_IFREG | stat_mod.S_IMODE(mode), base=self.ns.base_for(path),
+                        ino=self.ns.new_ino(), uid=owner[0] if owner else os.getuid(),
                         gid=owner[1] if owner else os.getgid())
-            self._inherit_group(path, node)
-            self._bump(node)
-            self.upper.set(path, node)  # unstaged until the first close publishes it
-            self._entries_changed(path)
+            self.ns.inherit_group(path, node)
+            self.versions.bump(node)
+            self.ns.upper.set(path, node)  # unstaged until the first close publishes it
+            self.ns.entries_changed(path)
             old = self.drafts.get((agent, path))
             if old is not None:
                 if old.opens:
@@ -758,7 +400,7 @@ class ContentMixin:
                     # descriptors keep the scratch file and lose at their close.
                     del self.drafts[(agent, path)]
                 else:
-                    self._discard_draft(old)
+                    self.discard_draft(old)
             scratch, mem = self._draft_storage(0)
             try:
                 fd = os.open(scratch, os.O_RDWR | os.O_CLOEXEC | (flags & os.O_APPEND)
@@ -767,14 +409,14 @@ class ContentMixin:
                 if mem >= 0:
                     os.close(mem)
                 raise
-            d = Draft(agent, path, scratch, self.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid,
+            d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid,
                       mem=mem)
             d.dirty = True  # a new file is a change even if nothing is written
             self.drafts[(agent, path)] = d
             self._open_drafts_add(d, 1)
-            self.observe(agent, path, d.base)
+            self.versions.observe(agent, path, d.base)
             return self._add_handle(Handle(path, fd, agent, True, draft=d, wrote=True,
-                                           direct=self._needs_direct_io(path, agent), token=d.base))
+                                           direct=needs_direct_io(self.ns, self.handles.values(), self.versions.observed, path, agent), token=d.base))
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:
@@ -787,8 +429,8 @@ class ContentMixin:
                 # is of the very version this handle was opened on (not of a
                 # file that replaced it since).
                 d = self.drafts.get((h.agent, h.path))
-                if (d is not None and d.opens > 0 and not d.stale and self.still(h.token, h.path)
-                        and self.still(d.base, h.path)):
+                if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
+                        and self.versions.still(d.base, h.path)):
                     os.close(h.fd)
                     h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
                     h.draft, h.node = d, None
@@ -859,7 +501,7 @@ class ContentMixin:
                 return
             if h.wrote and publish:
                 h.wrote = False
-                h.result = self._close_write(h.draft)
+                h.result = self.cas.close_write(h.draft)
             if h.result == "stale" or (h.result is None and h.draft.stale):
                 raise Stale(h.path)
 
@@ -868,7 +510,7 @@ class ContentMixin:
         close, and every recorded staged row written (view.py).  Content
         staged by reference lives in its scratch file: that is synced too."""
         self.flush(fh)
-        self.sync_rows()
+        self.rows.sync()
         with self.lock:
             h = self.handles.get(fh)
             if h is not None and h.draft is not None and h.draft.frozen:
@@ -888,16 +530,16 @@ class ContentMixin:
                 return
             if h.writable and h.wrote:
                 try:
-                    self._close_write(d)
+                    self.cas.close_write(d)
                 except Exception:
                     log.exception("publishing %s at release failed", d.path)
             self._open_drafts_add(d, -1)
             if d.opens == 0 and (d.stale or d.detached or d.frozen or self.drafts.get((d.agent, d.path)) is not d):
-                self._discard_draft(d)  # lost, unlinked, published by reference, or replaced by a newer draft
+                self.discard_draft(d)  # lost, unlinked, published by reference, or replaced by a newer draft
             elif d.opens == 0 and d.mem >= 0 and not d.dirty:
                 # Its bytes are published (or were never changed): memory is
                 # held for open files only; a later open copies them again.
-                self._discard_draft(d)
+                self.discard_draft(d)
 
     def close(self) -> None:
         """Decide every open handle (unmount)."""
@@ -905,9 +547,217 @@ class ContentMixin:
             for fh in list(self.handles):
                 self.release(fh)
 
+    # -- drafts following namespace changes ----------------------------------------
+
+    def removed(self, agent: str, path: str, heir: str | None) -> None:
+        """``agent`` removed ``path`` (and everything below it): its drafts
+        there are detached (its open descriptors keep working, POSIX-style),
+        except that a draft of a hard-linked file moves to ``heir``, the
+        file's remaining name.  Other agents' drafts lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
+                del self.drafts[(a, p)]
+                self.reindex_draft(d, heir)
+                self.drafts[(a, heir)] = d
+            elif a == agent and (p == path or p.startswith(prefix)):
+                d.detached = True
+                if d.opens == 0:
+                    self.discard_draft(d)
+                else:
+                    del self.drafts[(a, p)]
+
+    def hide(self, old: str, new: str, d: Draft | None, attrs: dict) -> None:
+        """An open file unlinked as ``old`` lives on as the hidden name
+        ``new`` (``d``: the agent's draft of it, ``attrs``: shown for it)."""
+        self.hidden[new] = (d, attrs)
+        for h in self.handles.values():
+            if h.path == old:
+                h.path = new
+
+    def unkey(self, agent: str, path: str) -> None:
+        """Forget the acting agent's drafts at or below a path that is absent
+        in the view (someone else removed their files) before a rename puts
+        new files there: a later open must not share those dead copies.
+        Their own descriptors keep them, and they lose at their close."""
+        prefix = path + "/"
+        for (a, p), d in list(self.drafts.items()):
+            if a == agent and (p == path or p.startswith(prefix)):
+                if d.opens:
+                    del self.drafts[(a, p)]
+                else:
+                    self.discard_draft(d)
+
+    def fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
+        """Before a rename: which of the acting agent's drafts and handles
+        (by id) and observations at or below ``old`` still match the
+        published version."""
+        prefix = old + "/"
+        fresh = {id(d) for (a, p), d in self.drafts.items()
+                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.versions.still(d.base, p)}
+        fresh |= {id(h) for h in self.handles.values()
+                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
+                  and self.versions.still(h.token, h.path)}
+        seen = {p for p, tok in self.versions.observed.get(agent, {}).items()
+                if (p == old or p.startswith(prefix)) and self.versions.still(tok, p)}
+        return fresh, seen
+
+    def moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
+        """The acting agent's drafts, handles and observations follow a
+        rename; other agents' stay at the old path and lose at their close.
+        Only what was current before the move (``fresh``, from
+        :meth:`fresh_under`) is re-based on the moved version: an outdated
+        draft, handle or observation stays outdated, or a rename would turn
+        a stale writer into a winner that overwrites another agent's bytes."""
+        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
+        prefix = old + "/"
+        for (a, path), d in list(self.drafts.items()):
+            if a == agent and (path == old or path.startswith(prefix)):
+                del self.drafts[(a, path)]
+                self.reindex_draft(d, new + path[len(old):])
+                if id(d) in fresh_ids:
+                    d.base = self.versions.current_token(d.path)[0]
+                self.drafts[(a, d.path)] = d
+        for h in self.handles.values():
+            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
+                h.path = new + h.path[len(old):]
+                if id(h) in fresh_ids:
+                    h.token = self.versions.current_token(h.path)[0]
+        seen = self.versions.observed.get(agent, {})
+        outdated = {}
+        for path in [p for p in seen if p == old or p.startswith(prefix)]:
+            tok = seen.pop(path)
+            if path not in fresh_seen:
+                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
+        self.versions.observe(agent, new, self.versions.current_token(new)[0])
+        seen = self.versions.observed[agent]
+        seen.update(outdated)
+
+    def exchanged(self, agent: str, a: str, b: str) -> None:
+        """``agent`` swapped paths ``a`` and ``b``: its drafts and handles
+        swap with them, re-based on what each path shows now."""
+        swap = {a: b, b: a}
+        moved = [self.drafts.pop(key) for key in list(self.drafts) if key[0] == agent and key[1] in swap]
+        for d in moved:
+            self.reindex_draft(d, swap[d.path])
+        for d in moved:
+            d.base = self.versions.current_token(d.path)[0]
+            self.drafts[(d.agent, d.path)] = d
+        for h in self.handles.values():
+            if h.agent == agent and h.path in swap:
+                h.path = swap[h.path]
+        self.versions.observe(agent, a, self.versions.current_token(a)[0])
+        self.versions.observe(agent, b, self.versions.current_token(b)[0])
+
+    def sync_draft_meta(self, path: str, node: Node) -> None:
+        """A metadata change keeps the path's token, so every agent's draft of
+        it stays current and may publish later, perhaps after a commit has
+        dropped ``node`` (a draft then publishes with its own metadata): it
+        must carry the new mode, owner and xattrs, or its close would put
+        the old ones back."""
+        for d in self.drafts_at(path):
+            d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
+
+    def drafts_at(self, path: str) -> list[Draft]:
+        """Every agent's draft of ``path``, looked up agent by agent (an agent
+        with a draft has observed its path, so it is a key of ``observed``).
+        Idle drafts stay cached, so scanning them all made ``tar -x``, which
+        changes the metadata of every file it writes, O(n^2)."""
+        drafts = self.drafts
+        return [d for d in (drafts.get((agent, path)) for agent in self.versions.observed) if d is not None]
+
+    def retoken(self, path: str, old: str, new: str, digest) -> None:
+        """Same content, new token representation (copy-up for a metadata
+        change): nobody's observation of the current version goes stale.
+        ``old`` is the workspace token without hash, ``digest()`` the
+        content's; a token taken in the racy window must match both (its
+        stat fields alone may also describe an older, same-size version)."""
+        for seen in self.versions.observed.values():
+            tok = seen.get(path)
+            if tok is not None and tokens.same(tok, old, digest):
+                seen[path] = new
+        for (_a, p), d in self.drafts.items():
+            if p == path and tokens.same(d.base, old, digest):
+                d.base = new
+        for h in self.handles.values():
+            if h.path == path and h.token and tokens.same(h.token, old, digest):
+                h.token = new
+
+    def carry_over(self, renamed: dict[str, tuple[str, str]]) -> None:
+        """A commit gave paths new tokens for the same content (``path ->
+        (old, new)``): drafts and handles based on the old one move along."""
+        for d in self.drafts.values():
+            if d.path in renamed and d.base == renamed[d.path][0]:
+                d.base = renamed[d.path][1]
+                d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
+        for h in self.handles.values():
+            if h.path in renamed and h.token == renamed[h.path][0]:
+                h.token = renamed[h.path][1]
+
     # -- attributes of open content ---------------------------------------------
 
-    def _stat_draft(self, d: Draft, node: Node | None) -> dict:
+    def stat_handle(self, fh: int) -> dict | None:
+        """Attributes of what open handle ``fh`` holds, or None (a file of
+        the ``.stepfs`` tree, or no such handle: the path decides)."""
+        h = self.handles.get(fh)
+        if h is None:
+            return None
+        if h.draft is not None:
+            out = self.stat_draft(h.draft, self.ns.upper.get(h.path))
+            if self.hidden and h.path in self.hidden:
+                out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
+            return out
+        if h.node is not None:
+            out = self.ns.stat_node(h.node)
+            if self.ns.upper.get(h.path) is not h.node:
+                out["st_nlink"] = 0  # unlinked or replaced while open
+            return out
+        if h.fd >= 0 and h.data is None:
+            return self._stat_lower_handle(h)
+        return None
+
+    def stat_open(self, path: str, agent) -> dict | None:
+        """Attributes of a hidden name (an unlinked open file) or of the
+        agent's open draft of ``path``, or None.  ``agent`` may be a
+        callable, asked only when the path has open drafts."""
+        if self.hidden and path in self.hidden:
+            d, attrs = self.hidden[path]
+            out = self.stat_draft(d, None) if d is not None else dict(attrs)
+            out["st_nlink"] = attrs["st_nlink"]
+            return out
+        if path in self.open_drafts:
+            d = self.drafts.get((agent() if callable(agent) else agent, path))
+            if d is not None and d.opens > 0:
+                return self.stat_draft(d, self.ns.upper.get(path))
+        return None
+
+    def _stat_lower_handle(self, h: Handle) -> dict:
+        """``fstat`` of a handle reading a workspace file: the file it holds,
+        whatever its path shows now (unlinked, or replaced by a rename:
+        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
+        same file, shown with its node's attributes."""
+        st = os.fstat(h.fd)
+        try:
+            node, cur = self.ns.resolve(h.path)
+        except NotFound:
+            node = cur = None
+        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
+            return self.ns.stat_lower(h.path, cur)
+        if node is not None and node.kind == "file" and h.token == self.versions.node_token(node):
+            return self.ns.stat_node(node)
+        out = self.ns.stat_lower(h.path, st)
+        out["st_nlink"] = 0
+        return out
+
+    def release_scratch(self, path: str) -> None:
+        """Before scratch file ``path`` goes: a draft still open on it (its
+        close published it by reference: ``Draft.frozen``) first moves to a
+        copy, so it can keep reading, and writing, by name too."""
+        for d in {id(h.draft): h.draft for h in self.handles.values()
+                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
+            self.thaw(d)
+
+    def stat_draft(self, d: Draft, node: Node | None) -> dict:
         st = os.fstat(d.mem) if d.mem >= 0 else os.stat(d.scratch)
         mode = node.mode if node is not None else d.mode
         return {
@@ -920,4 +770,4 @@ class ContentMixin:
         }
 
 
-__all__ = ["ContentMixin", "Draft", "Handle", "sparse_copy"]
+__all__ = ["Content", "Draft", "Handle", "sparse_copy"]

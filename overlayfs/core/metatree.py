@@ -65,8 +65,6 @@ from stepfs.overlayfs.core.errors import Invalid, NotADirectory, NotFound, ViewE
 if TYPE_CHECKING:
     from stepfs.store.workspace import Workspace
 
-    from stepfs.overlayfs.core.view import Overlay
-
 ROOT = "/.stepfs"
 LAYERS = ROOT + "/layers"
 CONFLICTS = ROOT + "/conflicts"
@@ -147,25 +145,31 @@ class MetaTree:
     LAYER_INO_BASE = INO_BASE + (1 << 40)
     LAYER_INO_SPAN = (1 << 61) - (1 << 40)
 
-    def __init__(self, view: "Overlay"):
-        self.view = view
+    def __init__(self, ws: "Workspace", mountpoint: str, await_settled: Callable[[], None],
+                 status_text: Callable[[Callable[[str], bool] | None], str], getattr: Callable[[str], dict]):
+        """``await_settled()``: waits until no commit of the view is
+        completing (history as of the last commit's answer);
+        ``status_text(listable)``: the content of ``status``, with only the
+        staged paths ``listable(path)`` allows; ``getattr(path)``: the
+        mount's own attributes of a path (owners of conflict copies)."""
+        self.ws = ws
+        self.mountpoint = mountpoint
+        self._await_settled = await_settled
+        self._status_text = status_text
+        self._getattr = getattr
         #: ``() -> (uid, gids)`` of the process making the current request
         #: (set by the FUSE adapter); None: the mount's owner (no filter).
         self.caller: Callable[[], tuple[int, frozenset[int]]] | None = None
-
-    @property
-    def ws(self) -> "Workspace":
-        return self.view.ws
 
     # -- lookup -------------------------------------------------------------
 
     def entry(self, path: str) -> MetaEntry:
         if path.startswith((LAYERS, CONFLICTS)):
-            self.view._await_settled()  # history as of the last commit's answer
+            self._await_settled()  # history as of the last commit's answer
         if path == ROOT:
             return MetaEntry("dir", self.INO_BASE + 1)
         if path == ROOT + "/status":
-            return MetaEntry("file", self.INO_BASE + 2, self.view.status_text(self._listable()).encode())
+            return MetaEntry("file", self.INO_BASE + 2, self._status_text(self._listable()).encode())
         if path == LAYERS:
             return MetaEntry("dir", self.INO_BASE + 3)
         if path == LAYERS + "/" + LATEST:
@@ -181,7 +185,7 @@ class MetaTree:
     def children(self, path: str) -> list[tuple[str, str, int]]:
         """``[(name, kind, ino)]`` of a directory of the tree."""
         if path.startswith((LAYERS, CONFLICTS)):
-            self.view._await_settled()
+            self._await_settled()
         if path == ROOT:
             return [("conflicts", "dir", self.INO_BASE + 5), ("layers", "dir", self.INO_BASE + 3),
                     ("status", "file", self.INO_BASE + 2)]
@@ -222,13 +226,13 @@ class MetaTree:
     def _conflicts(self) -> dict[str, tuple[str | None, int | None]]:
         """Path (view form) -> (oid, mode) of its latest conflict in this mount."""
         with self.ws.db.read() as conn:
-            found = store_conflicts.of_mount(conn, self.view.mountpoint)
+            found = store_conflicts.of_mount(conn, self.mountpoint)
         return {"/" + os.fsdecode(path): row for path, row in found.items()}
 
     def _live(self, path: str) -> dict | None:
         """The mount's own attributes of ``path`` (view form), or None."""
         try:
-            return self.view.getattr(path)
+            return self._getattr(path)
         except (OSError, ViewError):  # gone, or below something that is no directory
             return None
 

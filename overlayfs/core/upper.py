@@ -4,7 +4,7 @@
 FUSE hands them over) to :class:`Node` objects, and keeps a parent -> names
 index so a directory listing costs what that directory holds.  A node is one
 of: a file (its published content as an object id; drafts being written
-live in ``content.Draft``), a directory (``opaque`` hides the workspace directory
+live in ``drafts.Draft``), a directory (``opaque`` hides the workspace directory
 of the same path), a symlink, a FIFO, a device node (its number in
 ``target``, as in the store), a socket, or a whiteout (the path is deleted).
 
@@ -12,7 +12,7 @@ Invariants:
 
 * A node with ``staged`` true has a row in the store's ``staged`` table equal
   to :meth:`Node.row`, or that row is waiting in the view's
-  :class:`PendingRows` (written at the next flush; see ``view.py``).
+  :class:`rows.PendingRows` (written at the next flush).
 * ``base`` is the workspace token of the path when this step first touched
   it; a commit checks it again.
 * Lock rule: an ``Upper`` is only touched under the owning view's lock.
@@ -20,14 +20,11 @@ Invariants:
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import stat as stat_mod
 import time
 
-from sqlalchemy.engine import Connection
 
-from stepfs.store import staging
 from stepfs.store import xattrs as xattr_codec
 from stepfs.store.contained import NODE_KINDS
 from stepfs.store.staging import StagedRow
@@ -194,72 +191,3 @@ class Upper:
 
     def __len__(self) -> int:
         return len(self.nodes)
-
-
-class PendingRows:
-    """Staged-row writes made in memory and not yet in the store.
-
-    The view records every change of its staged rows here (``put`` a row,
-    ``remove`` a path's row, ``remove_tree`` a subtree's rows) and
-    :meth:`write` applies them all in one transaction.  Rows are snapshots
-    taken when the change was made, so a write leaves the store exactly as
-    the upper layer was at the last recorded change: never a mix of older
-    and newer states of different paths.
-
-    Coalescing keeps that true: a later change of a path replaces its
-    earlier one, and ``remove_tree`` drops the recorded changes at and below
-    its path (it deletes those rows anyway) and runs before every recorded
-    row, which therefore all came after it.
-
-    Lock rule: only touched under the owning view's lock.
-    """
-
-    __slots__ = ("rows", "trees")
-
-    def __init__(self) -> None:
-        self.rows: dict[bytes, StagedRow | None] = {}  # store path -> row, or None: delete it
-        self.trees: list[bytes] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.rows or self.trees)
-
-    def __len__(self) -> int:
-        return len(self.rows) + len(self.trees)
-
-    def put(self, row: StagedRow) -> None:
-        self.rows[row.path] = row
-
-    def remove(self, path: bytes) -> None:
-        self.rows[path] = None
-
-    def remove_tree(self, path: bytes) -> None:
-        prefix = path + b"/"
-        for p in [p for p in self.rows if p == path or p.startswith(prefix)]:
-            del self.rows[p]
-        self.trees.append(path)
-
-    def discard(self, path: bytes) -> None:
-        """Forget the recorded change of ``path`` (its caller writes a newer
-        row of that path in the same transaction, after :meth:`write`)."""
-        self.rows.pop(path, None)
-
-    def write(self, conn: Connection, step: int, empty_oid) -> None:
-        """Apply every recorded change through ``conn`` (the caller's write
-        transaction; :meth:`clear` once it committed).  ``empty_oid(conn)``
-        stores the empty object for a file row that names no content yet (a
-        created file nobody closed, moved or changed before its close)."""
-        for path in self.trees:
-            staging.remove_tree(conn, step, path)
-        puts = []
-        for path, row in self.rows.items():
-            if row is None:
-                staging.remove(conn, step, path)
-                continue
-            if row.kind == "file" and row.oid is None and row.scratch is None:
-                row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
-            puts.append(row)
-        staging.put_many(conn, step, puts)
-
-    def clear(self) -> None:
-        self.rows.clear()
-        self.trees.clear()

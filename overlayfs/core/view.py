@@ -1,46 +1,30 @@
 """The overlay view of one mount: workspace below, open step above (FUSE-free).
 
 This is the whole filesystem logic; ``fuse_ops.py`` only translates calls
-and errors.  Lookup precedence for a path ``p``:
+and errors.  :class:`Overlay` is a facade: it owns the lock and builds the
+collaborators, each of which gets what it works on explicitly:
 
-1. an upper node at ``p`` wins (a whiteout means "absent");
-2. otherwise, if an ancestor of ``p`` is a whiteout, a non-directory, or an
-   opaque directory in the upper layer, ``p`` is absent;
-3. otherwise the workspace decides (``store.contained.Root``: no symlink
-   followed, nothing outside the workspace, never ``.stepfs``).
+* ``namespace.py``  lookup precedence, listings, the attributes shown;
+* ``changes.py``    namespace and metadata edits of the upper layer;
+* ``content.py``    drafts and handles (``drafts.py``: the records), with
+  the close's compare-and-swap in ``cas.py``;
+* ``versions.py``   version tokens and the agents' observations;
+* ``rows.py``       staged rows and when they reach the store;
+* ``scratch.py``    the step's scratch files;
+* ``links.py``      link counts of multi-link workspace files and the names
+  the kernel may hold;
+* ``committing.py`` a commit in the store's two phases, and the failsafe;
+* ``stepnodes.py``  what a commit, discard or rollback does to the nodes;
+* ``metatree.py``   the read-only ``.stepfs`` tree; ``status.py`` its status.
 
 Copy-up: the first open for writing (or truncate) of a workspace file copies
-it into a scratch file (sparse-aware, O(size of that file)); writes go to
-the scratch file; the close after writing (``flush``) stores the content as an
-object and writes the staged row -- or, for a file of at least
-``store.refs.MIN_SIZE`` bytes, hands the scratch file itself over as the
-staged content (staged by reference; the commit imports the bytes, see
-``store/refs.py``).  Such a file is never written again (``Draft.frozen``,
-``ContentMixin._thaw``) and is removed only once no staged row in the store
-names it (``_drop_scratch``, ``_pending_written``); a daemon start keeps the
-referenced files and removes the other scratch leftovers.  Mounting reads
-only the open step's staged rows: O(1) in the size of the workspace.
-
-Staged rows and crashes: namespace and metadata changes (mkdir, unlink,
-rename, symlink, link, chmod, chown, utimens, xattrs) change the upper layer
-in memory at once and their staged rows are recorded in
-:class:`upper.PendingRows`; all recorded rows are written in one transaction
-(see :meth:`Overlay.sync_rows`) at the next close-write (in the same
-transaction as its content), ``fsync``/``fsyncdir``, commit, discard, status
-request (``sync`` on the control channel), unmount, or at the latest
-``row_delay`` seconds after the first of them (the daemon's is
-:data:`ROW_DELAY`; a view made with ``row_delay=0`` writes every change at
-once, as library callers and most tests expect; an operation that changes
-several rows -- a rename of a directory, over an existing name, or an
-exchange -- writes them together at its end: :meth:`Overlay._one_change`).
-The store therefore always holds the upper layer as it was at one moment: a daemon
-killed with SIGKILL loses at most the changes of its last ``row_delay``
-seconds that no close-write, fsync or commit followed, and never keeps a
-later change without an earlier one.  (One transaction per change cost more
-than everything else ``tar -x`` does through the mount.)
+it into a scratch file (sparse-aware, O(size of that file)); the close
+after writing stores it as an object -- or, for a big file, hands the
+scratch file over as the staged content (``store/refs.py``).  Mounting
+reads only the open step's staged rows: O(1) in the size of the workspace.
 
 Threading: every public method takes ``self.lock`` (one re-entrant lock) for
-its whole duration, except :meth:`Overlay.commit`, which releases it once
+its whole duration, except a commit (``committing.py``), which releases it once
 the layer is published and the view's bookkeeping is done, while the store
 completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
 staged rows and reads of history wait for it, still under the lock).  The
@@ -54,130 +38,41 @@ mount but not committed; ownership changes are not staged yet.
 
 from __future__ import annotations
 
-import errno
-import itertools
 import logging
 import os
-import stat as stat_mod
 import threading
-import time
-from contextlib import contextmanager
 
-from stepfs.store import publish, refs, staging, tokens
-from stepfs.store.errors import NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
+from stepfs.store import staging
+from stepfs.store.errors import StepfsError
 from stepfs.store.workspace import Workspace
 
-from stepfs.overlayfs.core.agents import DEFAULT
 from stepfs.store import xattrs as xattr_codec
-from stepfs.store.contained import DEVICE_KINDS, NODE_KINDS, kind_of, rdev_of, rdev_target
 
-from stepfs.overlayfs.core.content import ContentMixin, Draft, Handle
-from stepfs.overlayfs.core.errors import (
-    Exists, Invalid, IsADirectory, NameTooLong, NoAttribute, NotADirectory, NotEmpty, NotFound, NotSupported,
-    ReadOnly, Reserved, Unsupported, ViewError,
-)
-from stepfs.overlayfs.core.listings import Listings
+from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.committing import Commits, Failsafe, ViewCommit
+from stepfs.overlayfs.core.changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
+from stepfs.overlayfs.core.content import Content
+from stepfs.overlayfs.core.errors import Invalid, NameTooLong, NoAttribute, NotFound, ViewError
+from stepfs.overlayfs.core.links import Links
+from stepfs.overlayfs.core.namespace import Namespace, check_new_name
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
+from stepfs.overlayfs.core.rows import StagedRows
 from stepfs.overlayfs.core.runs import Runs
-from stepfs.overlayfs.core.upper import Node, PendingRows, Upper, parent_name, rel, view_path
+from stepfs.overlayfs.core.status import status_text
+from stepfs.overlayfs.core.stepnodes import StepNodes
+from stepfs.overlayfs.core.scratch import ScratchFiles
+from stepfs.overlayfs.core.upper import Node, Upper, rel, view_path
+from stepfs.overlayfs.core.versions import Versions
 
 log = logging.getLogger("stepfs.view")
 
-# libfuse's high-level API renames a file that is unlinked while open to
-# ".fuse_hidden<N>" and unlinks that name at the last release; the view keeps
-# such files out of the namespace (never listed, staged or committed).
-HIDDEN_PREFIX = ".fuse_hidden"
-RENAME_NOREPLACE = 1
-RENAME_EXCHANGE = 2
-# Inode numbers for paths that exist only in the upper layer; far above what
-# real filesystems hand out so they do not collide with workspace inodes.
-SYNTHETIC_INO_BASE = 1 << 62
-#: Seconds a recorded staged-row change may wait for a transaction that
-#: carries it anyway (see the module doc): the window of changes a daemon
-#: killed with SIGKILL can lose.
-ROW_DELAY = 0.05
-#: Bound of ``Overlay.lower_shown`` (names); past it every later removal of
-#: a name of a multi-link workspace file renews the kernel's names.
-LOWER_SHOWN_LIMIT = 50_000
+__all__ = ["HIDDEN_PREFIX", "RENAME_EXCHANGE", "RENAME_NOREPLACE", "Overlay"]
 
 
-class RowTimer:
-    """Calls ``fire`` ``delay`` seconds after :meth:`arm`, once per arming
-    (arming while armed changes nothing), on one thread that lives as long
-    as the timer: a ``threading.Timer`` per arming cost a thread start on
-    the request that recorded the first row of each window, 0.1 ms and, on
-    a busy machine, up to 3 ms (``git status`` records two: its
-    ``index.lock`` comes and goes).  The thread starts with the timer (the
-    daemon makes its view before the mount is ready) and ends at :meth:`stop`.
-
-    Threading: ``arm``, ``cancel`` and ``stop`` may be called under the
-    view's lock; ``fire`` runs on the timer's thread with no lock of the
-    timer held (it takes the view's lock itself), so the two locks are
-    never taken in the other order."""
-
-    def __init__(self, delay: float, fire):
-        self.delay = delay
-        self._fire = fire
-        self._cv = threading.Condition(threading.Lock())
-        self._due: float | None = None  # time.monotonic() of the next call
-        self._stopped = False
-        self.fired = 0  # calls made so far (tests wait on it)
-        self._thread = threading.Thread(target=self._run, name="stepfs-rows", daemon=True)
-        self._thread.start()
-
-    @property
-    def armed(self) -> bool:
-        return self._due is not None
-
-    def arm(self) -> None:
-        with self._cv:
-            if self._due is not None or self._stopped:
-                return
-            self._due = time.monotonic() + self.delay
-            self._cv.notify()
-
-    def cancel(self) -> None:
-        with self._cv:
-            self._due = None
-
-    def stop(self) -> None:
-        """Cancel and end the thread (it is not waited for)."""
-        with self._cv:
-            self._due = None
-            self._stopped = True
-            self._cv.notify()
-
-    def wait_fired(self, count: int, timeout: float) -> bool:
-        """Wait until ``fire`` was called ``count`` times (tests)."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self.fired >= count, timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while True:
-                    if self._stopped:
-                        return
-                    if self._due is None:
-                        self._cv.wait()
-                        continue
-                    left = self._due - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                self._due = None
-            try:
-                self._fire()
-            except Exception:  # the thread outlives a failed call: the next window still fires
-                log.exception("the row timer's call failed")
-            finally:
-                with self._cv:
-                    self.fired += 1
-                    self._cv.notify_all()
-
-
-class Overlay(ContentMixin):
+class Overlay:
     """The merged view of ``ws`` for the open step of ``mountpoint``."""
+
+    UTIME_NOW, UTIME_OMIT = UTIME_NOW, UTIME_OMIT  # as utimens takes them
 
     def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
                  row_delay: float | None = 0.0):
@@ -190,597 +85,184 @@ class Overlay(ContentMixin):
         self.mountpoint = mountpoint
         self.agent = agent
         self.default_agent = DEFAULT
-        self.require_read = require_read
-        # STEPFS_GUARD=0 turns the version-token checks off: only for the
-        # benchmark that measures what they cost.  Never for real use.
-        self.guard = os.environ.get("STEPFS_GUARD", "1") != "0"
+        self.row_delay = row_delay
         self.lock = threading.RLock()
-        self.epoch = time.time_ns()  # makes upper tokens unique across daemon runs
-        self._gen = itertools.count(1)
-        self.drafts: dict[tuple[str, str], Draft] = {}
-        self.open_drafts: dict[str, int] = {}  # path -> drafts of it with open handles
-        self.observed: dict[str, dict[str, str]] = {}  # agent -> path -> token
-        self.last_errors: dict[str, str] = {}
         #: Commands started here by 'stepfs run' / 'stepfs confine', and their confinement.
         self.runs = Runs()
-        # Set by an auto-step policy (overlayfs/autostep.py): told of every
-        # staged change, under the lock; must not block.
-        self.on_change = None
-        # Inode numbers stay stable for the life of the mount: a committed
-        # path keeps the number the view showed, though the workspace file
-        # behind it is new.  (dev, workspace ino) -> ino shown.
-        self.ino_alias: dict[tuple[int, int], int] = {}
-        self._nlink_cache: dict[str, int] = {}  # see _dir_nlink
-        # Workspace directory -> when the view last changed its entries (ns):
-        # shown as its mtime and ctime (see _entries_changed).
-        self.dir_times: dict[str, int] = {}
-        # A workspace file with several names, some of which the view covers
-        # (removed, or copied up as a file of their own): (dev, ino) ->
-        # (the names covered, when).  Its other names show that many links
-        # fewer.  Kept exact across ``forget`` (``_recount_lower_gone``).
-        self.lower_gone: dict[tuple[int, int], tuple[set[str], int]] = {}
-        # The names the kernel may hold attributes of, of workspace files
-        # with several links: (dev, ino) -> view paths the view answered
-        # (see _lower_shown); ``_shown_lost``: the bound was hit.
-        self.lower_shown: dict[tuple[int, int], set[str]] = {}
-        self._shown_count = 0
-        self._shown_lost = False
-        #: View paths the last commit published (read by the watcher thread;
-        #: set operations are atomic under the GIL).
-        self.own_publishes: set[str] = set()
-        #: Clear while a commit runs: the watcher holds its handling of
-        #: workspace events (mostly this commit's own renames) until the
-        #: commit ends, instead of taking turns at the GIL with it.
-        self.commit_idle = threading.Event()
-        self.commit_idle.set()
-        #: Clear while a commit that already published (and answered its
-        #: caller) completes without the view's lock: its directory fsyncs
-        #: and "committed" record (``commit``).  Writes of this step's rows
-        #: and reads of history wait for it (``_await_settled``).
-        self.settled = threading.Event()
-        self.settled.set()
-        #: Workspace path -> its before state captured when this step first
-        #: staged it (``ContentMixin._precapture``), for the commit to reuse
-        #: while the path's token holds (``publish.precapture``).
-        self.precaptured: dict[bytes, object] = {}
         #: Warnings for ``MOUNT/.stepfs/status`` (the store over the size
         #: the user set: ``overlayfs/daemon/retention.py``).
         self.warnings: list[str] = []
-        # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
-        self.hidden: dict[str, tuple[Draft | None, dict]] = {}
-        self.row_delay = row_delay
-        self._pending = PendingRows()
-        self._row_timer = RowTimer(row_delay, self._timed_sync) if row_delay and row_delay > 0 else None
-        # > 0 inside an operation that records several row changes which
-        # must reach the store together (``_one_change``).
-        self._change_depth = 0
-        with ws.db.write() as conn:
-            self.step = staging.open_step(conn, mountpoint, agent)
-        self.scratch_dir = refs.scratch_dir(ws.store_dir, self.step)
-        os.makedirs(self.scratch_dir, mode=0o700, exist_ok=True)
-        with ws.db.read() as conn:
-            rows = staging.load(conn, self.step)
-        # Leftovers of a dead daemon go, except the files staged rows
-        # reference (big files staged by reference: their only copy).
-        kept = {row.scratch for row in rows if row.scratch is not None}
-        for name in os.listdir(self.scratch_dir):
-            if name not in kept:
-                os.unlink(os.path.join(self.scratch_dir, name))
-        # Nodes staged by reference that left the tree: their files go at
-        # the next write of rows between operations (``_unlink_retired``).
-        self._retired: list[Node] = []
-        self.upper = Upper()
-        self.handles: dict[int, Handle] = {}
-        self._fh = itertools.count(1)
-        self._ino = itertools.count(SYNTHETIC_INO_BASE)
-        self._scratch_seq = itertools.count(max((int(n) for n in kept if n.isdigit()), default=0) + 1)
-        self.readonly_reason: str | None = None
-        # Failsafe: a store that cannot write makes this view read-only.
-        ws.db.on_failure.append(self._store_failed)
-        self.meta = MetaTree(self)
+        # Set by an auto-step policy (overlayfs/autostep.py): told of every
+        # staged change, under the lock; must not block.
+        self.on_change = None
         # Set by the FUSE adapter: drop the kernel's caches of a path.
         self.invalidate = lambda path: None
         # Set by the FUSE adapter: make the kernel look every name up again
         # before it uses the attributes it holds (KernelCache.new_epoch).
         self.renew_names = lambda: None
-        self.root_dev = os.fstat(self.root.fd).st_dev
-        self.listings = Listings(self.root)  # workspace directory listings (readdir)
+        with ws.db.write() as conn:
+            self.step = staging.open_step(conn, mountpoint, agent)
+        with ws.db.read() as conn:
+            rows = staging.load(conn, self.step)
+        # Failsafe: a store that cannot write makes this view read-only.
+        self.failsafe = Failsafe(mountpoint)
+        ws.db.on_failure.append(self._store_failed)
+        self.commits = Commits(ws, self.step, agent, mountpoint, self.lock, self.failsafe)
+        self._await_settled = self.commits.await_settled
+        # The collaborators (each module says what it holds).  Late-bound
+        # lambdas: the adapter and tests replace the callbacks above later.
+        self.links = Links(lambda: self.renew_names(), lambda path: self.invalidate(path))
+        self.upper = Upper()
+        self.ns = Namespace(self.root, self.upper, self.links)
+        self.versions = Versions(self.ns)
+        self.scratch = ScratchFiles(ws.store_dir, self.step, {row.scratch for row in rows if row.scratch is not None},
+                                    self.upper, ws.db, ws.objects, lambda path: self.content.release_scratch(path))
+        self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
+                               self.scratch.unlink_retired, row_delay)
+        self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text, self.getattr)
+        # STEPFS_GUARD=0 turns the version-token checks off: only for the
+        # benchmark that measures what they cost.  Never for real use.
+        self.content = Content(
+            ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns, versions=self.versions,
+            scratch=self.scratch, rows=self.rows, links=self.links, meta=self.meta,
+            check_writable=self.failsafe.check_writable, check_new_name=check_new_name,
+            await_settled=self._await_settled, changed=self._changed,
+            guard=os.environ.get("STEPFS_GUARD", "1") != "0", require_read=require_read)
+        self.step_nodes = StepNodes(ws=ws, step=self.step, mountpoint=mountpoint, lock=self.lock, ns=self.ns,
+                                    versions=self.versions, content=self.content, rows=self.rows,
+                                    scratch=self.scratch, links=self.links, await_settled=self._await_settled)
+        # The same objects under the names the adapter, the watcher, the
+        # auto-step policy and the tests read.
+        self.settled, self.commit_idle = self.commits.settled, self.commits.commit_idle
+        self.own_publishes = self.commits.own_publishes
+        self.handles, self.drafts, self.observed = self.content.handles, self.content.drafts, self.versions.observed
+        self.precaptured, self.last_errors = self.content.cas.precaptured, self.content.last_errors
+        self.scratch_dir, self.dir_times, self.lower_shown = self.scratch.dir, self.ns.dir_times, self.links.shown
         groups: dict[int, Node] = {}
         for row in rows:
             path = view_path(row.path)
             if row.link_group is not None and row.link_group in groups:
                 node = groups[row.link_group]  # another name of the same file
             else:
-                node = Node.from_row(row, next(self._ino))
+                node = Node.from_row(row, self.ns.new_ino())
                 if node.ref is not None:
-                    node.scratch = os.path.join(self.scratch_dir, node.ref)
-                self._bump(node)
+                    node.scratch = self.scratch.path(node.ref)
+                self.versions.bump(node)
                 if row.link_group is not None:
                     groups[row.link_group] = node
             if node.link_group is not None:
                 node.names.add(path)
                 node.name_bases[path] = row.base
             self.upper.set(path, node)
-        self._link_groups = itertools.count(max(groups, default=0) + 1)
+        self.changes = Changes(ws=ws, lock=self.lock, ns=self.ns, versions=self.versions, content=self.content,
+                               rows=self.rows, links=self.links, scratch=self.scratch, failsafe=self.failsafe,
+                               changed=self._changed,
+                               first_link_group=max(groups, default=0) + 1)
 
-    # -- resolution ---------------------------------------------------------
+    # -- namespace and metadata changes (changes.py) ---------------------------
 
-    def _resolve(self, path: str) -> tuple[Node | None, os.stat_result | None]:
-        """``(node, None)`` for an upper path, ``(None, stat)`` for a workspace
-        path; raises NotFound."""
-        nodes = self.upper.nodes
-        if nodes:
-            node = nodes.get(path)
-            if node is not None:
-                if node.kind == "whiteout":
-                    raise NotFound(path)
-                return node, None
-            if path != "/" and self._children_covered(path.rpartition("/")[0] or "/"):
-                raise NotFound(path)  # below a file, a whiteout or an opaque directory
-        if path == "/":
-            return None, os.stat(self.root.fd)
-        try:
-            return None, self.root.lstat(rel(path))
-        except (FileNotFoundError, NotADirectoryError):
-            raise NotFound(path) from None
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EXDEV):
-                raise NotFound(path) from None  # a symlink swapped in from outside
-            raise
+    def chmod(self, path: str, mode: int) -> None:
+        self.changes.chmod(path, mode)
 
-    def _exists(self, path: str) -> bool:
-        try:
-            self._resolve(path)
-            return True
-        except NotFound:
-            return False
+    def chown(self, path: str, uid: int, gid: int) -> None:
+        self.changes.chown(path, uid, gid)
 
-    def _kind(self, node: Node | None, st: os.stat_result | None) -> str:
-        return node.kind if node is not None else kind_of(st.st_mode)
+    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        self.changes.setxattr(path, name, value, options)
 
-    def _require_dir(self, path: str) -> None:
-        node, st = self._resolve(path)
-        if self._kind(node, st) != "dir":
-            raise NotADirectory(path)
+    def removexattr(self, path: str, name: str) -> None:
+        self.changes.removexattr(path, name)
 
-    def _lower_stat(self, path: str) -> os.stat_result | None:
-        """The workspace's ``lstat`` of ``path``, or None when nothing is
-        reachable there (absent, or a file or symlink in place of a parent)."""
-        return self.root.lstat_or_none(rel(path))
+    def utimens(self, path: str, times: tuple[int, int] | None) -> None:
+        self.changes.utimens(path, times)
 
-    def _lower_token(self, path: str) -> str:
-        st = self._lower_stat(path)
-        if st is None:
-            return tokens.ABSENT
-        target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
-        return tokens.from_stat(st, target)
+    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.mkdir(path, mode, owner, agent)
 
-    def _base_for(self, path: str) -> str:
-        node = self.upper.get(path)
-        if node is None:
-            return self._lower_token(path)
-        return node.name_bases.get(path, node.base)
+    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.rmdir(path, agent)
+
+    def unlink(self, path: str, agent: str = DEFAULT) -> None:
+        self.changes.unlink(path, agent)
+
+    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        self.changes.symlink(path, target, owner, agent)
+
+    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
+              agent: str = DEFAULT) -> None:
+        self.changes.mknod(path, mode, dev, owner, agent)
+
+    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
+        self.changes.rename(old, new, flags, agent)
+
+    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
+        self.changes.link(path, existing, agent)
+
+    # -- open files and tokens (content.py, versions.py) ----------------------
+
+    def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
+        return self.content.open(path, flags, agent)
+
+    def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
+               agent: str = DEFAULT) -> int:
+        return self.content.create(path, mode, flags, owner, agent)
+
+    def read(self, fh: int, size: int, offset: int) -> bytes:
+        return self.content.read(fh, size, offset)
+
+    def write(self, fh: int, data: bytes, offset: int) -> int:
+        return self.content.write(fh, data, offset)
+
+    def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
+        self.content.truncate(path, length, fh, agent)
+
+    def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        self.content.fallocate(fh, mode, offset, length)
+
+    def flush(self, fh: int, publish: bool = True) -> None:
+        self.content.flush(fh, publish)
+
+    def fsync(self, fh: int, datasync: bool) -> None:
+        self.content.fsync(fh, datasync)
+
+    def release(self, fh: int) -> None:
+        self.content.release(fh)
+
+    def handle_direct_io(self, fh: int) -> bool:
+        return self.content.handle_direct_io(fh)
+
+    def record_token(self, path: str) -> str:
+        return self.versions.record_token(path)
+
+    def current_token(self, path: str):
+        return self.versions.current_token(path)
+
+    def still(self, recorded: str, path: str) -> bool:
+        return self.versions.still(recorded, path)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _store_failed(self, err: Exception) -> None:
         """``Database.on_failure`` listener (any thread, maybe under the lock)."""
         self._go_readonly(str(err))
 
     def _go_readonly(self, reason: str) -> None:
-        """Failsafe (as s3ql's): once the store could not keep a write, or a
-        commit failed past its commit point, refuse every change (EROFS)
-        rather than accept writes that cannot be kept; reads keep working.
-        Sticky until the next mount; the first reason is kept."""
-        if self.readonly_reason is None:
-            self.readonly_reason = reason
-            log.error("mount %s is now read-only: %s", self.mountpoint, reason)
+        """Once the store could not keep a write, or a commit failed past
+        its commit point, refuse every change (EROFS) rather than accept
+        writes that cannot be kept; reads keep working."""
+        self.failsafe.trip(reason)
 
-    def _check_writable(self, path: str) -> None:
-        if is_meta(path):
-            raise ReadOnly(path)
-        if self.readonly_reason is not None:
-            raise ReadOnly(self.readonly_reason)
+    @property
+    def readonly_reason(self) -> str | None:
+        return self.failsafe.reason
 
     # -- persistence (write-through of staged rows) ------------------------------
 
-    def _persist(self, puts: list[str] = (), removes: list[str] = (), trees: list[str] = ()) -> None:
-        """Record the rows of ``puts`` (by their current nodes), the deletion
-        of the rows of ``removes`` and of everything below ``trees``; they
-        reach the store at the next flush (module doc)."""
-        self._nlink_cache.clear()
-        if self.on_change is not None:
-            self.on_change()
-        pending = self._pending
-        for path in trees:
-            pending.remove_tree(rel(path))
-        for path in removes:
-            pending.remove(rel(path))
-        for path in puts:
-            node = self.upper.nodes[path]
-            for name in (node.names if node.link_group is not None else (path,)):
-                pending.put(node.row(name))
-            node.staged = True
-        self._rows_recorded()
-
-    def _rows_recorded(self) -> None:
-        if self.row_delay is None or self._change_depth:
-            return
-        if self.row_delay <= 0:
-            self.sync_rows(between=False)
-        else:
-            self._row_timer.arm()
-
-    @contextmanager
-    def _one_change(self):
-        """The rows recorded inside the block are one change: they reach
-        the store in one transaction, at its end (with ``row_delay=0``) or
-        with the next flush.  A rename records several (the old place, the
-        new place, every path below them); written one by one, a crash
-        between two of them would lose or half-move a subtree.  If the
-        block raises, what it recorded goes the same way (the upper layer
-        in memory has those changes).  Call under the lock."""
-        self._change_depth += 1
-        try:
-            yield
-        finally:
-            self._change_depth -= 1
-            if not self._change_depth and self._pending:
-                self._rows_recorded()
-
-    def _timed_sync(self) -> None:
-        with self.lock:
-            try:
-                self.sync_rows()
-            except Exception:  # a store error also made the view read-only
-                log.exception("writing %d staged rows failed; they stay pending", len(self._pending))
-
     def sync_rows(self, between: bool = True) -> None:
-        """Write every recorded staged row now, in one transaction.
-        ``between``: called between operations (not from inside one, where
-        a node may be out of the tree on its way to another place), so
-        retired by-reference files can go too."""
-        with self.lock:
-            if self._pending:
-                self._await_settled(writing=True)
-                with self.ws.db.write() as conn:
-                    self._write_pending(conn)
-                self._pending_written()
-            if between:
-                self._unlink_retired()
-
-    def _write_pending(self, conn, superseded: tuple[str, ...] | set[str] = ()) -> None:
-        """Write the recorded rows through ``conn``, a write transaction of
-        the caller, who calls :meth:`_pending_written` once it committed.
-        ``superseded``: paths whose rows the caller writes next, in the same
-        transaction (their recorded rows are older)."""
-        for path in superseded:
-            self._pending.discard(rel(path))
-        if self._pending:
-            self._pending.write(conn, self.step, self._empty_oid)
-
-    def _pending_written(self) -> None:
-        self._pending.clear()
-
-    def _unlink_retired(self) -> None:
-        """Remove the retired by-reference files whose node is not in the
-        tree.  Call only between operations (inside one, a node may be out
-        of the tree on its way to another place: a directory rename or an
-        exchange takes nodes out, writes rows, and places them again) and
-        when the store's rows show the tree as it is, or were consumed."""
-        retired, self._retired = self._retired, []
-        if not retired:
-            return
-        # A node that left the tree may be back (a directory rename takes
-        # its nodes out and places them again): its file stays.
-        live = {id(n) for n in self.upper.nodes.values()}
-        for node in retired:
-            if id(node) not in live and node.scratch is not None and node.ref is not None:
-                self._unlink_scratch(node.scratch)
-                node.scratch = None  # its open readers stat it by size (``_stat_node``)
-
-    def _unlink_scratch(self, path: str) -> None:
-        """Remove a scratch file of a node.  A draft still open on it (its
-        close published it by reference: ``Draft.frozen``) first moves to a
-        copy, so it can keep reading, and writing, by name too."""
-        for d in {id(h.draft): h.draft for h in self.handles.values()
-                  if h.draft is not None and h.draft.frozen and h.draft.scratch == path}.values():
-            self._thaw(d)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-
-    def _imported(self, oids: dict[str, str]) -> None:
-        """The store took the by-reference files ``oids`` (scratch name ->
-        object id) as objects: their nodes name the objects now, and their
-        files are ordinary caches (no row references them any more)."""
-        if not oids:
-            return
-        for node in self.upper.nodes.values():
-            if node.ref is not None and node.ref in oids:
-                node.oid, node.ref, node.ref_sum = oids[node.ref], None, None
-
-    def _empty_oid(self, conn) -> str:
-        return self.ws.objects.put_bytes(conn, b"")
-
-    def _new_scratch(self) -> str:
-        return os.path.join(self.scratch_dir, str(next(self._scratch_seq)))
-
-    def _materialize(self, node: Node) -> None:
-        """Give a staged file node a scratch file holding its content."""
-        if node.scratch is not None:
-            return
-        path = self._new_scratch()
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            self._fill_from_store(fd, node)
-        except BaseException:
-            os.unlink(path)
-            raise
-        finally:
-            os.close(fd)
-        node.scratch = path
-
-    def _fill_from_store(self, fd: int, node: Node) -> None:
-        """Write staged file ``node``'s content (its object) into the empty
-        file ``fd``, with the node's times."""
-        if node.oid is not None:
-            with self.ws.db.read() as conn:
-                self.ws.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
-        os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
-
-    def _drop_scratch(self, node: Node) -> None:
-        """The node leaves the tree, or its cache is no longer wanted.  A
-        file it holds by reference is its content: the node keeps it (it
-        may be placed again), and the file is removed after the next write
-        of staged rows if no node in the tree holds it then (until then the
-        store still names it: a crash must find it)."""
-        if node.scratch is None:
-            return
-        if node.ref is not None:
-            self._retired.append(node)
-            return
-        self._unlink_scratch(node.scratch)
-        node.scratch = None
-
-    def _node_for_meta(self, path: str) -> Node:
-        """An upper node for a metadata change of ``path`` (copied up without
-        a scratch file: files are stored as an object once)."""
-        node, st = self._resolve(path)
-        if node is not None:
-            return node
-        kind = self._kind(None, st)
-        base = self._lower_token(path)
-        attrs: dict[bytes, bytes] = {}
-        self._lower_name_gone(st, path)  # from now on this name is a file of its own
-        if kind == "dir":
-            node = Node("dir", st.st_mode, base=base, ino=st.st_ino, uid=st.st_uid, gid=st.st_gid,
-                        mtime_ns=max(st.st_mtime_ns, self.dir_times.pop(path, 0)))
-            fd = self.root.open(rel(path), os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                attrs = xattr_codec.read_fd(fd)
-            finally:
-                os.close(fd)
-        elif kind in NODE_KINDS:
-            node = Node(kind, st.st_mode, base=base, ino=st.st_ino, mtime_ns=st.st_mtime_ns, uid=st.st_uid,
-                        gid=st.st_gid, target=rdev_target(kind, st.st_rdev))
-        elif kind == "symlink":
-            node = Node("symlink", st.st_mode, base=base, ino=st.st_ino, target=self.root.readlink(rel(path)),
-                        size=st.st_size, mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
-        elif kind == "file":
-            fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
-            try:
-                st = os.fstat(fd)
-                with self.ws.db.write() as conn:
-                    oid, size = self.ws.objects.put_fd(conn, fd)
-                attrs = xattr_codec.read_fd(fd)
-            finally:
-                os.close(fd)
-            node = Node("file", st.st_mode, base=tokens.from_stat(st), ino=st.st_ino, size=size, oid=oid,
-                        mtime_ns=st.st_mtime_ns, uid=st.st_uid, gid=st.st_gid)
-        else:
-            raise Unsupported(path)
-        node.xattrs = attrs
-        node.atime_ns = st.st_atime_ns
-        node.ctime_ns = max(st.st_ctime_ns, node.mtime_ns)
-        self._bump(node)
-        self.upper.set(path, node)
-        digest = node.oid.split(".", 1)[0] if node.oid else ""
-        self._retoken(path, base, self.node_token(node), lambda: digest)
-        return node
-
-    def _lower_name_gone(self, st: os.stat_result, path: str) -> None:
-        """The name ``path`` of the workspace file ``st`` is now covered by
-        the upper layer (see ``lower_gone``): the file's other names show one
-        link fewer and a new ctime from now on.  The kernel may hold their
-        old attributes (each name is an inode of its own to libfuse's
-        high-level API) for the attribute timeout; when one of them may be
-        held (``lower_shown``), the kernel is told to look every name up
-        again (:meth:`_renew_names`).  No directory scan: only the names the
-        view answered can be held."""
-        if st.st_nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            key = (st.st_dev, st.st_ino)
-            gone = self.lower_gone.get(key)
-            names_gone = gone[0] if gone is not None else set()
-            names_gone.add(path)
-            self.lower_gone[key] = (names_gone, time.time_ns())
-            names = self.lower_shown.get(key)
-            if names is not None and path in names:
-                names.discard(path)  # unlinked, or a file of its own now: not a name of this file
-                self._shown_count -= 1
-                if not names:
-                    del self.lower_shown[key]
-            if names or self._shown_lost:
-                self._renew_names()
-
-    def _recount_lower_gone(self) -> None:
-        """After the workspace or the upper layer changed other than by the
-        view's own operations (a discard, a rollback): keep in ``lower_gone``
-        exactly the recorded names the upper layer still covers, under the
-        workspace file each one names now (a name given back, or whose file
-        was replaced, no longer takes a link from the old file).  One
-        ``lstat`` per recorded name; clearing it instead showed the names a
-        step removed as links again."""
-        if not self.lower_gone:
-            return
-        names = set().union(*(gone[0] for gone in self.lower_gone.values()))
-        when = {key: gone[1] for key, gone in self.lower_gone.items()}
-        now = time.time_ns()
-        self.lower_gone = {}
-        for path in names:
-            if not self._covered(path):
-                continue
-            st = self._lower_stat(path)
-            if st is None or st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode):
-                continue
-            key = (st.st_dev, st.st_ino)
-            gone = self.lower_gone.get(key)
-            if gone is None:
-                gone = self.lower_gone[key] = (set(), when.get(key, now))
-            gone[0].add(path)
-
-    def _covered(self, path: str) -> bool:
-        """The upper layer decides what ``path`` is (a node there, or an
-        ancestor that hides the workspace below it: see ``_resolve``)."""
-        nodes = self.upper.nodes
-        if path in nodes:
-            return True
-        p = path
-        while p != "/":
-            p = p.rpartition("/")[0] or "/"
-            anc = nodes.get(p)
-            if anc is not None and (anc.kind != "dir" or anc.opaque):
-                return True
-        return False
-
-    def _lower_shown(self, st: os.stat_result, path: str) -> None:
-        """The view answered the attributes of ``path``, a name of the
-        workspace file ``st``: remember it if the file has several names.
-
-        Invariant: every name of a multi-link workspace file whose
-        attributes the kernel may use without asking again (until the
-        attribute timeout) is in ``lower_shown`` -- or ``_shown_lost`` is
-        set.  Every attribute the kernel holds came from ``getattr`` (libfuse
-        asks it for lookups too; a READDIRPLUS listing carries
-        attributes only from it: fuse_ops._FUSE._readdir_plus), from a
-        commit that turned staged names into workspace names (recorded in
-        :meth:`_after_commit`), or from before the last :meth:`_renew_names`,
-        after which the kernel asks again for every name it walks.
-        Extra paths (renamed since, or asked for by someone else) cost at
-        most a needless renewal.  O(1) per answer; bounded by
-        :data:`LOWER_SHOWN_LIMIT`."""
-        if st.st_nlink <= 1 or stat_mod.S_ISDIR(st.st_mode) or self._shown_lost:
-            return
-        key = (st.st_dev, st.st_ino)
-        names = self.lower_shown.get(key)
-        if names is not None and path in names:
-            return
-        if self._shown_count >= LOWER_SHOWN_LIMIT:
-            self._shown_lost = True  # any name may be held: renew at the next removal
-            return
-        if names is None:
-            names = self.lower_shown[key] = set()
-        names.add(path)
-        self._shown_count += 1
-
-    def _renew_names(self) -> None:
-        """Make the kernel look every name up again before it uses the
-        attributes it holds (a new FUSE epoch, ``KernelCache.new_epoch``);
-        its lookups reach :meth:`getattr`, which records the names afresh.
-        Costs one lookup per name the kernel holds, once: done only when a
-        link count the view shows changed under a name the kernel may hold.
-
-        Why not invalidate just the recorded names: libfuse3's
-        ``fuse_invalidate_path`` drops a name's pages as well as its
-        attributes, and on the FUSE loop thread (where unlink runs) that can
-        wait for a page locked by a read of that name queued behind this very
-        request: a deadlock.  In-mount links avoid it by opening every name
-        ``direct_io``; doing that for every multi-link workspace file would
-        take the page cache and shared mmap from whole package stores.  Off
-        the loop thread the invalidation could not be ordered before the
-        reply (the loop cannot wait for it), so the names would stay stale
-        for a moment.  A new epoch takes no lock and is in effect before the
-        reply."""
-        self.lower_shown.clear()
-        self._shown_count = 0
-        self._shown_lost = False
-        self.renew_names()
-
-    def _invalidate_names(self, node: Node, except_path: str | None = None) -> None:
-        if node.link_group is not None:
-            for name in node.names:
-                if name != except_path:
-                    self.invalidate(name)
-
-    def _retoken(self, path: str, old: str, new: str, digest) -> None:
-        """Same content, new token representation (copy-up for a metadata
-        change): nobody's observation of the current version goes stale.
-        ``old`` is the workspace token without hash, ``digest()`` the
-        content's; a token taken in the racy window must match both (its
-        stat fields alone may also describe an older, same-size version)."""
-        for seen in self.observed.values():
-            tok = seen.get(path)
-            if tok is not None and tokens.same(tok, old, digest):
-                seen[path] = new
-        for (_a, p), d in self.drafts.items():
-            if p == path and tokens.same(d.base, old, digest):
-                d.base = new
-        for h in self.handles.values():
-            if h.path == path and h.token and tokens.same(h.token, old, digest):
-                h.token = new
-
-    def _remove(self, path: str, agent: str | None = None) -> None:
-        """Make ``path`` (and everything below it) absent in the view.  The
-        acting agent's own drafts there are detached (its open descriptors
-        keep working, POSIX-style); other agents' drafts lose at their close."""
-        if agent is not None:
-            prefix = path + "/"
-            # A name of a hard-linked file: the file lives on under another
-            # name, and so does the agent's draft of it (writes through an
-            # open descriptor reach the remaining names).
-            here = self.upper.get(path)
-            heir = min((n for n in here.names if n != path), default=None) \
-                if here is not None and here.link_group is not None else None
-            for (a, p), d in list(self.drafts.items()):
-                if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
-                    del self.drafts[(a, p)]
-                    self._reindex_draft(d, heir)
-                    self.drafts[(a, heir)] = d
-                elif a == agent and (p == path or p.startswith(prefix)):
-                    d.detached = True
-                    if d.opens == 0:
-                        self._discard_draft(d)
-                    else:
-                        del self.drafts[(a, p)]
-        node = self.upper.get(path)
-        base = node.base if node is not None else self._lower_token(path)
-        if node is None:
-            lower = self._lower_stat(path)
-            if lower is not None:
-                self._lower_name_gone(lower, path)
-        below = self.upper.below(path)
-        for child in below:
-            self._detach(child, self.upper.pop(child))
-        self._detach(path, self.upper.pop(path))
-        if self._lower_stat(path) is not None:
-            self.upper.set(path, Node("whiteout", 0, base=base, ino=0))
-            self._persist(puts=[path], trees=[path] if below else [])
-        else:
-            self._persist(trees=[path])
-
-    def _detach(self, path: str, node: Node | None) -> None:
-        """A name leaves the tree; the node goes with its last name (open
-        readers keep its scratch through their fds)."""
-        if node is None:
-            return
-        if node.link_group is not None:
-            node.names.discard(path)
-            node.name_bases.pop(path, None)
-            if node.names:
-                node.ctime_ns = time.time_ns()
-                self._persist(puts=[next(iter(node.names))])  # their link count changed
-                self._invalidate_names(node)
-                return
-        self._drop_scratch(node)
+        """Write every recorded staged row now (``rows.StagedRows.sync``)."""
+        self.rows.sync(between)
 
     # -- attributes ---------------------------------------------------------
 
@@ -790,42 +272,26 @@ class Overlay(ContentMixin):
         the hot path free of /proc reads."""
         with self.lock:
             if fh is not None:
-                h = self.handles.get(fh)
-                if h is not None:
-                    if h.draft is not None:
-                        out = self._stat_draft(h.draft, self.upper.get(h.path))
-                        if self.hidden and h.path in self.hidden:
-                            out["st_nlink"] = self.hidden[h.path][1]["st_nlink"]
-                        return out
-                    if h.node is not None:
-                        out = self._stat_node(h.node)
-                        if self.upper.get(h.path) is not h.node:
-                            out["st_nlink"] = 0  # unlinked or replaced while open
-                        return out
-                    if h.fd >= 0 and h.data is None:
-                        return self._stat_lower_handle(h)
+                out = self.content.stat_handle(fh)
+                if out is not None:
+                    return out
             if path.startswith(META_ROOT) and is_meta(path):
                 return self.meta.getattr(path)
-            if self.hidden and path in self.hidden:
-                d, attrs = self.hidden[path]
-                out = self._stat_draft(d, None) if d is not None else dict(attrs)
-                out["st_nlink"] = attrs["st_nlink"]
-                return out
-            if path in self.open_drafts:
-                d = self.drafts.get((agent() if callable(agent) else agent, path))
-                if d is not None and d.opens > 0:
-                    return self._stat_draft(d, self.upper.get(path))
+            if path in self.content.open_drafts or (self.content.hidden and path in self.content.hidden):
+                out = self.content.stat_open(path, agent)
+                if out is not None:
+                    return out
             try:
-                node, st = self._resolve(path)
+                node, st = self.ns.resolve(path)
             except NotFound:
                 if len(os.fsencode(path.rpartition("/")[2])) > 255:
                     raise NameTooLong(path) from None  # a lookup of a name no directory can hold
                 raise
             if node is None:
-                return self._stat_lower(path, st)
-            out = self._stat_node(node)
+                return self.ns.stat_lower(path, st)
+            out = self.ns.stat_node(node)
             if node.kind == "dir":
-                out["st_nlink"] = self._dir_nlink(path)
+                out["st_nlink"] = self.ns.dir_nlink(path)
             return out
 
     def getattr_listed(self, path: str, names: list[str], agent=DEFAULT) -> list[dict | None]:
@@ -851,10 +317,10 @@ class Overlay(ContentMixin):
         out: list[dict | None] = []
         with self.lock:
             nodes = self.upper.nodes
-            hidden = self.hidden
-            open_drafts = self.open_drafts
+            hidden = self.content.hidden
+            open_drafts = self.content.open_drafts
             dfd = -1
-            if not self._children_covered(path):
+            if not self.ns.children_covered(path):
                 try:
                     dfd = self.root.open(rel(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
                 except OSError:
@@ -874,176 +340,30 @@ class Overlay(ContentMixin):
                     except OSError:
                         out.append(None)  # gone since the listing: the kernel looks it up
                         continue
-                    out.append(self._stat_lower(child, st))
+                    out.append(self.ns.stat_lower(child, st))
             finally:
                 if dfd >= 0:
                     os.close(dfd)
         return out
-
-    def _children_covered(self, path: str) -> bool:
-        """An upper node at directory ``path`` or above it hides the
-        workspace below ``path``: one that is not a directory, or an opaque
-        one (the ancestor rule of :meth:`_resolve` and of
-        :meth:`getattr_listed`)."""
-        nodes = self.upper.nodes
-        if not nodes:
-            return False
-        p = path
-        while True:
-            anc = nodes.get(p)
-            if anc is not None and (anc.kind != "dir" or anc.opaque):
-                return True
-            if p == "/":
-                return False
-            p = p.rpartition("/")[0] or "/"
 
     def handle_workspace_token(self, fh: int) -> str | None:
         """The version token of a read-only handle on the workspace file
         itself (None for drafts, staged nodes, ``.stepfs`` files and
         direct I/O): the FUSE adapter lets the kernel keep the pages of such
         a file across opens while this token stays the same."""
-        h = self.handles.get(fh)
+        h = self.content.handles.get(fh)
         if h is None or h.writable or h.direct or h.draft is not None or h.node is not None or h.data is not None:
             return None
         return h.token or None
 
-    def _dir_nlink(self, path: str) -> int:
-        """2 + subdirectories, for a directory the open step changed (the
-        workspace's own count is right for the others).  Cached until the
-        next namespace change (``_persist`` clears the cache)."""
-        n = self._nlink_cache.get(path)
-        if n is None:
-            n = 2 + sum(1 for _name, kind, _ino in self.readdir(path)[2:] if kind == stat_mod.S_IFDIR)
-            self._nlink_cache[path] = n
-        return n
-
-    def _stat_lower_handle(self, h: Handle) -> dict:
-        """``fstat`` of a handle reading a workspace file: the file it holds,
-        whatever its path shows now (unlinked, or replaced by a rename:
-        ``st_nlink`` 0).  Copied up for a metadata change, it is still the
-        same file, shown with its node's attributes."""
-        st = os.fstat(h.fd)
-        try:
-            node, cur = self._resolve(h.path)
-        except NotFound:
-            node = cur = None
-        if cur is not None and (cur.st_dev, cur.st_ino) == (st.st_dev, st.st_ino):
-            return self._stat_lower(h.path, cur)
-        if node is not None and node.kind == "file" and h.token == self.node_token(node):
-            return self._stat_node(node)
-        out = self._stat_lower(h.path, st)
-        out["st_nlink"] = 0
-        return out
-
-    def _stat_lower(self, path: str, st: os.stat_result) -> dict:
-        nlink = st.st_nlink
-        if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
-            nlink = self._dir_nlink(path)  # the upper layer changed its entries
-        ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
-        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-        if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):
-            self._lower_shown(st, path)
-            if self.lower_gone:
-                gone = self.lower_gone.get((st.st_dev, st.st_ino))
-                if gone is not None:
-                    nlink, ctime = max(1, nlink - len(gone[0])), max(ctime, gone[1])
-        if self.dir_times and stat_mod.S_ISDIR(st.st_mode):
-            changed = self.dir_times.get(path, 0)
-            mtime, ctime = max(mtime, changed), max(ctime, changed)
-        return {
-            "st_mode": st.st_mode, "st_ino": ino, "st_nlink": nlink, "st_size": st.st_size,
-            "st_uid": st.st_uid, "st_gid": st.st_gid, "st_atime": st.st_atime_ns,
-            "st_mtime": mtime, "st_ctime": ctime, "st_blocks": st.st_blocks,
-            "st_blksize": st.st_blksize, "st_rdev": st.st_rdev,
-        }
-
-    def _stat_node(self, node: Node) -> dict:
-        out = {
-            "st_mode": node.type_bits | stat_mod.S_IMODE(node.mode), "st_ino": node.ino,
-            "st_nlink": node.nlink, "st_uid": node.uid, "st_gid": node.gid, "st_size": node.size,
-            "st_atime": node.atime_ns, "st_mtime": node.mtime_ns, "st_ctime": node.ctime_ns,
-            "st_blocks": (node.size + 511) // 512, "st_blksize": 4096,
-        }
-        if node.kind == "file" and node.scratch is not None:
-            out["st_blocks"] = os.stat(node.scratch).st_blocks  # holes stay holes
-        elif node.kind == "dir":
-            out.update(st_size=4096, st_blocks=8)
-        elif node.kind == "symlink":
-            out.update(st_size=len(node.target or b""), st_blocks=0)
-        elif node.kind in DEVICE_KINDS:
-            out["st_rdev"] = rdev_of(node.kind, node.target)
-        return out
-
-    def chmod(self, path: str, mode: int) -> None:
-        with self.lock:
-            if path in self.hidden:
-                return
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            node.mode = stat_mod.S_IFMT(node.mode) | stat_mod.S_IMODE(mode)
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
-            self._invalidate_names(node, except_path=path)
-
-    def chown(self, path: str, uid: int, gid: int) -> None:
-        with self.lock:
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            if uid != -1:
-                node.uid = uid
-            if gid != -1:
-                node.gid = gid
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
-            self._invalidate_names(node, except_path=path)
-
-    def _sync_draft_meta(self, path: str, node: Node) -> None:
-        """A metadata change keeps the path's token, so every agent's draft of
-        it stays current and may publish later, perhaps after a commit has
-        dropped ``node`` (a draft then publishes with its own metadata): it
-        must carry the new mode, owner and xattrs, or its close would put
-        the old ones back."""
-        for d in self._drafts_at(path):
-            d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
-
-    def _drafts_at(self, path: str) -> list[Draft]:
-        """Every agent's draft of ``path``, looked up agent by agent (an agent
-        with a draft has observed its path, so it is a key of ``observed``).
-        Idle drafts stay cached, so scanning them all made ``tar -x``, which
-        changes the metadata of every file it writes, O(n^2)."""
-        drafts = self.drafts
-        return [d for d in (drafts.get((agent, path)) for agent in self.observed) if d is not None]
-
     # -- extended attributes (user.*; see store/xattrs.py) -----------------
-
-    @staticmethod
-    def _xattr_name(name: str) -> bytes:
-        raw = os.fsencode(name)
-        if not raw.startswith(xattr_codec.PREFIX):
-            raise NotSupported(name)
-        return raw
-
-    def _xattrs_of(self, path: str) -> dict[bytes, bytes]:
-        node, st = self._resolve(path)
-        if node is not None:
-            return node.xattrs
-        kind = self._kind(None, st)
-        if kind not in ("file", "dir"):
-            return {}
-        fd = self.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW | (os.O_DIRECTORY if kind == "dir" else 0))
-        try:
-            return xattr_codec.read_fd(fd)
-        finally:
-            os.close(fd)
 
     def getxattr(self, path: str, name: str) -> bytes:
         with self.lock:
             if is_meta(path):
                 raise NoAttribute(name)
             raw = os.fsencode(name)
-            value = self._xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
+            value = self.ns.xattrs_of(path).get(raw) if raw.startswith(xattr_codec.PREFIX) else None
             if value is None:
                 raise NoAttribute(name)
             return value
@@ -1052,61 +372,7 @@ class Overlay(ContentMixin):
         with self.lock:
             if is_meta(path):
                 return []
-            return [os.fsdecode(n) for n in sorted(self._xattrs_of(path))]
-
-    XATTR_CREATE, XATTR_REPLACE = 1, 2
-
-    def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
-        with self.lock:
-            self._check_writable(path)
-            raw = self._xattr_name(name)
-            node = self._node_for_meta(path)
-            if node.kind not in ("file", "dir"):
-                raise Unsupported(path)  # Linux allows user.* only on files and directories
-            if options & self.XATTR_CREATE and raw in node.xattrs:
-                raise Exists(name)
-            if options & self.XATTR_REPLACE and raw not in node.xattrs:
-                raise NoAttribute(name)
-            node.xattrs[raw] = bytes(value)
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
-
-    def removexattr(self, path: str, name: str) -> None:
-        with self.lock:
-            self._check_writable(path)
-            raw = self._xattr_name(name)
-            if raw not in self._xattrs_of(path):
-                raise NoAttribute(name)
-            node = self._node_for_meta(path)
-            del node.xattrs[raw]
-            node.ctime_ns = time.time_ns()
-            self._persist(puts=[path])
-            self._sync_draft_meta(path, node)
-
-    UTIME_NOW = (1 << 30) - 1
-    UTIME_OMIT = (1 << 30) - 2
-
-    def utimens(self, path: str, times: tuple[int, int] | None) -> None:
-        """``times`` in ns; libfuse3 passes UTIME_NOW / UTIME_OMIT through as
-        the nanosecond field with zero seconds."""
-        with self.lock:
-            if path in self.hidden:
-                return
-            self._check_writable(path)
-            node = self._node_for_meta(path)
-            now = time.time_ns()
-            atime, mtime = times if times is not None else (self.UTIME_NOW, self.UTIME_NOW)
-            new_a = node.atime_ns if atime == self.UTIME_OMIT else now if atime == self.UTIME_NOW else atime
-            new_m = node.mtime_ns if mtime == self.UTIME_OMIT else now if mtime == self.UTIME_NOW else mtime
-            # Open drafts of the path carry the times their handles report.
-            for d in self._drafts_at(path):
-                st = os.stat(d.scratch)
-                os.utime(d.scratch, ns=(st.st_atime_ns if atime == self.UTIME_OMIT else new_a,
-                                        st.st_mtime_ns if mtime == self.UTIME_OMIT else new_m))
-            node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
-            self._persist(puts=[path])
-            self._invalidate_names(node, except_path=path)
+            return [os.fsdecode(n) for n in sorted(self.ns.xattrs_of(path))]
 
     def statfs(self, path: str) -> dict:
         sv = os.statvfs(self.root.fd)
@@ -1124,675 +390,67 @@ class Overlay(ContentMixin):
         with self.lock:
             if is_meta(path):
                 return self.meta.readdir(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "dir":
-                raise NotADirectory(path)
-            ino = node.ino if node is not None else st.st_ino
-            out = [(".", stat_mod.S_IFDIR, ino), ("..", stat_mod.S_IFDIR, 1)]
-            lower: list[tuple[str, int, int]] = []
-            if node is None or not node.opaque:
-                try:
-                    wpath = rel(path)
-                    # An upper directory over a workspace one: its own stamp.
-                    wst = st if st is not None else self.root.lstat(wpath)
-                    lower = self.listings.listdir(wpath, wst)
-                except (FileNotFoundError, NotADirectoryError):
-                    pass
-            upper_names = self.upper.child_names(path)
-            alias = self.ino_alias
-            if not upper_names and not alias:
-                out += lower  # sorted by name already (Listings)
-                return out
-            dev = self.root_dev
-            entries: dict[str, tuple[int, int]] = {
-                name: (kind, alias.get((dev, ino), ino) if alias else ino) for name, kind, ino in lower}
-            prefix = path if path != "/" else ""
-            for name in upper_names:
-                child = self.upper.nodes.get(prefix + "/" + name)
-                if child is None:
-                    continue  # an unchanged directory on the way to staged paths
-                if child.kind == "whiteout":
-                    entries.pop(name, None)
-                else:
-                    entries[name] = (child.type_bits, child.ino)
-            out += [(name, kind, i) for name, (kind, i) in sorted(entries.items())]
-            return out
-
-    def _is_empty_dir(self, path: str) -> bool:
-        return len(self.readdir(path)) <= 2
-
-    def _check_new_name(self, path: str) -> None:
-        """Called before ``_check_writable`` so that creating ``/.stepfs``
-        itself is Reserved (EEXIST) while anything below it is ReadOnly."""
-        if path == META_ROOT:
-            raise Reserved(path)
-        if len(os.fsencode(parent_name(path)[1])) > 255:
-            raise NameTooLong(path)
-
-    def _check_create(self, path: str) -> None:
-        """What every new name needs: a legal name, a writable mount, an
-        existing parent directory, and nothing there yet."""
-        self._check_new_name(path)
-        self._check_writable(path)
-        self._require_dir(parent_name(path)[0])
-        if self._exists(path):
-            raise Exists(path)
-
-    def _add_new(self, path: str, node: Node, owner: tuple[int, int] | None, agent: str) -> None:
-        """Stage a node made for a new name (directory, symlink, FIFO)."""
-        node.uid, node.gid = owner if owner is not None else (os.getuid(), os.getgid())
-        self._inherit_group(path, node)
-        self._bump(node)
-        self.upper.set(path, node)
-        self._persist(puts=[path])
-        self._entries_changed(path)
-        self.observe(agent, path, self.node_token(node))
-
-    def _inherit_group(self, path: str, node: Node) -> None:
-        """In a set-group-ID directory a new name takes the directory's
-        group, and a new directory the S_ISGID bit too (the kernel leaves
-        this to the filesystem; BSD group semantics)."""
-        pnode, pst = self._resolve(parent_name(path)[0])
-        pmode, pgid = (pnode.mode, pnode.gid) if pnode is not None else (pst.st_mode, pst.st_gid)
-        if pmode & stat_mod.S_ISGID:
-            node.gid = pgid
-            if node.kind == "dir":
-                node.mode |= stat_mod.S_ISGID
-
-    def _entries_changed(self, *paths: str) -> None:
-        """The directories holding ``paths`` gained or lost an entry: their
-        mtime and ctime become now.  Shown for the life of the mount, not
-        staged (the commit's own changes give workspace directories new
-        times); a directory node keeps them in memory the same way."""
-        now = time.time_ns()
-        for path in paths:
-            parent = parent_name(path)[0]
-            node = self.upper.get(parent)
-            if node is not None:
-                node.mtime_ns = node.ctime_ns = now
-            else:
-                self.dir_times[parent] = now
-
-    def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_create(path)
-            # Opaque: whatever the workspace has (or will get) at this path
-            # was not what this agent saw; its new directory starts empty.
-            node = Node("dir", stat_mod.S_IFDIR | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino), opaque=True)
-            self._add_new(path, node, owner, agent)
-
-    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_writable(path)
-            if path == "/":
-                raise Invalid(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "dir":
-                raise NotADirectory(path)
-            if not self._is_empty_dir(path):
-                raise NotEmpty(path)
-            self._remove(path, agent)
-            self._entries_changed(path)
+            return self.ns.listing(path)
 
     # -- names ------------------------------------------------------------------
-
-    def unlink(self, path: str, agent: str = DEFAULT) -> None:
-        with self.lock:
-            if self.hidden.pop(path, None) is not None:
-                return
-            self._check_writable(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
-                raise IsADirectory(path)
-            self._remove(path, agent)
-            self._entries_changed(path)
-
-    def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None,
-                agent: str = DEFAULT) -> None:
-        with self.lock:
-            self._check_create(path)
-            data = os.fsencode(target)
-            node = Node("symlink", stat_mod.S_IFLNK | 0o777, base=self._base_for(path), ino=next(self._ino),
-                        target=data, size=len(data))
-            self._add_new(path, node, owner, agent)
-
-    def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
-              agent: str = DEFAULT) -> None:
-        """FIFOs, device nodes and sockets (staged and committed like any
-        path; the kernel lets only CAP_MKNOD make a device), and regular files."""
-        with self.lock:
-            if stat_mod.S_ISREG(mode):
-                fh = self.create(path, mode, os.O_WRONLY | os.O_EXCL, owner=owner, agent=agent)
-                try:
-                    self.flush(fh)
-                finally:
-                    self.release(fh)
-                return
-            kind = kind_of(mode)
-            if kind not in NODE_KINDS:
-                raise Unsupported(path)
-            self._check_create(path)
-            node = Node(kind, NODE_KINDS[kind] | stat_mod.S_IMODE(mode), base=self._base_for(path),
-                        ino=next(self._ino), target=rdev_target(kind, dev))
-            self._add_new(path, node, owner, agent)
 
     def readlink(self, path: str) -> str:
         with self.lock:
             if is_meta(path):
                 return self.meta.readlink(path)
-            node, st = self._resolve(path)
-            if self._kind(node, st) != "symlink":
+            node, st = self.ns.resolve(path)
+            if self.ns.kind(node, st) != "symlink":
                 raise Invalid(path)
             if node is not None:
                 return os.fsdecode(node.target)
             return os.fsdecode(self.root.readlink(rel(path)))
 
-    def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
-        with self.lock, self._one_change():
-            if parent_name(new)[1].startswith(HIDDEN_PREFIX):
-                return self._hide(old, new, agent)
-            self._check_writable(old)
-            self._check_writable(new)
-            self._check_new_name(new)
-            if flags & ~(RENAME_NOREPLACE | RENAME_EXCHANGE) or flags == RENAME_NOREPLACE | RENAME_EXCHANGE:
-                raise Invalid(f"rename flags {flags:#x}")
-            src, src_st = self._resolve(old)
-            if flags & RENAME_EXCHANGE:
-                self._resolve(new)  # both must exist
-                if old != new:
-                    self._exchange(old, new, agent)
-                    self._entries_changed(old, new)
-                return
-            src_kind = self._kind(src, src_st)
-            self._require_dir(parent_name(new)[0])
-            dst_kind = None
-            if self._exists(new):
-                if flags & RENAME_NOREPLACE:
-                    raise Exists(new)  # even onto itself, as renameat2(2) does
-                if old == new:
-                    return
-                if old.startswith(new + "/"):
-                    raise NotEmpty(new)  # onto its own ancestor (the kernel's order of checks)
-                dnode, dst_st = self._resolve(new)
-                if dnode is not None and dnode is src:
-                    return  # two names of one hard-linked file: POSIX says do nothing
-                if dnode is None and src is None and (dst_st.st_dev, dst_st.st_ino) == (src_st.st_dev, src_st.st_ino):
-                    return  # the same, for a workspace file
-                dst_kind = self._kind(dnode, dst_st)
-            if src_kind == "dir":
-                if new.startswith(old + "/"):
-                    raise Invalid(new)
-                if dst_kind is not None and dst_kind != "dir":
-                    raise NotADirectory(new)
-                if dst_kind == "dir" and not self._is_empty_dir(new):
-                    raise NotEmpty(new)
-                fresh = self._fresh_under(agent, old)
-                self._unkey(agent, new)
-                self._rename_dir(old, new)
-            else:
-                if dst_kind == "dir":
-                    raise IsADirectory(new)
-                if src_kind == "special":
-                    raise Unsupported(old)  # sockets and devices stay where they are
-                fresh = self._fresh_under(agent, old)
-                self._rename_leaf(old, new, agent)
-            self._moved(agent, old, new, fresh)
-            self._entries_changed(old, new)
-
-    def _hide(self, old: str, new: str, agent: str) -> None:
-        """An unlink of an open file (libfuse's hidden rename): the path is
-        removed as by ``unlink``; open descriptors keep working under the
-        hidden name, which reports ``st_nlink`` 0 -- or, for a hard-linked
-        file, the names it still has."""
-        node, st = self._resolve(old)
-        attrs = self._stat_node(node) if node is not None else self._stat_lower(old, st)
-        d = self.drafts.get((agent, old))
-        self.unlink(old, agent)
-        # libfuse subtracts one from the st_nlink of a hidden name it is given
-        # (a positive one): the names left, plus one.
-        attrs["st_nlink"] = len(node.names) + 1 if node is not None and node.link_group is not None else 0
-        self.hidden[new] = (d, attrs)
-        for h in self.handles.values():
-            if h.path == old:
-                h.path = new
-
-    def _unkey(self, agent: str, path: str) -> None:
-        """Forget the acting agent's drafts at or below a path that is absent
-        in the view (someone else removed their files) before a rename puts
-        new files there: a later open must not share those dead copies.
-        Their own descriptors keep them, and they lose at their close."""
-        prefix = path + "/"
-        for (a, p), d in list(self.drafts.items()):
-            if a == agent and (p == path or p.startswith(prefix)):
-                if d.opens:
-                    del self.drafts[(a, p)]
-                else:
-                    self._discard_draft(d)
-
-    def _fresh_under(self, agent: str, old: str) -> tuple[set[int], set[str]]:
-        """Before a rename: which of the acting agent's drafts and handles
-        (by id) and observations at or below ``old`` still match the
-        published version."""
-        prefix = old + "/"
-        fresh = {id(d) for (a, p), d in self.drafts.items()
-                 if a == agent and (p == old or p.startswith(prefix)) and not d.stale and self.still(d.base, p)}
-        fresh |= {id(h) for h in self.handles.values()
-                  if h.agent == agent and h.token and (h.path == old or h.path.startswith(prefix))
-                  and self.still(h.token, h.path)}
-        seen = {p for p, tok in self.observed.get(agent, {}).items()
-                if (p == old or p.startswith(prefix)) and self.still(tok, p)}
-        return fresh, seen
-
-    def _moved(self, agent: str, old: str, new: str, fresh: tuple[set[int], set[str]]) -> None:
-        """The acting agent's drafts, handles and observations follow a
-        rename; other agents' stay at the old path and lose at their close.
-        Only what was current before the move (``fresh``, from
-        :meth:`_fresh_under`) is re-based on the moved version: an outdated
-        draft, handle or observation stays outdated, or a rename would turn
-        a stale writer into a winner that overwrites another agent's bytes."""
-        fresh_ids, fresh_seen = fresh  # ids of fresh drafts and handles; fresh observed paths
-        prefix = old + "/"
-        for (a, path), d in list(self.drafts.items()):
-            if a == agent and (path == old or path.startswith(prefix)):
-                del self.drafts[(a, path)]
-                self._reindex_draft(d, new + path[len(old):])
-                if id(d) in fresh_ids:
-                    d.base = self.current_token(d.path)[0]
-                self.drafts[(a, d.path)] = d
-        for h in self.handles.values():
-            if h.agent == agent and (h.path == old or h.path.startswith(prefix)):
-                h.path = new + h.path[len(old):]
-                if id(h) in fresh_ids:
-                    h.token = self.current_token(h.path)[0]
-        seen = self.observed.get(agent, {})
-        outdated = {}
-        for path in [p for p in seen if p == old or p.startswith(prefix)]:
-            tok = seen.pop(path)
-            if path not in fresh_seen:
-                outdated[new + path[len(old):]] = tok  # never equal to a moved node's new token
-        self.observe(agent, new, self.current_token(new)[0])
-        seen = self.observed[agent]
-        seen.update(outdated)
-
-    def _take_leaf(self, path: str) -> Node:
-        """The published node of a file or symlink, copied up if needed.
-        (Drafts are not published by a rename: they follow it and publish
-        at their own close.)"""
-        node = self.upper.get(path)
-        if node is None:
-            return self._node_for_meta(path)
-        return node
-
-    def _rename_leaf(self, old: str, new: str, agent: str) -> None:
-        node = self._take_leaf(old)
-        new_base = self._base_for(new)
-        if self._exists(new):
-            # Replacing a file the acting agent has open detaches its draft,
-            # exactly as its own unlink would: its descriptors keep working
-            # and their close succeeds (POSIX); other agents' drafts lose.
-            self._remove(new, agent)
-        else:
-            self._unkey(agent, new)
-        self.upper.pop(old)
-        if node.link_group is not None:
-            node.names.discard(old)
-            node.name_bases.pop(old, None)
-            node.names.add(new)
-            node.name_bases[new] = new_base
-        old_lower = self._lower_stat(old) is not None
-        if old_lower:
-            self.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
-        node.base = new_base
-        node.ctime_ns = time.time_ns()
-        self._bump(node)
-        self.upper.set(new, node)
-        self._persist(puts=[new] + ([old] if old_lower else []), removes=[] if old_lower else [old])
-
-    def _capture(self, top: str) -> list[tuple[str, Node]]:
-        """The merged subtree at ``top`` as ``(suffix, node)`` pairs, files
-        copied up as objects: what a move needs to restage it elsewhere
-        (O(size of the subtree))."""
-        subtree: list[tuple[str, Node]] = []
-        todo = [""]
-        while todo:
-            suffix = todo.pop()
-            path = top + suffix
-            node, st = self._resolve(path)
-            if self._kind(node, st) == "dir":
-                moved = Node("dir", (node.mode if node else st.st_mode), base="", ino=(node.ino if node else st.st_ino),
-                             opaque=True, mtime_ns=(node.mtime_ns if node else st.st_mtime_ns),
-                             uid=(node.uid if node else st.st_uid), gid=(node.gid if node else st.st_gid))
-                moved.xattrs = dict(node.xattrs) if node else self._xattrs_of(path)
-                subtree.append((suffix, moved))
-                todo.extend(suffix + "/" + n for n, _k, _i in self.readdir(path)[2:])
-            else:
-                subtree.append((suffix, self._take_leaf(path)))
-        return subtree
-
-    def _place(self, dest: str, subtree: list[tuple[str, Node]]) -> list[str]:
-        puts = []
-        for suffix, node in subtree:
-            path = dest + suffix
-            node.base = self._base_for(path)
-            if node.link_group is not None:
-                node.names.add(path)
-                node.name_bases[path] = node.base
-            node.ctime_ns = time.time_ns()
-            self._bump(node)
-            self.upper.set(path, node)
-            puts.append(path)
-        return puts
-
-    def _rename_dir(self, old: str, new: str) -> None:
-        """Move a directory: every path below it is staged at its new place;
-        the old place becomes a whiteout."""
-        subtree = self._capture(old)
-        if self._exists(new):
-            self._remove(new)
-        self._remove(old)
-        self._persist(puts=self._place(new, subtree))
-
-    def _exchange(self, a: str, b: str, agent: str) -> None:
-        """RENAME_EXCHANGE: swap two existing paths (of any kinds)."""
-        if b.startswith(a + "/") or a.startswith(b + "/"):
-            raise Invalid(b)
-        sub_a, sub_b = self._capture(a), self._capture(b)
-        self._remove(a)
-        self._remove(b)
-        self._persist(puts=self._place(b, sub_a) + self._place(a, sub_b))
-        swap = {a: b, b: a}
-        moved = [self.drafts.pop(key) for key in list(self.drafts) if key[0] == agent and key[1] in swap]
-        for d in moved:
-            self._reindex_draft(d, swap[d.path])
-        for d in moved:
-            d.base = self.current_token(d.path)[0]
-            self.drafts[(d.agent, d.path)] = d
-        for h in self.handles.values():
-            if h.agent == agent and h.path in swap:
-                h.path = swap[h.path]
-        self.observe(agent, a, self.current_token(a)[0])
-        self.observe(agent, b, self.current_token(b)[0])
-
-    def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
-        """A hard link ``path`` to ``existing`` (anything but a directory).
-        Both names share one node: edits through either are seen through both, and the
-        commit publishes them as hard links.  Workspace files that were
-        already hard links are copied up separately (the workspace link is not
-        followed into the upper layer)."""
-        with self.lock:
-            self._check_new_name(path)
-            self._check_writable(path)
-            self._check_writable(existing)
-            self._require_dir(parent_name(path)[0])
-            node, st = self._resolve(existing)
-            if self._kind(node, st) not in publish.LEAF_KINDS:
-                raise Unsupported(existing)  # a directory (the kernel refuses those first)
-            if self._exists(path):
-                raise Exists(path)
-            node = self._node_for_meta(existing)
-            if node.link_group is None:
-                node.link_group = next(self._link_groups)
-                node.names = {existing}
-                node.name_bases = {existing: node.base}
-            node.name_bases[path] = self._base_for(path)
-            node.names.add(path)
-            node.ctime_ns = time.time_ns()
-            self.upper.set(path, node)
-            self._persist(puts=[path])
-            self._entries_changed(path)
-            self._invalidate_names(node, except_path=path)
-            self.observe(agent, path, self.node_token(node))
-
     # -- the step ---------------------------------------------------------------
 
     def staged_paths(self) -> list[tuple[str, str]]:
         """``[(op, path)]`` with op A (added), M (modified) or D (deleted)."""
-        with self.lock:
-            out = []
-            for path, node in sorted(self.upper.nodes.items()):
-                if not node.staged:
-                    continue
-                if node.kind == "whiteout":
-                    op = "D"
-                elif node.base == tokens.ABSENT:
-                    op = "A"
-                else:
-                    op = "M"
-                out.append((op, path))
-            return out
-
-    def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
-               overwrite: set[bytes] = frozenset(), on_published=None) -> int:
-        """Commit the open step as the next layer (see ``store.publish``).
-        Returns once the layer is committed (durably), or raises.
-
-        Drafts still open for writing stay open and publish at their next
-        close, against the new workspace state.
-
-        ``on_published(number)``: called as soon as the layer is published
-        (its intent durable, every path renamed into place: a crash from
-        here on recovers to it), before the directory fsyncs and the
-        "committed" record have ended and before the view's own
-        bookkeeping: the daemon answers the caller of the step from it.
-
-        Locks: the view's lock is held until the layer is published and
-        the view has done its bookkeeping (in memory and scratch files,
-        nothing in the store), then released while the store completes
-        the layer (``publish.write_layer``'s ``on_published``), so requests
-        that need no store write go on at once.  Until the completion has
-        ended, :attr:`settled` is clear: writes of this step's rows wait
-        for it (a row written before the "committed" record would be
-        consumed with the layer it is not part of: that record deletes the
-        step's rows), and so do reads of history through ``.stepfs``.  A
-        completion that fails turns the view read-only (as any failure
-        past the commit point does) before ``settled`` is set, and is
-        raised from here; the caller was answered already.
-        """
-        # The spare filler (which also frees the inodes the commit retired)
-        # waits until the layer is complete, not only published: its
-        # kernel work would compete with the view's refresh and the fsyncs.
-        with self.ws.spares.pausing():
-            self.lock.acquire()
-            held = True
-            try:
-                self._await_settled()  # another thread's commit (auto-step) may still be completing
-                if self.readonly_reason is not None:
-                    raise StoreUnavailable(f"this mount is read-only ({self.readonly_reason}); "
-                                           f"unmount and mount again once the cause is fixed.")
-                self.sync_rows()  # the commit reads the step's rows from the store
-                if any(n.ref is not None for n in self.upper.nodes.values()):
-                    # Files staged by reference become objects first (the commit
-                    # would import them too, but the nodes must learn the oids).
-                    self._imported(publish.import_refs(self.ws, self.step))
-                covered = self._unstaged_over_rows()
-                # The names this commit is about to replace in the workspace keep
-                # their inode numbers in the view (``ino_alias``): the watcher must
-                # not take our own renames for outside replacements (that would
-                # answer ESTALE to an fstat of a file open across the step).
-                self.own_publishes.clear()
-                self.own_publishes.update(p for p, n in self.upper.nodes.items() if n.staged)
-                self.commit_idle.clear()
-
-                def settle_later() -> None:
-                    # The store completes the layer without the view's lock.
-                    nonlocal held
-                    self.settled.clear()
-                    held = False
-                    self.lock.release()
-
-                def published(number: int):
-                    # Store side: the layer is published, its completion
-                    # still to come (it needs nothing of the view).
-                    try:
-                        # The paths just committed have new tokens: nothing
-                        # captured is of use any more.
-                        self.precaptured.clear()
-                        if on_published is not None:
-                            on_published(number)
-                    except BaseException:
-                        settle_later()
-                        raise
-                    return bookkeeping
-
-                def bookkeeping() -> None:
-                    # While the directory fsyncs run.
-                    try:
-                        self._after_commit(covered)
-                    finally:
-                        settle_later()
-
-                try:
-                    return publish.commit_step(
-                        self.ws, self.step, message=message, agent=self.agent, mount=self.mountpoint,
-                        meta=meta, allow_empty=allow_empty, overwrite=overwrite, known=self.precaptured,
-                        on_published=published,
-                    )
-                except NothingToCommit:
-                    self.precaptured.clear()
-                    self._after_commit(())  # the no-op rows were dropped from the store
-                    raise
-                except PublishFailed as exc:
-                    if exc.pending is not None:  # past the commit point: only recovery may finish it
-                        self._go_readonly(str(exc))
-                    raise
-                finally:
-                    self.commit_idle.set()
-            finally:
-                self.settled.set()
-                if held:
-                    self.lock.release()
-
-    def _await_settled(self, writing: bool = False) -> None:
-        """Wait until no commit of this view is completing (:attr:`settled`).
-        ``writing``: the caller writes this step's rows next, which a
-        read-only view refuses (a completion that failed made it so).
-        Called under the view's lock (the completion never takes it)."""
-        if self.settled.is_set():
-            return
-        self.settled.wait()
-        if writing and self.readonly_reason is not None:
-            raise ReadOnly(self.readonly_reason)
-
-    def _unstaged_over_rows(self) -> list[str]:
-        """Paths of created-but-unclosed nodes that replaced a staged row (a
-        file created where this step had staged a deletion): the commit
-        publishes that row, under the unclosed node."""
-        pending = [p for p, n in self.upper.nodes.items() if not n.staged]
-        if not pending:
-            return []
-        with self.ws.db.read() as conn:
-            rows = {view_path(r.path) for r in staging.load(conn, self.step)}
-        return [p for p in pending if p in rows]
-
-    def _after_commit(self, covered) -> None:
-        """The workspace now holds every staged node: drop them, and carry
-        tokens over so nobody's observation goes stale by our own commit.
-        ``covered``: unclosed nodes whose path the commit changed underneath
-        them; their base becomes the new workspace state, or their own
-        commit would later be refused as a conflict with ours."""
-        for path in covered:
-            node = self.upper.get(path)
-            if node is not None and not node.staged:
-                node.base = self._lower_token(path)
-        self._unlink_retired()  # the commit consumed every staged row
-        self._nlink_cache.clear()
-        self.dir_times.clear()
-        self.lower_gone.clear()
-        renamed: dict[str, tuple[str, str]] = {}  # path -> (old token, new token)
-        for path in list(self.upper.nodes):
-            node = self.upper.nodes[path]
-            if not node.staged:
-                continue  # created but not yet closed: not part of the layer
-            old = self.node_token(node)
-            self.upper.pop(path)
-            self._drop_scratch(node)
-            new, st, _digest = self.current_token(path)
-            if st is not None and node.oid and tokens.is_racy(st, time.time_ns()):
-                new = tokens.with_hash(new, node.oid.split(".", 1)[0])
-            if st is not None and node.kind != "whiteout" and st.st_ino != node.ino:
-                self.ino_alias[(st.st_dev, st.st_ino)] = node.ino
-            if st is not None and node.link_group is not None:
-                self._lower_shown(st, path)  # the kernel holds this name's attributes from the node
-            renamed[path] = (old, new)
-        for seen in self.observed.values():
-            for path, (old, new) in renamed.items():
-                if seen.get(path) == old:
-                    seen[path] = new
-        for d in self.drafts.values():
-            if d.path in renamed and d.base == renamed[d.path][0]:
-                d.base = renamed[d.path][1]
-                d.node_base = renamed[d.path][1].partition(tokens.HASH_SEP)[0]
-        for h in self.handles.values():
-            if h.path in renamed and h.token == renamed[h.path][0]:
-                h.token = renamed[h.path][1]
+        return self.step_nodes.staged()
 
     def discard(self, paths: list[str]) -> list[str]:
-        """Drop staged paths (and everything below them) from the open step:
-        the workspace shows through again.  Staged file bytes are kept as
-        ``discarded`` conflict rows (``store.staging.discard``).  Drafts in
-        use keep working and lose at their close (their version is gone)."""
-        with self.lock:
-            self._await_settled(writing=True)
-            dropped: list[str] = []
-            with self.ws.db.write() as conn:
-                self._write_pending(conn)  # staging.discard reads the rows it drops
-                oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
-                for path in paths:
-                    dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
-                                                                      mount=self.mountpoint)]
-            self._imported(oids)
-            self._pending_written()
-            for path in dropped:
-                node = self.upper.pop(path)
-                if node is not None:
-                    self._drop_scratch(node)
-            self.forget(paths)
-            return dropped
+        """Drop staged paths (and everything below them) from the open step."""
+        return self.step_nodes.discard(paths)
 
     def forget(self, paths: list[str]) -> None:
-        """Drop what the view holds for ``paths`` (and below) after the
-        workspace changed under it (a rollback): idle drafts and unstaged
-        nodes go, so the workspace shows through.  Staged nodes stay: they
-        are this mount's own changes, and committing them checks their base
-        token against the new workspace state.  Drafts in use stay too, and
-        their close fails with ESTALE (the path changed since they opened)."""
-        with self.lock:
-            self._nlink_cache.clear()
-            if self.lower_gone or self.lower_shown or self._shown_lost:
-                # The link counts shown for names the kernel may hold change
-                # (covered names show again, or the workspace's own changed).
-                self._renew_names()
-            targets = set()
-            for path in paths:
-                targets.add(path)
-                targets.update(self.upper.below(path))
-            for p in targets:
-                node = self.upper.get(p)
-                if node is None or node.staged or p in self.open_drafts:
-                    continue
-                self.upper.pop(p)
-                self._drop_scratch(node)
-            self._recount_lower_gone()
-            prefixes = tuple(p.rstrip("/") + "/" for p in paths)
-            for d in list(self.drafts.values()):
-                if d.opens == 0 and (d.path in targets or d.path.startswith(prefixes)):
-                    self._discard_draft(d)
+        """Drop what the view holds for ``paths`` after a rollback changed them."""
+        self.step_nodes.forget(paths)
+
+    def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+               overwrite: set[bytes] = frozenset()) -> int:
+        """Commit the open step as the next layer (see ``store.publish``).
+        Returns once the layer is committed (durably), or raises.  Drafts
+        still open for writing stay open and publish at their next close,
+        against the new workspace state."""
+        with self.begin_commit(message, meta, allow_empty, overwrite) as c:
+            number = c.publish()
+            c.complete()
+            return number
+
+    def begin_commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
+                     overwrite: set[bytes] = frozenset()) -> ViewCommit:
+        """The commit in two phases, for a caller that answers between them
+        (the daemon): see ``committing.py``."""
+        return ViewCommit(self.commits, self.step_nodes.before_commit, self.step_nodes.after_commit,
+                          self.content.cas.precaptured,
+                          message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
 
     def close(self) -> None:
         """Unmount: decide every open handle, then write the recorded rows
         (once a commit still completing has ended: the store closes next)."""
         self.settled.wait()
         with self.lock:
-            super().close()
-            if self._row_timer is not None:
-                self._row_timer.stop()
+            self.content.close()
+            self.rows.stop()
             try:
                 self.sync_rows()
             except Exception:
-                log.exception("writing %d staged rows at unmount failed; they are lost", len(self._pending))
-            if not self._pending:
-                self._unlink_retired()
+                log.exception("writing %d staged rows at unmount failed; they are lost", len(self.rows.pending))
+            if not self.rows.pending:
+                self.scratch.unlink_retired()
 
     def status_text(self, listable=None) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself.
@@ -1800,21 +458,10 @@ class Overlay(ContentMixin):
         (``MetaTree._listable``; None: every path)."""
         from stepfs.store import layers as store_layers
 
-        # The staging row's id means nothing to a reader; the layer numbers do.
         with self.ws.db.read() as conn:
             head = store_layers.head(conn)
-        lines = [f"mount: {self.mountpoint}", f"workspace: {self.ws.path}",
-                 f"head: layer {head} (the workspace's last committed layer)",
-                 f"open step: {head + 1} (the layer number it gets if it is the next one committed)"]
-        if self.readonly_reason:
-            lines.append(f"read-only: {self.readonly_reason}")
-        for agent, error in sorted(self.last_errors.items()):
-            lines.append(f"last error ({agent}): {error}")
-        lines += [f"warning: {w}" for w in self.warnings]
         staged = self.staged_paths()
-        lines += self.runs.status_lines()
         if listable is not None:
             staged = [(op, path) for op, path in staged if listable(path)]
-        lines.append(f"staged: {len(staged)}")
-        lines += [f"  {op} {path}" for op, path in staged]
-        return "\n".join(lines) + "\n"
+        return status_text(self.mountpoint, self.ws.path, head, self.readonly_reason, self.content.last_errors,
+                           staged, warnings=self.warnings, runs=self.runs.status_lines())

@@ -980,7 +980,7 @@ class _FUSE(mfusepy.FUSE):
         The attributes of one reply's entries come from one
         ``StepFS.listed_attrs`` call, which keeps ``getattr``'s invariants:
         a directory is watched before the kernel holds it, a name of a
-        multi-link workspace file is recorded (``Overlay._lower_shown``).
+        multi-link workspace file is recorded (``links.Links.shown_name``).
         A name in the kernel-cache ``gone`` set, or whose attributes fail,
         is listed as a plain entry: the kernel then looks it up as before
         (a LOOKUP, which gets the truth and ends the gone mark).  ``MOUNT/.stepfs`` in the root's

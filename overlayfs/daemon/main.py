@@ -27,7 +27,8 @@ from stepfs.store.workspace import Workspace
 
 from stepfs.overlayfs.daemon.control import ControlServer
 from stepfs.overlayfs.daemon.protocol import mount_key
-from stepfs.overlayfs.core.view import ROW_DELAY, Overlay
+from stepfs.overlayfs.core.rows import ROW_DELAY
+from stepfs.overlayfs.core.view import Overlay
 
 log = logging.getLogger("stepfs.daemon")
 
@@ -53,31 +54,19 @@ SPARES_WAIT = 10.0
 
 def settle(ws: Workspace) -> None:
     """Finish the daemon's start-up work before the mount reports ready,
-    so that none of it lands in the first commands run in the mount (a
-    cold ``find`` or ``git status`` right after mounting measured 20-50%
-    slower with it, and bimodal):
+    so that none of it lands in the first commands run in the mount:
 
-    * the first round of spare inodes (``store.spares``, started before the
-      view was built): on a workspace's first mount, or after a daemon
-      used them up, about half of the 64 creates (about 1 ms of kernel
-      time each on the bench disk) were still running when the mount was
-      ready, competing for the CPU, the GIL and the file system journal.
-      Waited for at most :data:`SPARES_WAIT` seconds (a slow disk only
-      delays the mount, never blocks it); a remount finds its spares on
-      disk and waits for nothing;
-    * the cyclic garbage collector's start-up heap (``gc.freeze``): its
-      first full pass came due once the first requests had allocated a
-      quarter of that heap again, and walked the whole of it: 14-24 ms with
-      nothing to collect, inside every cold run measured.  Frozen objects
-      are never walked again, so later full passes see only what the
-      mount allocated since.  Garbage cycles alive at this point (a few,
-      from imports) are never collected: a little memory, once;
-      reference counting still frees frozen objects as before;
-    * the store's prepared statements (``db.Prepared.warm``): each was
-      compiled at its first use, about 1 ms in the first close-write after
-      a mount (``git status`` writes and removes ``index.lock`` in every
-      run) and 2.5 ms in the first commit.  Compiled while the spares are
-      still being made (their creates wait on the disk, not on the GIL)."""
+    * the first round of spare inodes (``store.spares``), whose creates
+      would compete with those commands for the CPU, the GIL and the
+      journal; waited for at most :data:`SPARES_WAIT` seconds (a slow disk
+      only delays the mount, never blocks it);
+    * the cyclic garbage collector's start-up heap (``gc.freeze``), whose
+      first full pass would otherwise walk it all inside the first
+      requests.  Frozen objects are never walked again; the few garbage
+      cycles alive at this point are never collected;
+    * the store's prepared statements (``db.Prepared.warm``), compiled
+      while the spares are still being made instead of at the first
+      close-write and the first commit."""
     Prepared.warm(ws.db)
     ws.spares.wait_filled(SPARES_WAIT)
     gc.freeze()
@@ -87,7 +76,8 @@ def lock_path(ws: Workspace, mountpoint: str) -> str:
     return os.path.join(ws.run_dir, mount_key(mountpoint) + ".lock")
 
 
-def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Callable[[dict], None]], dict | None]:
+def handler(view: Overlay, ws: Workspace, kernel_cache,
+            after_step: Callable[[], None] | None = None) -> Callable[[dict, Callable[[dict], None]], dict | None]:
     """The control channel's handler of a daemon serving ``view``
     (``control.ControlServer``; ``kernel_cache``: the FUSE adapter's
     ``KernelCache``).  Runs on the control thread, one request at a time."""
@@ -109,15 +99,16 @@ def handler(view: Overlay, ws: Workspace, kernel_cache) -> Callable[[dict, Calla
             # (this thread, the commit lock held: the next control request,
             # and any other process's commit or open, comes after them).
             # A failure there is logged, turns the mount read-only and
-            # fails the next step (view.commit).
-            view.commit(
-                message=req.get("message", ""), meta=req.get("meta") or {},
-                allow_empty=bool(req.get("allow_empty")),
-                overwrite={os.fsencode(p) for p in req.get("overwrite", [])},
+            # fails the next step (core/committing.py).
+            with view.begin_commit(message=req.get("message", ""), meta=req.get("meta") or {},
+                                   allow_empty=bool(req.get("allow_empty")),
+                                   overwrite={os.fsencode(p) for p in req.get("overwrite", [])}) as c:
+                number = c.publish()
                 # Warnings only when there are some (the store over --warn-size).
-                on_published=lambda number: reply({"number": number,
-                                                   **({"warnings": list(view.warnings)} if view.warnings else {})}),
-            )
+                reply({"number": number, **({"warnings": list(view.warnings)} if view.warnings else {})})
+                c.complete()
+            if after_step is not None:
+                after_step()
             return None
         if op == "sync":  # before someone reads this step's rows from the store
             view.sync_rows()
@@ -210,9 +201,14 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         from stepfs.overlayfs.daemon.retention import AfterStep
 
         after = AfterStep(view, ws, keep_last=keep_last, warn_size=warn_size)
-        view.commit = after.wrap(view.commit)  # control requests and the auto-stepper both commit here
+        view.commit = after.wrap(view.commit)  # the auto-stepper commits here
+        # The control thread commits in two phases (view.begin_commit): the
+        # same retention runs once its commit has completed.
+        after_step = after.wrap(lambda: None)
         after.check_size()
-    handle = handler(view, ws, kernel_cache)
+    else:
+        after_step = None
+    handle = handler(view, ws, kernel_cache, after_step)
 
     from stepfs.overlayfs.daemon.autostep import AutoStepper
     from stepfs.overlayfs.daemon.protocol import parse_auto_step

@@ -11,6 +11,8 @@ write its staged rows first (``store/gc.py``).
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import threading
 
 from stepfs.store import gc, prune

@@ -1,0 +1,230 @@
+"""The close-write compare-and-swap: a draft published, or kept as a conflict (FUSE-free).
+
+The close after writing compares the draft's base token with the path's
+token now (``versions.py``).  Equal: the draft is published -- stored as
+an object and its staged row written in one transaction (with every row
+recorded meanwhile), or, for a file of at least ``store.refs.MIN_SIZE``
+bytes, its scratch file handed over as the staged content (staged by
+reference) and the draft frozen.  Different: the close fails with
+``Stale`` and the draft's bytes are kept as a conflict row.  A rewrite
+whose content equals the published content publishes nothing.
+
+Lock rule: called only under the view's lock (by ``content.Content``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat as stat_mod
+import time
+from typing import Callable
+
+from stepfs.store import publish, refs, schema, staging, tokens
+
+from stepfs.overlayfs.core.drafts import Draft
+from stepfs.overlayfs.core.errors import NotFound
+from stepfs.overlayfs.core.links import Links
+from stepfs.overlayfs.core.namespace import Namespace
+from stepfs.overlayfs.core.rows import StagedRows
+from stepfs.overlayfs.core.scratch import ScratchFiles
+from stepfs.overlayfs.core.upper import Node, rel
+from stepfs.overlayfs.core.versions import Versions
+
+log = logging.getLogger("stepfs.view")
+#: Before states captured ahead of the commit (:meth:`CompareAndSwap._precapture`)
+#: that a view keeps at most; paths staged beyond that are captured by the
+#: commit itself.
+PRECAPTURED_MAX = 4096
+
+
+def _same_bytes(a: int, b: int) -> bool:
+    if os.fstat(a).st_size != os.fstat(b).st_size:
+        return False
+    off = 0
+    while True:
+        x, y = os.pread(a, 1 << 20, off), os.pread(b, 1 << 20, off)
+        if x != y:
+            return False
+        if not x:
+            return True
+        off += len(x)
+
+
+class CompareAndSwap:
+    """Publishes drafts (:class:`drafts.Draft`) at their close.  Receives what it
+    reads and writes (``ws``, ``step``, ``mountpoint``, ``ns``, ``versions``,
+    ``rows``, ``scratch``, ``links``), ``guard`` (False only for the
+    benchmark of the checks' cost), and callables: ``await_settled`` (a
+    commit completing consumes the step's rows), ``changed`` (auto-step),
+    ``thaw(draft)`` (move a draft to a scratch file of its own) and
+    ``note_error(agent, path, what)`` (the agent's last error)."""
+
+    def __init__(self, *, ws, step: int, mountpoint: str, ns: Namespace, versions: Versions, rows: StagedRows,
+                 scratch: ScratchFiles, links: Links, guard: bool, await_settled: Callable[..., None],
+                 changed: Callable[[], None], thaw: Callable, note_error: Callable[[str, str, str], None]):
+        self.ws, self.step, self.mountpoint = ws, step, mountpoint
+        self.ns, self.versions, self.rows, self.scratch, self.links = ns, versions, rows, scratch, links
+        self.guard = guard
+        self._await_settled, self._changed, self._thaw, self._note_error = await_settled, changed, thaw, note_error
+        #: Workspace path -> its before state captured when this step first
+        #: staged it (:meth:`_precapture`), for the commit to reuse while the
+        #: path's token holds (``publish.precapture``).
+        self.precaptured: dict[bytes, object] = {}
+
+    def close_write(self, d: Draft) -> str:
+        """The compare-and-swap; returns "ok" or "stale"."""
+        if d.stale:
+            return "stale"
+        if d.detached or not d.dirty:
+            d.dirty = False
+            return "ok"
+        tok, _st, digest = self.versions.current_token(d.path)
+        if self.guard and not tokens.same(d.base, tok, digest):
+            self._conflict(d, tok)
+            d.stale = True
+            d.dirty = False
+            return "stale"
+        self._publish(d)
+        return "ok"
+
+    def _publish(self, d: Draft) -> None:
+        self._changed()
+        if d.mem >= 0 and os.fstat(d.mem).st_size >= refs.MIN_SIZE:
+            self._thaw(d)  # staged by reference below: its content must be a scratch file
+        node = self.ns.upper.get(d.path)
+        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if node is None and self._lower_equals(d.path, fd):
+                d.dirty = False  # identical rewrite of a workspace file: nothing to stage
+                return
+            # A big file is staged by reference (store/refs.py): its draft's
+            # file becomes the node's content, the store takes the bytes at
+            # the commit.  Copying them into SQLite here cost more than the
+            # writes themselves (issue #7).
+            by_ref = st.st_size >= refs.MIN_SIZE
+            ref_sum = refs.content_sum(fd) if by_ref else None
+            if by_ref and node is not None and node.kind == "file" and node.staged \
+                    and self._same_content(node, fd, ref_sum):
+                d.dirty = False  # identical rewrite: same content, same token
+                return
+            old_scratch = node.scratch if node is not None else None
+            self._await_settled(writing=True)  # a commit completing consumes this step's rows
+            with self.ws.db.write() as conn:
+                if by_ref:
+                    oid, size = None, st.st_size
+                else:
+                    # One read of the known size: put_fd's 1 MiB read buffer
+                    # cost an mmap, mremap and munmap per close of a small file.
+                    data = os.pread(fd, st.st_size, 0)
+                    oid, size = self.ws.objects.put_bytes(conn, data), len(data)
+                if not by_ref and node is not None and node.kind == "file" and node.oid == oid and node.staged:
+                    d.dirty = False  # identical rewrite: same content, same token
+                    return
+                # A created file closed still empty: it is staged now, but every
+                # agent already saw this empty file, so its token stays.
+                same = node is not None and node.kind == "file" and node.oid is None and node.ref is None and size == 0
+                if node is None or node.kind != "file":
+                    if node is None:
+                        lower = self.ns.lower_stat(d.path)
+                        if lower is not None:
+                            self.links.name_gone(lower, d.path)  # this name is a file of its own now
+                            self._precapture(conn, d.path, lower)
+                    node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
+                                uid=d.uid, gid=d.gid)
+                    node.xattrs = dict(d.xattrs)
+                    self.ns.upper.set(d.path, node)
+                old_ref = (node.oid, node.ref, node.ref_sum)
+                node.oid, node.size = oid, size
+                node.ref = os.path.basename(d.scratch) if by_ref else None
+                node.ref_sum = ref_sum
+                node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
+                node.ctime_ns = time.time_ns()
+                names = node.names if node.link_group is not None else (d.path,)
+                try:
+                    self.rows.write(conn, superseded=[rel(n) for n in names])  # recorded rows ride along
+                    for name in names:
+                        staging.put(conn, self.step, node.row(name))
+                except BaseException:
+                    node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
+                    raise
+            self.rows.written()
+        finally:
+            os.close(fd)
+        node.staged = True
+        d.dirty = False
+        if same:
+            return
+        # The old content: every row naming it was just replaced, so even a
+        # file held by reference can go now (readers keep their fds).
+        if old_scratch is not None:
+            self.scratch.unlink(old_scratch)
+        node.scratch = None
+        if by_ref:
+            node.scratch = d.scratch
+            d.frozen = True
+        self.links.invalidate_names(node, except_path=d.path)
+        self.versions.bump(node)
+        d.base = self.versions.node_token(node)
+        self.versions.observe(d.agent, d.path, d.base)
+
+    def _precapture(self, conn, path: str, lower: os.stat_result) -> None:
+        """A workspace file is staged for the first time: capture its
+        before state now, in the close's transaction, so the commit only
+        checks its token instead of reading, hashing and storing it on the
+        step's critical path (``publish.precapture``; reused only while the
+        token holds).  Small files only, a bounded number of them; a file
+        that cannot be read is left to the commit, which reports it."""
+        if (not stat_mod.S_ISREG(lower.st_mode) or lower.st_size >= publish.PRECAPTURE_MAX
+                or len(self.precaptured) >= PRECAPTURED_MAX):
+            return
+        try:
+            before = publish.precapture(self.ws, conn, rel(path))
+        except OSError as exc:
+            log.debug("no before state captured ahead for %s: %s", path, exc)
+            return
+        if before is not None:
+            self.precaptured[rel(path)] = before
+
+    def _same_content(self, node: Node, fd: int, digest: str) -> bool:
+        """Whether staged file ``node`` holds the bytes of ``fd``, whose
+        XXH3-128 is ``digest`` (compared byte for byte when the hash agrees)."""
+        if node.size != os.fstat(fd).st_size or digest not in (node.ref_sum, node.oid):
+            return False
+        self.scratch.materialize(node)
+        mine = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return _same_bytes(mine, fd)
+        finally:
+            os.close(mine)
+
+    def _lower_equals(self, path: str, fd: int) -> bool:
+        try:
+            node, st = self.ns.resolve(path)
+        except NotFound:
+            return False
+        if node is not None or not stat_mod.S_ISREG(st.st_mode) or st.st_size != os.fstat(fd).st_size:
+            return False
+        lower = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            return _same_bytes(lower, fd)
+        finally:
+            os.close(lower)
+
+    def _conflict(self, d: Draft, theirs: str) -> None:
+        """Keep the losing bytes; nothing a user wrote is dropped silently."""
+        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            with self.ws.db.write() as conn:
+                oid, _size = self.ws.objects.put_fd(conn, fd)
+                conn.execute(schema.conflicts.insert().values(
+                    created_ns=time.time_ns(), path=rel(d.path), mount=self.mountpoint, agent=d.agent,
+                    reason="stale-close", oid=oid, mode=stat_mod.S_IMODE(d.mode), token_mine=d.base,
+                    token_theirs=theirs,
+                ))
+        finally:
+            os.close(fd)
+        self._note_error(d.agent, d.path, "ESTALE at close: another writer changed the file after you opened it; "
+                                          f"your bytes are in .stepfs/conflicts{d.path}")
+        log.warning("stale close of %s by agent %s: kept as a conflict", d.path, d.agent)

@@ -163,6 +163,10 @@ def cmd_run(args) -> int:
                             ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
     if asked and not args.confine:
         _usage(f"{asked[0]} restricts a confined command; add --confine")
+    if args.confine:
+        from stepfs.overlayfs.client import confine
+
+        confine.require(policy_of(args))  # refused before a workspace is made or announced
     implicit_workspace(args)
     from stepfs.cli import progress  # here: the other commands' start-up never needs it
 

@@ -22,18 +22,21 @@ def cmd_serve(args) -> int:
               f"and learns the token can read this workspace's history{'' if args.read_only else ' and roll it back'}.",
               file=sys.stderr)
     url = server.url(token)
-    if args.json:
-        print(json.dumps({"message_type": "serve", "url": url, "host": args.host, "port": server.port,
-                          "workspace": target.workspace, "read_only": args.read_only}, sort_keys=True), flush=True)
-    else:
-        print(f"serving the history of {target.workspace}{' (read-only)' if args.read_only else ''}; "
-              f"Ctrl-C stops it", flush=True)
-        print(f"open {url}", flush=True)
-    if args.open:
-        import webbrowser
-
-        webbrowser.open(url)
+    # The announcement is inside the try: a client that reads it and sends
+    # Ctrl-C at once (a harness, a test) must get a clean stop, not exit 130.
     try:
+        if args.json:
+            print(json.dumps({"message_type": "serve", "url": url, "host": args.host, "port": server.port,
+                              "workspace": target.workspace, "read_only": args.read_only}, sort_keys=True),
+                  flush=True)
+        else:
+            print(f"serving the history of {target.workspace}{' (read-only)' if args.read_only else ''}; "
+                  f"Ctrl-C stops it", flush=True)
+            print(f"open {url}", flush=True)
+        if args.open:
+            import webbrowser
+
+            webbrowser.open(url)
         server.run()
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a server is stopped: uvicorn has shut down cleanly by now

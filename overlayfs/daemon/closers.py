@@ -45,9 +45,10 @@ so its FLUSHes publish.
 Cost: a dict lookup per write (a new thread of a handle: one ``pidfd_open``,
 or one ``/proc/<tid>/status`` for a thread that is not its group's
 leader); per close of a writer, a listing of its ``/proc/<pid>/fd`` (a
-``readlink`` per descriptor, ``fdinfo`` of those in the mount): 0.4 ms
-measured for 16 descriptors on a machine at load 12 on 2 cores.  FLUSHes
-of processes that never wrote cost one ``pidfd_open``.
+``readlink`` per descriptor, ``fdinfo`` of those in the mount), so it
+grows with the writer's open descriptors (measured in the commit that
+added this rule).  FLUSHes of processes that never wrote cost one
+``pidfd_open``.
 
 Threading: FUSE loop thread only (the adapter's callbacks).
 """

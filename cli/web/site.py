@@ -26,6 +26,7 @@ from stepfs.store import errors, history
 from stepfs.store.workspace import Workspace
 
 from stepfs.cli.web.security import csrf_token
+from stepfs.store.units import human
 
 HERE = Path(__file__).resolve().parent
 
@@ -61,13 +62,8 @@ def url(where: str, /, **params) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    """``store.units.human``, with "-" for a size the page does not know."""
+    return "-" if n is None else human(n)
 
 
 def when(ns: int) -> str:

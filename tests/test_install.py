@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +31,10 @@ def _run(cmd, cwd, timeout=600, env=None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     """The project's files (tracked and new, as git sees them) copied to a
-    fresh directory: no .venv, no build output, nothing of this machine."""
+    fresh directory: no .venv, no build output, nothing of this machine.
+    Removed after the module: its virtualenv is hundreds of MB, and a copy
+    of the sources left in the temp dir reads like daemon logs to a search
+    for "Fatal Python error" (the crash check's own pattern is in them)."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, check=True).stdout.split(b"\0")
     dest = tmp_path_factory.mktemp("checkout") / "stepfs"
@@ -41,7 +45,10 @@ def checkout(tmp_path_factory) -> Path:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(src.read_bytes())
             target.chmod(src.stat().st_mode & 0o777)
-    return dest
+    try:
+        yield dest
+    finally:
+        shutil.rmtree(dest.parent, ignore_errors=True)
 
 
 def test_the_built_wheel_installs_and_runs_outside_the_checkout(checkout, tmp_path, private_tmp):

@@ -33,6 +33,8 @@ CODES: list[tuple[type, int]] = [
     (errors.StoreUnavailable, 16),  # StoreFull included
     (errors.PublishFailed, 17),
     (errors.ConfinementUnavailable, 18),
+    (errors.HistoryUnreachable, 19),
+    (errors.HistoryError, 20),
 ]
 
 

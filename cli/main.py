@@ -31,7 +31,8 @@ EPILOG_EXAMPLES = """examples (in a project directory):
 EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store format, 6 nothing to commit " \
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
-              "16 store cannot write, 17 publish failed, 18 cannot confine, 141 output closed, 1 bug"
+              "16 store cannot write, 17 publish failed, 18 cannot confine, 19 history server unreachable, " \
+              "20 shared history refused, 141 output closed, 1 bug"
 
 ALL_HELP = "list every path inside .git directories too (by default each .git is one line: '.git/  +59 files')"
 
@@ -102,6 +103,10 @@ def cmd_mount(args) -> int:
         raise InputError("--keep-last must be at least 1: the newest layer is always kept.")
     warn_size = parse_size(args.warn_size) if args.warn_size else None
 
+    if args.history or os.environ.get("STEPFS_HISTORY"):
+        from stepfs.overlayfs.client import shared
+
+        shared.attach(args.workspace, args.history)  # here, not in the daemon: it never waits on the network
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")
@@ -153,8 +158,12 @@ def cmd_status(args) -> int:
 
 def cmd_step(args) -> int:
     from stepfs.overlayfs.client import manage
+    from stepfs.cli import shared
 
-    numbers = manage.step(manage.resolve(args.workspace), message=args.message or "",
+    target = manage.resolve(args.workspace)
+    if shared.step_attached(args, target):
+        return shared.cmd_step_shared(args, target, parse_meta(args.meta))
+    numbers = manage.step(target, message=args.message or "",
                           meta=parse_meta(args.meta), allow_empty=args.allow_empty,
                           overwrite=args.overwrite or [])
     _emit(args, {"message_type": "step", "number": numbers[-1], "numbers": numbers},
@@ -192,7 +201,10 @@ def manage_is_target(path: str) -> bool:
 def cmd_log(args) -> int:
     from stepfs.overlayfs.client import manage, reads
     from stepfs.store.units import human
+    from stepfs.cli import shared
 
+    if shared.wanted(args):
+        return shared.cmd_log_shared(args)
     rows = reads.log(manage.resolve(args.workspace), limit=args.limit, fold=not args.all)
     lines = []
     for r in rows:
@@ -218,6 +230,10 @@ def cmd_show(args) -> int:
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs show [WS] N")
     number = _layer_number(n)
+    from stepfs.cli import shared
+
+    if shared.wanted(args):
+        return shared.cmd_show_shared(args, number)
     card, patch = reads.card(manage.resolve(ws_arg), number, with_patch=args.patch, fold=not args.all)
     text = card_text(card)
     out = {"message_type": "show", **card}
@@ -373,6 +389,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The whole CLI's parser, or with ``only`` one that knows the other
     commands' names and help lines but not their arguments (the whole one
     if ``only`` names no command)."""
+    from stepfs.cli import shared as shared_cli
+
     registered: set[str] = set()
     p = argparse.ArgumentParser(
         prog="stepfs",
@@ -411,6 +429,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help="let other users into the mount, with the kernel checking file modes (root only)")
     sp.add_argument("--keep-last", type=int, metavar="N",
                     help="after each step, prune all but the newest N layers (gc runs every 10 steps)")
+    shared_cli.add_history_option(sp)
     sp.add_argument("--warn-size", metavar="SIZE",
                     help="warn (stderr of 'stepfs step', MOUNT/.stepfs/status) once the store is over SIZE (2G)")
 
@@ -430,6 +449,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--meta", action="append", metavar="KEY=VALUE", help="metadata stored with the layer (repeatable)")
     sp.add_argument("--allow-empty", action="store_true", help="record a layer even if nothing changed")
     sp.add_argument("--overwrite", nargs="+", metavar="PATH", help="commit over outside changes to these paths")
+    shared_cli.add_history_option(sp)
 
     sp = add("discard", cmd_discard,
              "Drop staged paths from the open step (their bytes are kept as conflicts) so the rest can be "
@@ -440,6 +460,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp = add("log", cmd_log, "List the layers, newest first.", "stepfs log --limit 5")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
     sp.add_argument("--limit", type=_count, help="show at most N layers")
+    shared_cli.add_history_option(sp)
     sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("show", cmd_show, "Show the change card of layer N: every path with its operation and line counts.",
@@ -447,6 +468,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("args", nargs="+", metavar="[WS] N",
                     help="workspace or mountpoint (default: current directory), then the layer number")
     sp.add_argument("--patch", action="store_true", help="add the unified diff of the layer")
+    shared_cli.add_history_option(sp)
     sp.add_argument("--all", action="store_true", help=ALL_HELP)
 
     sp = add("diff", cmd_diff, "Unified diff from layer M (default N-1) to layer N, optionally only below PATHs.",
@@ -486,6 +508,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     confine.register(add)
     retention.register(add)
     web_command.register(add)
+    shared_cli.register(add)
     hooks.register(add)
     completion.register(add, build_parser)
     if only is not None and only not in registered:

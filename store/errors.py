@@ -124,3 +124,24 @@ class StoreDamaged(StepfsError):
     def __init__(self, message: str, problems: list[str] | None = None):
         super().__init__(message)
         self.problems = problems or []
+
+
+class HistoryUnreachable(StepfsError):
+    """The shared history's server (``--history URL``) cannot be reached or
+    dropped the connection; nothing was published, and what the workspace
+    committed is kept and published by the next ``stepfs sync``."""
+
+
+class SharedConflict(CommitConflict):
+    """Another workspace changed, in the shared history, a path this
+    workspace also changed: nothing was written on either side.  ``paths``
+    lists the paths, ``layers`` the shared layers that changed them."""
+
+    def __init__(self, message: str, paths: list[str], layers: list[int]):
+        super().__init__(message, paths)
+        self.layers = layers
+
+
+class HistoryError(StepfsError):
+    """A shared history cannot be used as asked: a bad URL, a history that
+    already exists (clone it instead), a workspace attached elsewhere."""

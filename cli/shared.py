@@ -1,0 +1,155 @@
+"""``stepfs sync``, ``stepfs clone``, ``stepfs verify-history``, and the shared-history forms of
+``step``, ``log`` and ``show`` (``--history URL`` or ``STEPFS_HISTORY``;
+a step on an attached workspace publishes by itself).  Output only; the
+work is ``overlayfs.client.shared`` and ``store.shared``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from stepfs.cli.render import quote
+
+HISTORY_HELP = "a shared history: postgresql://USER@HOST/DATABASE?name=NAME (default: STEPFS_HISTORY)"
+SYNC_HELP = "Bring a workspace attached to a shared history to its head, and publish its layers not yet published."
+CLONE_HELP = "Make a new workspace in DIR holding a shared history as of layer N (default: its head), attached to it."
+VERIFY_HELP = "Check a shared history: re-hash every chunk and object, check that its layers run 0..head."
+
+
+def _emit(args, obj: dict, text: str) -> None:
+    if getattr(args, "json", False):
+        print(json.dumps(obj, sort_keys=True))
+    elif text:
+        print(text)
+
+
+def add_history_option(sp) -> None:
+    sp.add_argument("--history", metavar="URL", help=HISTORY_HELP)
+
+
+def wanted(args) -> bool:
+    """Whether a log/show names a shared history (option or environment)."""
+    return bool(getattr(args, "history", None) or os.environ.get("STEPFS_HISTORY"))
+
+
+def step_attached(args, target) -> bool:
+    """Whether ``stepfs step`` goes through the shared history."""
+    from stepfs.overlayfs.client.shared import is_attached
+
+    return bool(getattr(args, "history", None) or os.environ.get("STEPFS_HISTORY")) or is_attached(target.workspace)
+
+
+def _published_text(res: dict) -> list[str]:
+    lines = [f"took shared layer {p['shared']} as layer {p['local']} ({len(p['paths'])} path(s))" for p in res["pulled"]]
+    lines += [f"published layer {p['local']} as shared layer {p['shared']} of {res['history']}" for p in res["published"]]
+    return lines
+
+
+def cmd_step_shared(args, target, meta: dict) -> int:
+    from stepfs.overlayfs.client import shared
+
+    res = shared.step(target, args.history, message=args.message or "", meta=meta, allow_empty=args.allow_empty,
+                      overwrite=args.overwrite or [])
+    numbers = res["numbers"]
+    _emit(args, {"message_type": "step", "number": numbers[-1] if numbers else None, "numbers": numbers, **res},
+          "\n".join([*(str(n) for n in numbers), *_published_text(res)]))
+    return 0
+
+
+def cmd_sync(args) -> int:
+    from stepfs.overlayfs.client import manage, shared
+
+    res = shared.sync_workspace(manage.resolve(args.workspace), args.history)
+    lines = _published_text(res) or [f"up to date with {res['history']} (head: layer {res['head']})"]
+    _emit(args, {"message_type": "sync", **res}, "\n".join(lines))
+    return 0
+
+
+def cmd_clone(args) -> int:
+    from stepfs.store.shared import sync
+    from stepfs.store.shared.url import parse
+
+    path, number, local = sync.clone(parse(args.url), args.directory, args.at)
+    _emit(args, {"message_type": "clone", "workspace": path, "layer": number, "local_layer": local},
+          f"cloned layer {number} into {quote(path)}")
+    return 0
+
+
+def _remote(args):
+    from stepfs.store.shared.remote import Remote
+    from stepfs.store.shared.url import from_environment
+
+    return Remote.open(from_environment(args.history))
+
+
+def _row(layer, counts) -> dict:
+    a, m, d = counts.get(layer.number, (0, 0, 0))
+    return {**layer.as_dict(), "added": a, "modified": m, "deleted": d,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(layer.created_ns / 1e9))}
+
+
+def cmd_log_shared(args) -> int:
+    with _remote(args) as remote:
+        found = remote.layers(newest_first=True, limit=args.limit)
+        counts = remote.counts([r.number for r in found])
+        display = remote.url.display
+    rows = [_row(r, counts) for r in found]
+    lines = [f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
+             f"  {quote(r['host'])}:{quote(r['workspace_path'])}"
+             f"{'  [' + quote(r['agent']) + ']' if r['agent'] else ''}  {quote(r['message'])}" for r in rows]
+    _emit(args, {"message_type": "log", "history": display, "layers": rows}, "\n".join(lines))
+    return 0
+
+
+def _op(e: dict) -> str:
+    if e["before_kind"] is None:
+        return "added"
+    if e["after_kind"] is None:
+        return "deleted"
+    return "replaced" if e["before_kind"] != e["after_kind"] else "modified"
+
+
+def cmd_show_shared(args, number: int) -> int:
+    with _remote(args) as remote:
+        layer = remote.layer(number)
+        entries = remote.entries(number)
+        counts = remote.counts([number])
+    row = _row(layer, counts)
+    files = [{"path": os.fsdecode(e["path"]), "op": _op(e), "before_kind": e["before_kind"],
+              "after_kind": e["after_kind"]} for e in entries]
+    lines = [f"layer {number}  {row['time']}  {row['kind']}  by {quote(row['host'])}:{quote(row['workspace_path'])}"
+             f"{'  [' + quote(row['agent']) + ']' if row['agent'] else ''}  {quote(row['message'])}"]
+    lines += [f"  {f['op']:<8} {quote(f['path'])}" for f in files]
+    _emit(args, {"message_type": "show", **row, "files": files}, "\n".join(lines))
+    return 0
+
+
+def cmd_verify_history(args) -> int:
+    from stepfs.store.errors import StoreDamaged
+
+    with _remote(args) as remote:
+        counts, problems = remote.verify()
+        display = remote.url.display
+    text = "\n".join([f"checked {display}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
+                     + [f"  problem: {p}" for p in problems])
+    _emit(args, {"message_type": "verify", "ok": not problems, "history": display, "counts": counts,
+                 "problems": problems}, text)
+    if problems:
+        raise StoreDamaged(f"the shared history {display} has {len(problems)} problem(s), the first: {problems[0]}; "
+                           f"restore its database from a backup.", problems)
+    return 0
+
+
+def register(add) -> None:
+    sp = add("sync", cmd_sync, SYNC_HELP, "stepfs sync ~/project")
+    sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
+    add_history_option(sp)
+
+    sp = add("clone", cmd_clone, CLONE_HELP, "stepfs clone 'postgresql://me@db/stepfs?name=proj' ~/proj --at 3")
+    sp.add_argument("url", help="the shared history's URL")
+    sp.add_argument("directory", help="a new (or empty) directory")
+    sp.add_argument("--at", type=int, metavar="N", help="the layer to clone (default: the head)")
+
+    sp = add("verify-history", cmd_verify_history, VERIFY_HELP, "stepfs verify-history --history URL")
+    add_history_option(sp)

@@ -1,0 +1,100 @@
+"""Steps, syncs and clones of a workspace attached to a shared history,
+run in the CLI's process (library calls; ``store.shared`` does the work).
+
+The mount daemon never talks to the history server: a step through a
+mount is, here, (1) the history's lock, (2) the daemons' staged rows
+written, (3) a pull of what other workspaces published (refused as a
+whole if they touched a path this workspace changed), with every live
+mount told which paths changed, (4) the local commit through the daemon
+as for any step, (5) the push of the new layer by compare-and-swap on the
+head.  A server that is unreachable at (1) or (3) fails the step with
+nothing written; at (5) the layer is committed here and published by the
+next ``stepfs step`` or ``stepfs sync``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from stepfs.store.errors import HistoryError, HistoryUnreachable, NothingToCommit
+from stepfs.store.shared import attachment, sync
+from stepfs.store.shared.remote import Remote
+from stepfs.store.shared.url import HistoryURL, from_environment
+from stepfs.store.workspace import Workspace
+
+from stepfs.overlayfs.client import manage
+from stepfs.overlayfs.client.reads import sync_rows
+
+
+def _url_for(ws: Workspace, given: str | None) -> HistoryURL:
+    att = attachment.read(ws)
+    url = from_environment(given)
+    if url is None:
+        if att is None:
+            raise HistoryError(f"{ws.path} is not attached to a shared history; name one with --history URL "
+                               f"(or STEPFS_HISTORY).")
+        return att.url
+    return url
+
+
+def attach(workspace: str, given: str | None) -> dict:
+    """Attach the workspace to the history (``mount --history``)."""
+    with Workspace.open(workspace, create=True) as ws:
+        url = _url_for(ws, given)
+        with Remote.open(url) as remote, remote.lock():
+            att = sync.attach(ws, url, remote)
+            return {"history": url.display, "workspace_id": att.workspace, "head": remote.head()}
+
+
+def _pull(ws: Workspace, remote: Remote, att) -> list[sync.Pulled]:
+    sync_rows(ws)  # what the daemons hold in memory counts as changed here
+    pulled = sync.pull(ws, remote, att)
+    paths = sorted({p for done in pulled for p in done.paths})
+    if paths:
+        manage.invalidate_mounts(ws, paths)
+    return pulled
+
+
+def _pulled(pulled: list[sync.Pulled]) -> list[dict]:
+    return [{"shared": p.shared, "local": p.local, "paths": [os.fsdecode(x) for x in p.paths]} for p in pulled]
+
+
+def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
+    """``stepfs sync``: pull, then publish what was not published yet."""
+    with Workspace.open(target.workspace) as ws:
+        url = _url_for(ws, given)
+        with Remote.open(url) as remote, remote.lock():
+            att = sync.attach(ws, url, remote)
+            pulled = _pull(ws, remote, att)
+            pushed = sync.push(ws, remote, att)
+            return {"history": url.display, "head": remote.head(), "pulled": _pulled(pulled),
+                    "published": [{"local": n, "shared": s} for n, s in pushed]}
+
+
+def step(target: manage.Target, given: str | None = None, **options) -> dict:
+    """``stepfs step`` on an attached workspace (see the module doc)."""
+    with Workspace.open(target.workspace) as ws:
+        url = _url_for(ws, given)
+        with Remote.open(url) as remote, remote.lock():
+            att = sync.attach(ws, url, remote)
+            pulled = _pull(ws, remote, att)
+            nothing = None
+            try:
+                numbers = manage.step(target, **options)
+            except NothingToCommit as exc:
+                numbers, nothing = [], exc
+            try:
+                pushed = sync.push(ws, remote, att)
+            except HistoryUnreachable as exc:
+                if not numbers:
+                    raise
+                raise HistoryUnreachable(
+                    f"layer {numbers[-1]} is committed in this workspace but not published: {exc}") from None
+            if nothing is not None and not pushed:
+                raise nothing
+            return {"numbers": numbers, "history": url.display, "pulled": _pulled(pulled),
+                    "published": [{"local": n, "shared": s} for n, s in pushed]}
+
+
+def is_attached(workspace: str) -> bool:
+    return attachment.attached(workspace)

@@ -1,0 +1,371 @@
+"""The shared side of a history: one connection pool, the schema, uploads,
+the head's compare-and-swap, reads and verify (SQLAlchemy Core; PostgreSQL
+through psycopg 3, or an SQLite file).
+
+Rules (FORMAT.md, "Shared history"):
+
+* Objects and chunks are put idempotently (insert, ignoring a key already
+  there), each object in its own transaction, *before* the layer that
+  names them: a crash or a dropped connection between the two leaves
+  unreferenced objects, never a layer naming a missing one (foreign keys).
+* A layer is published in ONE transaction that first moves the head by
+  compare-and-swap (``UPDATE ... SET head = N+1 WHERE name = ? AND head =
+  N``), then inserts the layer and its entries.  Zero rows updated: the
+  head moved, nothing is written (:class:`HeadMoved`).
+* On PostgreSQL a session advisory lock per history (:meth:`Remote.lock`)
+  serialises whole steps of workspaces sharing it, so the compare-and-swap
+  normally succeeds; it stays the rule that makes a lost lock harmless.
+* Any failure to reach the server is :class:`HistoryUnreachable`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, func, select, text, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+
+from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
+from stepfs.store.shared import tables as T
+from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
+
+#: Seconds a statement (or a wait for the history's lock) may take.
+STATEMENT_TIMEOUT = 120
+ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
+
+
+def sha256_hex(data) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass
+class LayerRecord:
+    """A shared layer's header."""
+
+    number: int
+    kind: str
+    created_ns: int
+    message: str
+    agent: str
+    mount: str
+    meta: dict
+    workspace: str
+    workspace_path: str
+    host: str
+    origin: int | None
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Remote:
+    """One history URL's database.  Use :meth:`open`; close when done."""
+
+    def __init__(self, url: HistoryURL):
+        self.url = url
+        self.name = url.name
+        if url.dialect == "postgresql":
+            engine = create_engine(url.engine_url(), pool_pre_ping=True, connect_args={
+                "connect_timeout": CONNECT_TIMEOUT,
+                "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
+                           f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",
+                "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+            })
+        else:
+            engine = create_engine(url.engine_url(), connect_args={"timeout": STATEMENT_TIMEOUT})
+
+            # Every transaction takes SQLite's write lock at BEGIN: a read
+            # then a write in one transaction cannot fail on a stale snapshot.
+            @event.listens_for(engine, "connect")
+            def _connect(dbapi_conn, _record):
+                dbapi_conn.isolation_level = None
+                dbapi_conn.execute("PRAGMA foreign_keys=ON").close()  # entries name stored objects, as on PostgreSQL
+
+            @event.listens_for(engine, "begin")
+            def _begin(conn):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        self.engine = engine
+
+    @classmethod
+    def open(cls, url: HistoryURL) -> "Remote":
+        remote = cls(url)
+        try:
+            remote._ensure_schema()
+        except BaseException:
+            remote.close()
+            raise
+        return remote
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> "Remote":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- transactions ------------------------------------------------------------
+
+    @contextmanager
+    def tx(self) -> Iterator[Connection]:
+        """One transaction: committed on success, rolled back on any error;
+        a server that cannot be reached is :class:`HistoryUnreachable`."""
+        with self._translated():
+            with self.engine.begin() as conn:
+                yield conn
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except (OperationalError, InterfaceError) as exc:
+            raise self.unreachable(exc) from None
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise self.unreachable(exc) from None
+            raise
+
+    def unreachable(self, exc: BaseException) -> HistoryUnreachable:
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else type(exc).__name__
+        return HistoryUnreachable(f"the shared history {self.url.display} cannot be reached ({first}); "
+                                  f"nothing was published: start or reach the server, then run 'stepfs sync'.")
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the history's lock (PostgreSQL: a session advisory lock on
+        a connection of its own) for a whole step or sync.  SQLite files
+        rely on the compare-and-swap alone."""
+        if self.url.dialect != "postgresql":
+            yield
+            return
+        with self._translated():
+            conn = self.engine.connect()
+        try:
+            with self._translated():
+                conn.execute(text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": "stepfs:" + self.name})
+                conn.commit()
+            yield
+        finally:
+            try:
+                conn.close()  # ends the session's lock with the connection (pool reset runs pg_advisory_unlock_all)
+            except Exception:
+                pass
+
+    def _ensure_schema(self) -> None:
+        with self.tx() as conn:
+            if self.url.dialect == "postgresql":
+                # Two first clients at once: one creates, the other waits and finds it.
+                conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('stepfs:schema'))"))
+            names = set(conn.dialect.get_table_names(conn))
+            if T.meta.name not in names:
+                T.metadata.create_all(conn)
+                conn.execute(T.meta.insert(), [{"key": "format_version", "value": str(T.SHARED_FORMAT)},
+                                               {"key": "hash_algorithm", "value": T.HASH}])
+                return
+            facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
+        version = int(facts.get("format_version", "0") or 0)
+        if version > T.SHARED_FORMAT or facts.get("hash_algorithm") != T.HASH:
+            raise StoreFormatError(f"the shared history {self.url.display} was written by a newer stepfs "
+                                   f"(format {version}); upgrade stepfs.")
+
+    # -- objects -------------------------------------------------------------------
+
+    def _insert_ignore(self, table):
+        if self.url.dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert
+        return insert(table).on_conflict_do_nothing()
+
+    def missing_objects(self, hashes: set[str]) -> set[str]:
+        if not hashes:
+            return set()
+        with self.tx() as conn:
+            have = set(conn.execute(select(T.objects.c.hash).where(T.objects.c.hash.in_(sorted(hashes)))).scalars())
+        return set(hashes) - have
+
+    def put_object(self, digest: str, pieces: list[bytes]) -> None:
+        """Store an object (its whole content hashes to ``digest``) as
+        ``pieces``; idempotent, one transaction."""
+        rows, offset = [], 0
+        for seq, piece in enumerate(pieces):
+            rows.append({"object": digest, "seq": seq, "offset": offset, "chunk": sha256_hex(piece)})
+            offset += len(piece)
+        with self.tx() as conn:
+            if pieces:
+                conn.execute(self._insert_ignore(T.chunks),
+                             [{"hash": r["chunk"], "size": len(p), "data": bytes(p)} for r, p in zip(rows, pieces)])
+            conn.execute(self._insert_ignore(T.objects), [{"hash": digest, "size": offset}])
+            if rows:
+                conn.execute(self._insert_ignore(T.object_chunks), rows)
+
+    def iter_object(self, digest: str) -> Iterator[bytes]:
+        """The object's bytes, chunk by chunk, each checked against its hash."""
+        with self.tx() as conn:
+            size = conn.execute(select(T.objects.c.size).where(T.objects.c.hash == digest)).scalar()
+            if size is None:
+                raise CorruptObject(f"object {digest} is missing from the shared history {self.url.display}.")
+            rows = conn.execute(
+                select(T.object_chunks.c.seq, T.object_chunks.c.offset, T.chunks.c.hash, T.chunks.c.data)
+                .join(T.chunks, T.chunks.c.hash == T.object_chunks.c.chunk, isouter=True)
+                .where(T.object_chunks.c.object == digest).order_by(T.object_chunks.c.seq)).all()
+        pos = 0
+        for i, (seq, offset, chash, data) in enumerate(rows):
+            if seq != i or offset != pos or data is None or sha256_hex(data) != chash:
+                raise CorruptObject(f"object {digest} of the shared history {self.url.display} is damaged at chunk {i}.")
+            pos += len(data)
+            yield bytes(data)
+        if pos != size:
+            raise CorruptObject(f"object {digest} of the shared history {self.url.display} is short.")
+
+    def read_object(self, digest: str) -> bytes:
+        return b"".join(self.iter_object(digest))
+
+    # -- layers --------------------------------------------------------------------
+
+    def head(self) -> int | None:
+        """The history's head, or None if it does not exist yet."""
+        with self.tx() as conn:
+            return conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+
+    def create(self, layer: LayerRecord, entries: list[dict]) -> None:
+        """Make the history with ``layer`` (number 0) as its first layer."""
+        try:
+            with self.tx() as conn:
+                conn.execute(T.histories.insert().values(name=self.name, head=0, created_ns=time.time_ns()))
+                self._insert_layer(conn, layer, entries)
+        except IntegrityError:
+            raise HistoryError(f"the shared history {self.url.display} exists already; make a workspace of it with "
+                               f"'stepfs clone URL DIR'.") from None
+
+    def publish(self, expect_head: int, layer: LayerRecord, entries: list[dict]) -> int:
+        """Publish ``layer`` as ``expect_head + 1`` if the head is still
+        ``expect_head``; else raise HeadMoved and write nothing."""
+        number = expect_head + 1
+        with self.tx() as conn:
+            moved = conn.execute(update(T.histories).where(T.histories.c.name == self.name,
+                                                           T.histories.c.head == expect_head).values(head=number))
+            if moved.rowcount != 1:
+                now = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+                raise HeadMoved(f"the shared history {self.url.display} moved from layer {expect_head} to {now}; "
+                                f"nothing was published.", now if now is not None else -1)
+            layer.number = number
+            self._insert_layer(conn, layer, entries)
+        return number
+
+    def _insert_layer(self, conn: Connection, layer: LayerRecord, entries: list[dict]) -> None:
+        row = layer.as_dict()
+        row["meta"] = json.dumps(layer.meta or {}, sort_keys=True)
+        conn.execute(T.layers.insert().values(history=self.name, **row))
+        if entries:
+            conn.execute(T.entries.insert(), [{"history": self.name, "layer": layer.number, **e} for e in entries])
+
+    def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
+               newest_first: bool = False) -> list[LayerRecord]:
+        q = select(T.layers).where(T.layers.c.history == self.name, T.layers.c.number > after)
+        if upto is not None:
+            q = q.where(T.layers.c.number <= upto)
+        q = q.order_by(T.layers.c.number.desc() if newest_first else T.layers.c.number)
+        if limit is not None:
+            q = q.limit(limit)
+        with self.tx() as conn:
+            rows = conn.execute(q).all()
+        return [LayerRecord(r.number, r.kind, r.created_ns, r.message, r.agent, r.mount, json.loads(r.meta),
+                            r.workspace, r.workspace_path, r.host, r.origin) for r in rows]
+
+    def layer(self, number: int) -> LayerRecord:
+        found = self.layers(after=number - 1, upto=number)
+        if not found:
+            raise NoSuchLayer(f"layer {number} does not exist in the shared history {self.url.display}; "
+                              f"'stepfs log --history URL' lists its layers.")
+        return found[0]
+
+    def entries(self, number: int) -> list[dict]:
+        with self.tx() as conn:
+            rows = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
+                                .where(T.entries.c.history == self.name, T.entries.c.layer == number)
+                                .order_by(T.entries.c.path)).all()
+        return [_entry_dict(r) for r in rows]
+
+    def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
+        """Per layer: (added, modified, deleted) paths."""
+        if not numbers:
+            return {}
+        with self.tx() as conn:
+            rows = conn.execute(select(T.entries.c.layer, T.entries.c.before_kind, T.entries.c.after_kind)
+                                .where(T.entries.c.history == self.name, T.entries.c.layer.in_(numbers))).all()
+        out: dict[int, list[int]] = {n: [0, 0, 0] for n in numbers}
+        for layer, before, after in rows:
+            out[layer][0 if before is None else 2 if after is None else 1] += 1
+        return {n: tuple(v) for n, v in out.items()}
+
+    def origins(self, workspace: str) -> dict[int, int]:
+        """{local layer number: shared number} of the layers ``workspace`` published."""
+        with self.tx() as conn:
+            rows = conn.execute(select(T.layers.c.origin, T.layers.c.number).where(
+                T.layers.c.history == self.name, T.layers.c.workspace == workspace,
+                T.layers.c.origin.is_not(None))).all()
+        return {int(o): int(n) for o, n in rows}
+
+    def state_at(self, number: int) -> dict[bytes, dict]:
+        """Every path's entry that defines its state as of layer ``number``
+        (the newest entry at or below it), by path."""
+        with self.tx() as conn:
+            rows = conn.execute(select(T.entries.c.layer, *[T.entries.c[c] for c in ENTRY_COLUMNS])
+                                .where(T.entries.c.history == self.name, T.entries.c.layer <= number)
+                                .order_by(T.entries.c.path, T.entries.c.layer)).all()
+        out: dict[bytes, dict] = {}
+        for r in rows:
+            out[bytes(r.path)] = _entry_dict(r)
+        return out
+
+    # -- verify ----------------------------------------------------------------------
+
+    def verify(self) -> tuple[dict[str, int], list[str]]:
+        """Re-hash every chunk and object; check that the layers run 0..head
+        without a gap and every entry names stored objects."""
+        problems: list[str] = []
+        counts = {"chunks": 0, "objects": 0, "layers": 0, "entries": 0}
+        with self.tx() as conn:
+            for h, size, data in conn.execute(select(T.chunks.c.hash, T.chunks.c.size, T.chunks.c.data)):
+                counts["chunks"] += 1
+                if sha256_hex(data) != h or len(data) != size:
+                    problems.append(f"chunk {h} does not hash to its key")
+            objects = conn.execute(select(T.objects.c.hash, T.objects.c.size)).all()
+            head = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+            numbers = conn.execute(select(T.layers.c.number).where(T.layers.c.history == self.name)
+                                   .order_by(T.layers.c.number)).scalars().all()
+            named = conn.execute(select(func.count()).select_from(T.entries).where(T.entries.c.history == self.name)).scalar()
+        for digest, size in objects:
+            counts["objects"] += 1
+            h, n = hashlib.sha256(), 0
+            try:
+                for piece in self.iter_object(digest):
+                    h.update(piece)
+                    n += len(piece)
+            except CorruptObject as exc:
+                problems.append(str(exc))
+                continue
+            if h.hexdigest() != digest or n != size:
+                problems.append(f"object {digest} does not hash to its key")
+        counts["layers"], counts["entries"] = len(numbers), int(named or 0)
+        if head is None:
+            problems.append(f"the history {self.name} does not exist")
+        elif list(numbers) != list(range(head + 1)):
+            problems.append(f"the layers of {self.name} do not run 0..{head} without a gap")
+        return counts, problems
+
+
+def _entry_dict(r) -> dict:
+    out = {}
+    for c in ENTRY_COLUMNS:
+        v = getattr(r, c)
+        out[c] = bytes(v) if isinstance(v, (bytes, memoryview)) else v
+    return out

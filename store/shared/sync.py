@@ -1,0 +1,306 @@
+"""Attach, pull, push and clone: a workspace and its shared history.
+
+* **position**: the shared layer a workspace holds (``at``) and its own
+  layers not yet published, derived from the local layers (a layer of kind
+  ``sync`` records ``shared_layer`` in its meta) and from the history (which
+  layers carry this workspace's id and their local ``origin`` number): a
+  crash between a local write and a shared one leaves nothing to reconcile.
+* **pull** brings the workspace to the history's head: the layers other
+  workspaces published since ``at`` are applied, one local ``sync`` layer
+  each, through the atomic publish rollback uses (``publish.write_layer``).
+  Refused as a whole (:class:`SharedConflict`, nothing written) when one of
+  their paths (or one above or below it) is staged in an open step of this
+  workspace or changed by a layer not yet published, or when the disk no
+  longer holds the state they start from.
+* **push** publishes this workspace's unpublished layers, oldest first,
+  each by compare-and-swap on the head (``Remote.publish``).
+* **clone** makes a new workspace holding the history as of a layer.
+
+Callers hold the history's lock (``Remote.lock``) around a pull, the local
+commit and the push of one step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat as stat_mod
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+
+from stepfs.store import layers as local_layers, publish, schema, staging
+from stepfs.store.contained import kind_of
+from stepfs.store.errors import HistoryError, NoSuchLayer, SharedConflict, WorkspaceError
+from stepfs.store.layers import Entry, State
+from stepfs.store.shared import attachment
+from stepfs.store.shared.attachment import Attachment
+from stepfs.store.shared.remote import LayerRecord, Remote
+from stepfs.store.shared.transfer import Downloader, Uploader
+from stepfs.store.shared.url import HistoryURL
+
+L = schema.layers
+SYNC = "sync"
+
+
+@dataclass
+class Position:
+    at: int  # the newest shared layer the workspace holds
+    unpublished: list[int] = field(default_factory=list)  # own local layers, oldest first
+
+
+@dataclass
+class Pulled:
+    shared: int  # the shared layer applied
+    local: int  # the local sync layer that applied it
+    paths: list[bytes]
+
+
+# -- attach ----------------------------------------------------------------------------
+
+
+def attach(ws, url: HistoryURL, remote: Remote) -> Attachment:
+    """Attach ``ws`` to the history (the caller holds ``remote.lock()``).
+    A new history starts with a snapshot of the workspace's tree as layer
+    0; an existing one is refused (clone it instead) unless this workspace
+    made it.  Attaching again to the same history is a no-op."""
+    att = attachment.read(ws)
+    if att is not None:
+        if att.url.name != url.name or att.url.display != url.display:
+            raise HistoryError(f"{ws.path} is attached to the shared history {att.url.display}, not "
+                               f"{url.display}; clone {url.display} into a new directory instead.")
+        if remote.head() is None:
+            _create(ws, remote, att)  # the attachment was written, the history never made: make it now
+        return att
+    if remote.head() is not None:
+        raise HistoryError(f"the shared history {url.display} exists already; make a workspace of it with "
+                           f"'stepfs clone URL DIR' (a workspace with its own files cannot join it).")
+    with ws.db.read() as conn:
+        base = local_layers.head(conn)
+    att = Attachment(url, uuid.uuid4().hex, base, 0)
+    attachment.write(ws, att)  # first: a history made without it would belong to no workspace
+    _create(ws, remote, att)
+    return att
+
+
+def _walk(ws) -> list[bytes]:
+    out, todo = [], [b"."]
+    while todo:
+        d = todo.pop()
+        for name, fmt, _ino in ws.root.listdir(d):
+            child = name if d == b"." else d + b"/" + name
+            out.append(child)
+            if fmt == stat_mod.S_IFDIR:
+                todo.append(child)
+    return sorted(out)
+
+
+def _create(ws, remote: Remote, att: Attachment) -> None:
+    up = Uploader(ws, remote)
+    entries = []
+    with ws.commit_lock():
+        with ws.db.write() as conn:
+            befores = {p: publish.capture(ws, conn, p) for p in _walk(ws)}
+    for path, before in befores.items():
+        if before.state.kind is not None:
+            s = before.state
+            e = Entry(path, State(None), State(s.kind, s.mode, s.oid, s.target, None, None, s.xattrs))
+            entries.append(up.entry(e))
+    remote.create(_record(ws, att, 0, "baseline", f"workspace {ws.path} attached", "", "", {}, att.base), entries)
+
+
+def _record(ws, att: Attachment, number: int, kind: str, message: str, agent: str, mount: str, meta: dict,
+            origin: int | None) -> LayerRecord:
+    return LayerRecord(number, kind, time.time_ns(), message, agent, mount, meta, att.workspace, ws.path,
+                       socket.gethostname(), origin)
+
+
+# -- position ---------------------------------------------------------------------------
+
+
+def position(ws, remote: Remote, att: Attachment) -> Position:
+    with ws.db.read() as conn:
+        rows = conn.execute(select(L.c.number, L.c.kind, L.c.meta).where(
+            L.c.state == "committed", L.c.number > att.base).order_by(L.c.number)).all()
+    published = remote.origins(att.workspace)
+    at = max([att.at, *published.values()])
+    unpublished = []
+    for number, kind, meta in rows:
+        if kind == SYNC:
+            at = max(at, int(json.loads(meta or "{}").get("shared_layer", -1)))
+        elif number not in published:
+            unpublished.append(number)
+    return Position(at, unpublished)
+
+
+# -- pull ---------------------------------------------------------------------------------
+
+
+def _overlap(p: bytes, q: bytes) -> bool:
+    return p == q or p.startswith(q + b"/") or q.startswith(p + b"/")
+
+
+def _local_paths(ws, unpublished: list[int]) -> set[bytes]:
+    """What this workspace changed that the history has not seen: the
+    paths staged in its open steps and those of its unpublished layers."""
+    out: set[bytes] = set()
+    with ws.db.read() as conn:
+        for st in staging.list_steps(conn):
+            out.update(r.path for r in staging.load(conn, st["id"]))
+        for n in unpublished:
+            out.update(e.path for e in local_layers.entries(conn, n))
+    return out
+
+
+def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
+    """Apply the layers other workspaces published since this one's
+    position (see the module doc); returns what was applied."""
+    pos = position(ws, remote, att)
+    head = remote.head()
+    if head is None:
+        raise HistoryError(f"the shared history {att.url.display} does not exist (any more); "
+                           f"attach a workspace to make it again with 'stepfs mount --history URL'.")
+    if head <= pos.at:
+        return []
+    incoming = [r for r in remote.layers(after=pos.at) if r.workspace != att.workspace or r.origin is None]
+    rows = {r.number: remote.entries(r.number) for r in incoming}
+    mine = _local_paths(ws, pos.unpublished)
+    clashes: dict[bytes, int] = {}
+    for r in incoming:
+        for e in rows[r.number]:
+            if any(_overlap(e["path"], q) for q in mine):
+                clashes.setdefault(e["path"], r.number)
+    if clashes:
+        _refuse(att, clashes, "changed in this workspace too (staged or not yet published)")
+    publish.recover(ws)
+    done: list[Pulled] = []
+    with ws.commit_lock():
+        down = Downloader(ws, remote)  # under the lock: gc cannot sweep what the layer will name
+        plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
+        _check_disk(ws, att, plans)
+        for r, entries in plans:
+            todo = _unapplied(ws, entries)
+            meta = {**r.meta, "shared_layer": r.number, "shared_host": r.host, "shared_workspace": r.workspace_path}
+            number = publish.write_layer(ws, todo, kind=SYNC, message=r.message, agent=r.agent, mount=r.mount,
+                                         meta=meta, consume_step=None)
+            done.append(Pulled(r.number, number, [e.path for e in todo]))
+    return done
+
+
+def _refuse(att: Attachment, clashes: dict[bytes, int], why: str) -> None:
+    names = ", ".join(f"{os.fsdecode(p)} (shared layer {n})" for p, n in sorted(clashes.items())[:10])
+    more = f" and {len(clashes) - 10} more" if len(clashes) > 10 else ""
+    raise SharedConflict(
+        f"{len(clashes)} path(s) changed in the shared history {att.url.display} by another workspace were {why}: "
+        f"{names}{more}; nothing was written here or there: re-read those files, discard or roll back this "
+        f"workspace's change to them ('stepfs discard'), then step again.",
+        sorted(os.fsdecode(p) for p in clashes), sorted(set(clashes.values())))
+
+
+def _check_disk(ws, att: Attachment, plans) -> None:
+    """Before anything is written: every path the pulled layers touch holds
+    the state the first of them starts from (or the state the last leaves)."""
+    first: dict[bytes, tuple[State, int]] = {}
+    last: dict[bytes, State] = {}
+    for r, entries in plans:
+        for e in entries:
+            first.setdefault(e.path, (e.before, r.number))
+            last[e.path] = e.after
+    clashes = {}
+    with ws.db.read() as conn:
+        for path, (before, number) in first.items():
+            if not (_holds(ws, conn, path, before) or _holds(ws, conn, path, last[path])):
+                clashes[path] = number
+    if clashes:
+        _refuse(att, clashes, "changed in this workspace outside stepfs")
+
+
+def _unapplied(ws, entries: list[Entry]) -> list[Entry]:
+    """The entries whose path does not hold their after state already."""
+    with ws.db.read() as conn:
+        return [e for e in entries if not _holds(ws, conn, e.path, e.after)]
+
+
+def _holds(ws, conn, path: bytes, s: State) -> bool:
+    """Whether the workspace path holds state ``s`` (kind, mode, bytes or
+    target; bytes compared in full, never by hash)."""
+    st = ws.root.lstat_or_none(path)
+    if st is None or s.kind is None:
+        return st is None and s.kind is None
+    kind = kind_of(st.st_mode)
+    if kind != s.kind:
+        return False
+    if kind == "symlink":
+        return ws.root.readlink(path) == s.target
+    if stat_mod.S_IMODE(st.st_mode) != s.mode:
+        return False
+    if kind != "file":
+        return True
+    fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        return ws.objects.holds(conn, s.oid, fd)
+    finally:
+        os.close(fd)
+
+
+# -- push --------------------------------------------------------------------------------------
+
+
+def push(ws, remote: Remote, att: Attachment) -> list[tuple[int, int]]:
+    """Publish this workspace's unpublished layers, oldest first; returns
+    ``[(local number, shared number)]``.  Raises HeadMoved (nothing of that
+    layer written) if another workspace published first: pull, then push."""
+    pos = position(ws, remote, att)
+    up = Uploader(ws, remote)
+    out = []
+    at = pos.at
+    for n in pos.unpublished:
+        with ws.db.read() as conn:
+            layer = local_layers.get(conn, n)
+            entries = local_layers.entries(conn, n)
+        rows = [up.entry(e) for e in entries]  # uploaded before the head's transaction
+        record = _record(ws, att, 0, layer.kind, layer.message, layer.agent, layer.mount, layer.meta, n)
+        at = remote.publish(at, record, rows)
+        out.append((n, at))
+    return out
+
+
+# -- clone ----------------------------------------------------------------------------------------
+
+
+def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, int, int]:
+    """Make ``directory`` (absent or empty) a workspace holding the history
+    as of layer ``at`` (default: the head), attached to it.  Returns
+    (workspace path, shared layer, local layer)."""
+    from stepfs.store.workspace import Workspace
+
+    directory = os.path.abspath(directory)
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+        raise WorkspaceError(f"{directory} exists and is not an empty directory; clone into a new directory.")
+    with Remote.open(url) as remote:
+        head = remote.head()
+        if head is None:
+            raise HistoryError(f"the shared history {url.display} does not exist; attach a workspace to make it "
+                               f"with 'stepfs mount WS MNT --history URL' or 'stepfs sync WS --history URL'.")
+        number = head if at is None else at
+        if not 0 <= number <= head:
+            raise NoSuchLayer(f"layer {number} does not exist in the shared history {url.display} (its head is "
+                              f"{head}).")
+        states = remote.state_at(number)
+        header = remote.layer(number)
+        os.makedirs(directory, exist_ok=True)
+        with Workspace.open(directory, create=True) as ws:
+            with ws.db.read() as conn:
+                base = local_layers.head(conn)
+            with ws.commit_lock():
+                down = Downloader(ws, remote)
+                entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
+                           for p, row in sorted(states.items()) if row["after_kind"] is not None]
+                meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}
+                local = publish.write_layer(ws, entries, kind=SYNC, message=f"clone of {url.display} at layer {number}",
+                                            agent="", mount="", meta=meta, consume_step=None)
+            attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
+            return ws.path, number, local

@@ -83,6 +83,10 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
                 numbers = manage.step(target, **options)
             except NothingToCommit as exc:
                 numbers, nothing = [], exc
+            # A daemon answers before its layer's "committed" record, which it
+            # writes holding the commit lock: wait for it, or the layer looks pending.
+            with ws.commit_lock():
+                pass
             try:
                 pushed = sync.push(ws, remote, att)
             except HistoryUnreachable as exc:

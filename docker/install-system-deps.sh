@@ -3,7 +3,8 @@
 # libfuse3 + fusermount3 (fuse3), and the programs the tests drive (git,
 # sqlite3, rsync, gcc/make; fuse-overlayfs and fio, the conformance tests'
 # reference target and external exerciser; chromium, the browser the
-# `stepfs serve` tests drive through Playwright; postgresql, the server the shared-history tests start in a temp dir). Used by `make deps`, by the Docker image and by
+# `stepfs serve` tests drive through Playwright; postgresql, the server the
+# shared-history tests start in a temp dir). Used by `make deps`, by the Docker image and by
 # CI, so there is exactly one list. Idempotent and quiet when all is present.
 #   docker/install-system-deps.sh            the packages stepfs and its tests need
 #   docker/install-system-deps.sh PKG...     exactly these instead (bench/install-deps.sh)

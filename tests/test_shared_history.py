@@ -6,6 +6,7 @@ share one history through the library calls the CLI makes."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,14 @@ def test_attaching_a_second_workspace_to_an_existing_history_is_refused(history_
     with pytest.raises(HistoryError, match="clone"):
         client.attach(str(b), history_url)
     assert not os.path.exists(b / ".stepfs" / "history.json")
+
+
+def test_format_md_documents_every_shared_table_and_column():
+    from stepfs.store import schema
+
+    doc = Path(schema.__file__).with_name("FORMAT.md").read_text()
+    for table in T.metadata.sorted_tables:
+        line = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{table.name}` |")), None)
+        assert line is not None, table.name
+        documented = set(re.findall(r"`([a-z_]+)`", line.split("|")[2]))
+        assert documented == {c.name for c in table.columns}, table.name

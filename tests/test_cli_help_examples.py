@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.mount, pytest.mark.timeout(300)]
 ORDER = ["mount", "step", "status", "discard", "conflicts", "hook-commit", "show", "diff", "cat", "log", "verify",
          "du", "gc", "rollback", "hooks", "completion", "run", "confine", "prune", "unmount"]
 #: Examples not run here, each with the reason and the test that covers it instead.
-NOT_RUN = {"serve": "a server that runs until stopped: tests/test_serve_http.py drives it"}
+NOT_RUN = {"serve": "a server that runs until stopped: tests/test_serve_http.py drives it",
+           "sync": "needs a shared history's server: tests/test_shared_cli.py runs sync against one",
+           "clone": "needs a shared history's server: tests/test_shared_cli.py runs clone against one",
+           "verify-history": "needs a shared history's server: tests/test_shared_cli.py runs it against one"}
 
 
 def examples() -> tuple[dict[str, str], list[str]]:

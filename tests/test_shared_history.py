@@ -245,3 +245,53 @@ def test_format_md_documents_every_shared_table_and_column():
         assert line is not None, table.name
         documented = set(re.findall(r"`([a-z_]+)`", line.split("|")[2]))
         assert documented == {c.name for c in table.columns}, table.name
+
+
+def test_connection_killed_inside_the_head_transaction_publishes_nothing(pg_url, tmp_path, monkeypatch):
+    """The objects are uploaded, then the server drops the connection after
+    the head's UPDATE and before COMMIT: no layer, head unchanged, and the
+    next sync publishes the layer (the orphan uploads are reused)."""
+    from sqlalchemy import text
+
+    a = _ws(tmp_path / "a", {"f.txt": b"0\n"})
+    client.attach(str(a), pg_url)
+    _stage(a, {"f.txt": b"1\n", "g.txt": b"new\n"})
+    real = Remote._insert_layer
+
+    def killed(self, conn, layer, entries):
+        conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+
+    monkeypatch.setattr(Remote, "_insert_layer", killed)
+    with pytest.raises(HistoryUnreachable):
+        _step(a, "killed")
+    monkeypatch.setattr(Remote, "_insert_layer", real)
+    with Remote.open(parse(pg_url)) as r:
+        assert r.head() == 0 and r.entries(1) == []
+        assert r.missing_objects({sha256_hex(b"new\n")}) == set()  # uploaded before the head's transaction
+    out = client.sync_workspace(manage.Target(str(a)))
+    assert [p["shared"] for p in out["published"]] == [1]
+    with Remote.open(parse(pg_url)) as r:
+        assert sorted(e["path"] for e in r.entries(1)) == [b"f.txt", b"g.txt"] and r.verify()[1] == []
+
+
+def test_two_processes_racing_on_one_path_one_wins(pg_url, tmp_path):
+    """Two `stepfs step` processes of two workspaces, same path, at once:
+    the history's lock makes them take turns; one publishes, the other
+    gets exit code 7 with nothing written."""
+    import subprocess
+    import sys
+
+    a = _ws(tmp_path / "a", {"same.txt": b"0\n"})
+    client.attach(str(a), pg_url)
+    b = Path(sync.clone(parse(pg_url), str(tmp_path / "b"))[0])
+    _stage(a, {"same.txt": b"a\n"})
+    _stage(b, {"same.txt": b"b\n"})
+    procs = [subprocess.Popen([sys.executable, "-m", "stepfs.cli.main", "step", str(w), "-m", w.name],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for w in (a, b)]
+    codes = sorted(p.wait(timeout=120) for p in procs)
+    assert codes == [0, 7], [p.stderr.read() for p in procs]
+    with Remote.open(parse(pg_url)) as r:
+        assert r.head() == 1
+        winner = r.layer(1).workspace_path
+    loser = b if winner == str(a) else a
+    assert (loser / "same.txt").read_bytes() == b"0\n"

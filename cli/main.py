@@ -103,10 +103,9 @@ def cmd_mount(args) -> int:
         raise InputError("--keep-last must be at least 1: the newest layer is always kept.")
     warn_size = parse_size(args.warn_size) if args.warn_size else None
 
-    if args.history or os.environ.get("STEPFS_HISTORY"):
-        from stepfs.overlayfs.client import shared
+    from stepfs.cli import shared
 
-        shared.attach(args.workspace, args.history)  # here, not in the daemon: it never waits on the network
+    shared.attach_if_asked(args)  # here, not in the daemon: it never waits on the network
     if args.foreground:
         if args.allow_other and os.geteuid() != 0:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")

@@ -33,6 +33,14 @@ def wanted(args) -> bool:
     return bool(getattr(args, "history", None) or os.environ.get("STEPFS_HISTORY"))
 
 
+def attach_if_asked(args) -> None:
+    """``mount --history URL`` (or STEPFS_HISTORY): attach before mounting."""
+    if wanted(args):
+        from stepfs.overlayfs.client import shared
+
+        shared.attach(args.workspace, args.history)
+
+
 def step_attached(args, target) -> bool:
     """Whether ``stepfs step`` goes through the shared history."""
     from stepfs.overlayfs.client.shared import is_attached

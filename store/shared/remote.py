@@ -194,17 +194,55 @@ class Remote:
     def put_object(self, digest: str, pieces: list[bytes]) -> None:
         """Store an object (its whole content hashes to ``digest``) as
         ``pieces``; idempotent, one transaction."""
-        rows, offset = [], 0
-        for seq, piece in enumerate(pieces):
-            rows.append({"object": digest, "seq": seq, "offset": offset, "chunk": sha256_hex(piece)})
-            offset += len(piece)
+        self.put_objects([(digest, pieces)])
+
+    def put_objects(self, batch: list[tuple[str, list[bytes]]]) -> None:
+        """Store several objects in one transaction (idempotent: a key
+        already present is left as it is)."""
+        chunk_rows: dict[str, dict] = {}
+        object_rows, link_rows = [], []
+        for digest, pieces in batch:
+            offset = 0
+            for seq, piece in enumerate(pieces):
+                h = sha256_hex(piece)
+                chunk_rows.setdefault(h, {"hash": h, "size": len(piece), "data": bytes(piece)})
+                link_rows.append({"object": digest, "seq": seq, "offset": offset, "chunk": h})
+                offset += len(piece)
+            object_rows.append({"hash": digest, "size": offset})
+        if not object_rows:
+            return
         with self.tx() as conn:
-            if pieces:
-                conn.execute(self._insert_ignore(T.chunks),
-                             [{"hash": r["chunk"], "size": len(p), "data": bytes(p)} for r, p in zip(rows, pieces)])
-            conn.execute(self._insert_ignore(T.objects), [{"hash": digest, "size": offset}])
-            if rows:
-                conn.execute(self._insert_ignore(T.object_chunks), rows)
+            if chunk_rows:
+                conn.execute(self._insert_ignore(T.chunks), list(chunk_rows.values()))
+            conn.execute(self._insert_ignore(T.objects), object_rows)
+            if link_rows:
+                conn.execute(self._insert_ignore(T.object_chunks), link_rows)
+
+    def read_objects(self, digests: list[str]) -> dict[str, bytes]:
+        """Several objects' bytes in one transaction, each chunk and each
+        whole object checked against its hash."""
+        with self.tx() as conn:
+            sizes = dict(conn.execute(select(T.objects.c.hash, T.objects.c.size)
+                                      .where(T.objects.c.hash.in_(digests))).all())
+            rows = conn.execute(
+                select(T.object_chunks.c.object, T.object_chunks.c.seq, T.object_chunks.c.offset, T.chunks.c.hash,
+                       T.chunks.c.data)
+                .join(T.chunks, T.chunks.c.hash == T.object_chunks.c.chunk, isouter=True)
+                .where(T.object_chunks.c.object.in_(digests))
+                .order_by(T.object_chunks.c.object, T.object_chunks.c.seq)).all()
+        parts: dict[str, list[bytes]] = {d: [] for d in digests}
+        for obj, seq, offset, chash, data in rows:
+            got = parts[obj]
+            if seq != len(got) or offset != sum(map(len, got)) or data is None or sha256_hex(data) != chash:
+                raise CorruptObject(f"object {obj} of the shared history {self.url.display} is damaged at chunk {seq}.")
+            got.append(bytes(data))
+        out = {}
+        for d in digests:
+            data = b"".join(parts[d])
+            if d not in sizes or len(data) != sizes[d] or sha256_hex(data) != d:
+                raise CorruptObject(f"object {d} of the shared history {self.url.display} is missing or damaged.")
+            out[d] = data
+        return out
 
     def iter_object(self, digest: str) -> Iterator[bytes]:
         """The object's bytes, chunk by chunk, each checked against its hash."""

@@ -107,8 +107,8 @@ def _create(ws, remote: Remote, att: Attachment) -> None:
     for path, before in befores.items():
         if before.state.kind is not None:
             s = before.state
-            e = Entry(path, State(None), State(s.kind, s.mode, s.oid, s.target, None, None, s.xattrs))
-            entries.append(up.entry(e))
+            entries.append(Entry(path, State(None), State(s.kind, s.mode, s.oid, s.target, None, None, s.xattrs)))
+    entries = up.rows(entries)
     remote.create(_record(ws, att, 0, "baseline", f"workspace {ws.path} attached", "", "", {}, att.base), entries)
 
 
@@ -179,6 +179,7 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
     done: list[Pulled] = []
     with ws.commit_lock():
         down = Downloader(ws, remote)  # under the lock: gc cannot sweep what the layer will name
+        down.fetch([row for r in incoming for row in rows[r.number]])
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
         _check_disk(ws, att, plans)
         for r, entries in plans:
@@ -261,7 +262,7 @@ def push(ws, remote: Remote, att: Attachment) -> list[tuple[int, int]]:
         with ws.db.read() as conn:
             layer = local_layers.get(conn, n)
             entries = local_layers.entries(conn, n)
-        rows = [up.entry(e) for e in entries]  # uploaded before the head's transaction
+        rows = up.rows(entries)  # uploaded before the head's transaction
         record = _record(ws, att, 0, layer.kind, layer.message, layer.agent, layer.mount, layer.meta, n)
         at = remote.publish(at, record, rows)
         out.append((n, at))
@@ -297,6 +298,7 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
                 base = local_layers.head(conn)
             with ws.commit_lock():
                 down = Downloader(ws, remote)
+                down.fetch([{"after_object": row["after_object"]} for row in states.values()])
                 entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
                            for p, row in sorted(states.items()) if row["after_kind"] is not None]
                 meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}

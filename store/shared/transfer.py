@@ -16,6 +16,11 @@ from stepfs.store.layers import Entry, State
 from stepfs.store.shared.remote import Remote
 
 
+#: A batch of uploads or downloads: at most this many objects or bytes.
+BATCH_OBJECTS = 500
+BATCH_BYTES = 16 << 20
+
+
 class Uploader:
     """Uploads the objects of local states, each once."""
 
@@ -23,19 +28,44 @@ class Uploader:
         self.ws, self.remote = ws, remote
         self._done: dict[str, str] = {}  # local oid -> shared hash
 
+    def upload(self, entries: list[Entry]) -> None:
+        """Upload the objects of ``entries`` in batches: one query for
+        which the history lacks, one transaction per batch that puts them."""
+        oids = [s.oid for e in entries for s in (e.before, e.after) if s.kind == "file" and s.oid is not None]
+        batch: list[tuple[str, str, list[bytes]]] = []
+        size = 0
+        for oid in dict.fromkeys(oids):
+            if oid in self._done:
+                continue
+            with self.ws.db.read() as conn:
+                pieces = list(self.ws.objects.iter_chunks(conn, oid))
+            h = hashlib.sha256()
+            for p in pieces:
+                h.update(p)
+            batch.append((oid, h.hexdigest(), pieces))
+            size += sum(map(len, pieces))
+            if size >= BATCH_BYTES or len(batch) >= BATCH_OBJECTS:
+                self._flush(batch)
+                batch, size = [], 0
+        self._flush(batch)
+
+    def _flush(self, batch: list[tuple[str, str, list[bytes]]]) -> None:
+        if not batch:
+            return
+        missing = self.remote.missing_objects({d for _, d, _ in batch})
+        self.remote.put_objects([(d, pieces) for _, d, pieces in batch if d in missing])
+        for oid, d, _ in batch:
+            self._done[oid] = d
+
     def digest(self, oid: str) -> str:
-        if oid in self._done:
-            return self._done[oid]
-        with self.ws.db.read() as conn:
-            pieces = list(self.ws.objects.iter_chunks(conn, oid))
-        h = hashlib.sha256()
-        for p in pieces:
-            h.update(p)
-        digest = h.hexdigest()
-        if self.remote.missing_objects({digest}):
-            self.remote.put_object(digest, pieces)
-        self._done[oid] = digest
-        return digest
+        if oid not in self._done:
+            self.upload([Entry(b"", State(None), State("file", 0, oid))])
+        return self._done[oid]
+
+    def rows(self, entries: list[Entry]) -> list[dict]:
+        """The shared entry rows of local ``entries`` (their objects uploaded)."""
+        self.upload(entries)
+        return [self.entry(e) for e in entries]
 
     def entry(self, e: Entry) -> dict:
         """The shared entry row of local entry ``e`` (its objects uploaded)."""
@@ -59,15 +89,20 @@ class Downloader:
         self.ws, self.remote = ws, remote
         self._done: dict[str, str] = {}  # shared hash -> local oid
 
+    def fetch(self, rows: list[dict]) -> None:
+        """Download the objects ``rows`` name, in batches (one query and
+        one local transaction per batch)."""
+        digests = [r[k] for r in rows for k in ("before_object", "after_object") if r.get(k)]
+        todo = [d for d in dict.fromkeys(digests) if d not in self._done]
+        for i in range(0, len(todo), BATCH_OBJECTS):
+            got = self.remote.read_objects(todo[i:i + BATCH_OBJECTS])  # each checked against its hash
+            with self.ws.db.write() as conn:
+                for d, data in got.items():
+                    self._done[d] = self.ws.objects.put_bytes(conn, data)
+
     def oid(self, digest: str) -> str:
         if digest not in self._done:
-            data = self.remote.read_object(digest)
-            if hashlib.sha256(data).hexdigest() != digest:
-                from stepfs.store.errors import CorruptObject
-
-                raise CorruptObject(f"object {digest} of the shared history does not hash to its key.")
-            with self.ws.db.write() as conn:
-                self._done[digest] = self.ws.objects.put_bytes(conn, data)
+            self.fetch([{"after_object": digest}])
         return self._done[digest]
 
     def state(self, row: dict, side: str) -> State:

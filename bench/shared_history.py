@@ -1,0 +1,151 @@
+"""Shared-history numbers (issue 22), against a throwaway local PostgreSQL
+server (tests/pgserver.py) and the SQLite default, library calls only (no
+mount; the mount's request path does not touch the history):
+
+* step commit latency for 1, 10 and 100 files: a plain local commit
+  against an attached workspace's step (pull, commit, upload, CAS publish);
+* clone of an N-file history against ``cp -a`` of the same tree;
+* ``log`` of the shared history (one query) with L layers;
+* sync of a workspace 10 layers behind.
+
+    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from pgserver import PgServer  # noqa: E402
+from store_kit import Stager  # noqa: E402
+
+from stepfs.overlayfs.client import manage, shared as client  # noqa: E402
+from stepfs.store import publish  # noqa: E402
+from stepfs.store.shared import sync  # noqa: E402
+from stepfs.store.shared.remote import LayerRecord, Remote  # noqa: E402
+from stepfs.store.shared.url import parse  # noqa: E402
+from stepfs.store.workspace import Workspace  # noqa: E402
+
+
+def _ws(root: Path, files: int = 0) -> Path:
+    root.mkdir()
+    for i in range(files):
+        d = root / f"d{i % 50}"
+        d.mkdir(exist_ok=True)
+        (d / f"f{i}.txt").write_bytes(f"file {i}\n".encode() * 20)
+    Workspace.open(str(root), create=True).close()
+    return root
+
+
+def _stage(ws_path: Path, n: int, tag: str) -> None:
+    with Workspace.open(str(ws_path)) as ws:
+        st = Stager(ws)
+        for i in range(n):
+            st.file(f"{tag}-{i}.txt", f"{tag} {i}\n".encode() * 10)
+
+
+def _p95(xs: list[float]) -> float:
+    return sorted(xs)[max(0, int(round(0.95 * len(xs))) - 1)]
+
+
+def step_latency(tmp: Path, url: str, reps: int) -> dict:
+    out = {}
+    for n in (1, 10, 100):
+        local, shared = [], []
+        a = _ws(tmp / f"local{n}")
+        b = _ws(tmp / f"shared{n}")
+        client.attach(str(b), url.replace("name=proj", f"name=step{n}"))
+        for r in range(reps):
+            _stage(a, n, f"r{r}")
+            with Workspace.open(str(a)) as ws:
+                step_id = Stager(ws).step
+                t = time.perf_counter()
+                publish.commit_step(ws, step_id)
+                local.append(time.perf_counter() - t)
+            _stage(b, n, f"r{r}")
+            t = time.perf_counter()
+            client.step(manage.Target(str(b)))
+            shared.append(time.perf_counter() - t)
+        out[n] = {"sqlite_median_ms": 1e3 * statistics.median(local), "shared_median_ms": 1e3 * statistics.median(shared),
+                  "shared_p95_ms": 1e3 * _p95(shared), "ratio": statistics.median(shared) / statistics.median(local)}
+    return out
+
+
+def clone_time(tmp: Path, url: str, files: int) -> dict:
+    a = _ws(tmp / "big", files)
+    u = url.replace("name=proj", "name=big")
+    t = time.perf_counter()
+    client.attach(str(a), u)
+    attach_s = time.perf_counter() - t
+    t = time.perf_counter()
+    sync.clone(parse(u), str(tmp / "big-clone"))
+    clone_s = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run(["cp", "-a", str(a), str(tmp / "big-cp")], check=True)
+    cp_s = time.perf_counter() - t
+    return {"files": files, "attach_s": attach_s, "clone_s": clone_s, "cp_a_s": cp_s, "ratio": clone_s / cp_s}
+
+
+def log_time(url: str, layers: int) -> dict:
+    u = parse(url.replace("name=proj", "name=long"))
+    with Remote.open(u) as r:
+        rec = LayerRecord(0, "baseline", 1, "m", "", "", {}, "w" * 32, "/ws", "host", None)
+        r.create(rec, [])
+        for n in range(layers):
+            r.publish(n, rec, [])
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", "--history", u.text, "--limit", "50"],
+                   check=True, capture_output=True)
+    limited = time.perf_counter() - t
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", "--history", u.text, "--json"], check=True,
+                   capture_output=True)
+    return {"layers": layers, "log_limit_50_s": limited, "log_all_json_s": time.perf_counter() - t}
+
+
+def sync_behind(tmp: Path, url: str) -> dict:
+    u = url.replace("name=proj", "name=behind")
+    a = _ws(tmp / "sa", 10)
+    client.attach(str(a), u)
+    b = Path(sync.clone(parse(u), str(tmp / "sb"))[0])
+    for i in range(10):
+        _stage(a, 10, f"l{i}")
+        client.step(manage.Target(str(a)))
+    t = time.perf_counter()
+    res = client.sync_workspace(manage.Target(str(b)))
+    return {"layers_behind": len(res["pulled"]), "sync_s": time.perf_counter() - t}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--files", type=int, default=10000)
+    p.add_argument("--layers", type=int, default=10000)
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args()
+    server = PgServer()
+    tmp = Path(tempfile.mkdtemp(prefix="stepfs-bench-shared-"))
+    try:
+        server.start()
+        url = server.url(server.new_database())
+        result = {"load": os.getloadavg(), "step": step_latency(tmp, url, args.reps),
+                  "sync_10_behind": sync_behind(tmp, url), "log": log_time(url, args.layers),
+                  "clone": clone_time(tmp, url, args.files)}
+        print(json.dumps(result, indent=1))
+    finally:
+        server.destroy()
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -67,8 +67,15 @@ def cmd_step_shared(args, target, meta: dict) -> int:
 
 def cmd_sync(args) -> int:
     from stepfs.overlayfs.client import manage, shared
+    from stepfs.store.errors import WorkspaceError
 
-    res = shared.sync_workspace(manage.resolve(args.workspace), args.history)
+    try:
+        target = manage.resolve(args.workspace)
+    except WorkspaceError:
+        if not (wanted(args) and args.workspace and os.path.isdir(args.workspace)):
+            raise
+        target = manage.Target(os.path.realpath(args.workspace))  # a plain directory: attaching makes it a workspace
+    res = shared.sync_workspace(target, args.history)
     lines = _published_text(res) or [f"up to date with {res['history']} (head: layer {res['head']})"]
     _emit(args, {"message_type": "sync", **res}, "\n".join(lines))
     return 0

@@ -105,3 +105,26 @@ def test_two_mounts_of_two_workspaces_share_one_history(pg_url, mount, tmp_path)
     _ok(stepfs("sync", mb.mountpoint))
     assert (mb.mountpoint / "common.txt").read_bytes() == b"a's\n"
     assert os.path.exists(b / ".stepfs" / "history.json")
+
+
+def test_sync_with_a_url_makes_a_plain_directory_a_workspace_and_the_history(pg_url, tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_bytes(b"a\n")
+    res = _ok(stepfs("sync", plain, "--history", pg_url, "--json"))
+    assert res["head"] == 0
+    clone = Path(_ok(stepfs("clone", pg_url, tmp_path / "c", "--json"))["workspace"])
+    assert manifest(clone) == manifest(plain)
+    other = tmp_path / "other"
+    other.mkdir()
+    refused = stepfs("sync", other, "--history", pg_url)  # the history exists: a second tree cannot join it
+    assert refused.returncode == 20 and "clone" in refused.stderr.decode()
+    assert os.listdir(other) == []  # refused before anything was made there
+    assert stepfs("sync", tmp_path / "nothing-here").returncode == 3
+
+
+def test_the_shared_agent_script_parses():
+    import subprocess
+
+    script = Path(__file__).resolve().parent.parent / "docker" / "shared-agent.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

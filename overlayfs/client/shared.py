@@ -37,8 +37,22 @@ def _url_for(ws: Workspace, given: str | None) -> HistoryURL:
     return url
 
 
+def _new_workspace_check(workspace: str, url: HistoryURL | None) -> None:
+    """A directory that is no workspace yet becomes one only to make a new
+    history: refuse before its store is made if the history exists."""
+    from stepfs.store.paths import is_workspace
+
+    if url is None or is_workspace(os.path.realpath(workspace)):
+        return
+    with Remote.open(url) as remote:
+        if remote.head() is not None:
+            raise HistoryError(f"the shared history {url.display} exists already; make a workspace of it with "
+                               f"'stepfs clone URL DIR' (a workspace with its own files cannot join it).")
+
+
 def attach(workspace: str, given: str | None) -> dict:
     """Attach the workspace to the history (``mount --history``)."""
+    _new_workspace_check(workspace, from_environment(given))
     with Workspace.open(workspace, create=True) as ws:
         url = _url_for(ws, given)
         with Remote.open(url) as remote, remote.lock():
@@ -60,8 +74,10 @@ def _pulled(pulled: list[sync.Pulled]) -> list[dict]:
 
 
 def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
-    """``stepfs sync``: pull, then publish what was not published yet."""
-    with Workspace.open(target.workspace) as ws:
+    """``stepfs sync``: pull, then publish what was not published yet
+    (with a URL given, a plain directory is made a workspace and attached)."""
+    _new_workspace_check(target.workspace, from_environment(given))
+    with Workspace.open(target.workspace, create=from_environment(given) is not None) as ws:
         url = _url_for(ws, given)
         with Remote.open(url) as remote, remote.lock():
             att = sync.attach(ws, url, remote)

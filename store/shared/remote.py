@@ -71,7 +71,9 @@ class Remote:
         self.url = url
         self.name = url.name
         if url.dialect == "postgresql":
-            engine = create_engine(url.engine_url(), pool_pre_ping=True, connect_args={
+            # No pre-ping (a round trip per checkout): a dropped connection fails its
+            # transaction as HistoryUnreachable, and each command has a pool of its own.
+            engine = create_engine(url.engine_url(), connect_args={
                 "connect_timeout": CONNECT_TIMEOUT,
                 "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
                            f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",

@@ -295,3 +295,30 @@ def test_two_processes_racing_on_one_path_one_wins(pg_url, tmp_path):
         winner = r.layer(1).workspace_path
     loser = b if winner == str(a) else a
     assert (loser / "same.txt").read_bytes() == b"0\n"
+
+
+def test_a_push_that_loses_the_head_takes_the_other_layer_and_publishes(history_url, tmp_path, monkeypatch):
+    """Another workspace publishes between this one's pull and its push
+    (no lock held: what the compare-and-swap alone must handle)."""
+    a = _ws(tmp_path / "a", {"base.txt": b"0\n"})
+    client.attach(str(a), history_url)
+    b = Path(sync.clone(parse(history_url), str(tmp_path / "b"))[0])
+    _stage(a, {"a.txt": b"A\n"})
+    _stage(b, {"b.txt": b"B\n"})
+    real_push = sync.push
+    calls = []
+
+    def push_after_b(ws, remote, att):
+        if not calls:
+            calls.append(1)
+            manage.step(manage.Target(str(b)), message="b sneaks in")
+            with Workspace.open(str(b)) as wb, Remote.open(parse(history_url)) as rb:
+                from stepfs.store.shared import attachment
+
+                real_push(wb, rb, attachment.read(wb))  # publishes shared layer 1 first, without the lock a holds
+        return real_push(ws, remote, att)
+
+    monkeypatch.setattr(sync, "push", push_after_b)
+    res = _step(a, "a")
+    assert [p["shared"] for p in res["pulled"]] == [1] and res["published"][0]["shared"] == 2
+    assert (a / "b.txt").read_bytes() == b"B\n"

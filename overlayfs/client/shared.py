@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from stepfs.store.errors import HistoryError, HistoryUnreachable, NothingToCommit
+from stepfs.store.errors import HeadMoved, HistoryError, HistoryUnreachable, NothingToCommit
 from stepfs.store.shared import attachment, sync
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.url import HistoryURL, from_environment
@@ -69,6 +69,23 @@ def _pull(ws: Workspace, remote: Remote, att) -> list[sync.Pulled]:
     return pulled
 
 
+def _push(ws: Workspace, remote: Remote, att) -> tuple[list[sync.Pulled], list[tuple[int, int]]]:
+    """Publish, taking what another workspace published first when the
+    head moved under us (an SQLite history has no lock; a lost
+    PostgreSQL lock likewise); returns (pulled meanwhile, pushed)."""
+    pulled: list[sync.Pulled] = []
+    for _ in range(PUSH_TRIES - 1):
+        try:
+            return pulled, sync.push(ws, remote, att)
+        except HeadMoved:
+            pulled += _pull(ws, remote, att)
+    return pulled, sync.push(ws, remote, att)
+
+
+#: How often a push that lost the head's compare-and-swap pulls and tries again.
+PUSH_TRIES = 5
+
+
 def _pulled(pulled: list[sync.Pulled]) -> list[dict]:
     return [{"shared": p.shared, "local": p.local, "paths": [os.fsdecode(x) for x in p.paths]} for p in pulled]
 
@@ -82,7 +99,8 @@ def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
         with Remote.open(url) as remote, remote.lock():
             att = sync.attach(ws, url, remote)
             pulled = _pull(ws, remote, att)
-            pushed = sync.push(ws, remote, att)
+            more, pushed = _push(ws, remote, att)
+            pulled += more
             return {"history": url.display, "head": remote.head(), "pulled": _pulled(pulled),
                     "published": [{"local": n, "shared": s} for n, s in pushed]}
 
@@ -104,7 +122,8 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
             with ws.commit_lock():
                 pass
             try:
-                pushed = sync.push(ws, remote, att)
+                more, pushed = _push(ws, remote, att)
+                pulled += more
             except HistoryUnreachable as exc:
                 if not numbers:
                     raise

@@ -156,9 +156,12 @@ class Remote:
             yield
         finally:
             try:
-                conn.close()  # ends the session's lock with the connection (pool reset runs pg_advisory_unlock_all)
+                conn.execute(text("SELECT pg_advisory_unlock_all()"))
+                conn.commit()
             except Exception:
-                pass
+                conn.invalidate()  # a broken connection: closing it ends its session, and the lock with it
+            finally:
+                conn.close()
 
     def _ensure_schema(self) -> None:
         with self.tx() as conn:

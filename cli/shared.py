@@ -105,7 +105,12 @@ def _row(layer, counts) -> dict:
 
 
 def cmd_log_shared(args) -> int:
+    from stepfs.store.errors import HistoryError
+
     with _remote(args) as remote:
+        if remote.head() is None:
+            raise HistoryError(f"the shared history {remote.url.display} does not exist; attach a workspace to make "
+                               f"it ('stepfs sync WS --history URL').")
         found = remote.layers(newest_first=True, limit=args.limit)
         counts = remote.counts([r.number for r in found])
         display = remote.url.display

@@ -39,6 +39,8 @@ def _stage(ws: Path, files: dict[str, bytes]) -> None:
 
 def test_cli_sync_clone_step_log_show_and_exit_codes(pg_server, pg_url, tmp_path):
     a = _workspace(tmp_path / "a", {"app.py": b"v0\n"})
+    none = stepfs("log", "--history", pg_url)
+    assert none.returncode == 20 and "does not exist" in none.stderr.decode()
     res = _ok(stepfs("sync", a, "--history", pg_url, "--json"))
     assert res["head"] == 0 and res["published"] == []
     res = _ok(stepfs("clone", pg_url, tmp_path / "b", "--json"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import manifest, stepfs
+from mountguard import private_tmp  # noqa: F401
 
 from stepfs.store.workspace import Workspace
 from store_kit import Stager
@@ -130,3 +131,32 @@ def test_the_shared_agent_script_parses():
 
     script = Path(__file__).resolve().parent.parent / "docker" / "shared-agent.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.mount
+def test_mount_with_history_attaches_and_steps_publish(pg_url, tmp_path, private_tmp):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "first.txt").write_bytes(b"1\n")
+    mp = private_tmp / "mnt"
+    mp.mkdir()
+    env_url = {"STEPFS_HISTORY": pg_url}
+    mounted = stepfs_env(env_url, "mount", ws, mp)
+    assert mounted.returncode == 0, mounted.stderr.decode()
+    try:
+        (mp / "second.txt").write_bytes(b"2\n")
+        res = _ok(stepfs("step", mp, "-m", "through the mount", "--json"))  # attached: no URL needed now
+        assert res["published"] == [{"local": res["numbers"][0], "shared": 1}]
+    finally:
+        _ok(stepfs("unmount", mp))
+    clone = Path(_ok(stepfs("clone", pg_url, tmp_path / "c", "--json"))["workspace"])
+    assert manifest(clone) == manifest(ws)
+    assert _ok(stepfs("show", "1", "--history", pg_url, "--json"))["message"] == "through the mount"
+
+
+def stepfs_env(extra: dict, *args) -> "subprocess.CompletedProcess":
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "stepfs.cli.main", *map(str, args)], capture_output=True,
+                          timeout=120, env={**os.environ, **extra})

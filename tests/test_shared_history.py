@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
 
 from conftest import manifest
 from store_kit import Stager
 from stepfs.overlayfs.client import manage
 from stepfs.overlayfs.client import shared as client
 from stepfs.store import layers
-from stepfs.store.errors import (CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, SharedConflict)
+from stepfs.store.errors import (CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer,
+                                 SharedConflict)
 from stepfs.store.shared import sync, tables as T
 from stepfs.store.shared.remote import LayerRecord, Remote, sha256_hex
 from stepfs.store.shared.url import parse
@@ -86,9 +88,28 @@ def test_publish_is_a_compare_and_swap_on_the_head(history_url):
 def test_entries_must_name_stored_objects(history_url):
     with Remote.open(parse(history_url)) as r:
         r.create(_record(0, "baseline"), [])
-        with pytest.raises(Exception):
+        with pytest.raises(IntegrityError):
             r.publish(0, _record(), [_entry(b"a", "f" * 64)])  # never uploaded
         assert r.head() == 0 and r.entries(1) == []
+
+
+def test_layers_listing_counts_and_state_as_of_a_layer(history_url):
+    with Remote.open(parse(history_url)) as r:
+        one, two = sha256_hex(b"1"), sha256_hex(b"2")
+        r.put_objects([(one, [b"1"]), (two, [b"2"])])
+        r.create(_record(0, "baseline"), [_entry(b"a", one), _entry(b"d/b", one)])
+        changed = dict(_entry(b"a", two), before_kind="file", before_mode=0o644, before_object=one)
+        gone = dict(_entry(b"d/b"), before_kind="file", before_mode=0o644, before_object=one,
+                    after_kind=None, after_mode=None, after_mtime_ns=None)
+        r.publish(0, _record(), [changed, gone, _entry(b"c", one)])
+        assert [x.number for x in r.layers(newest_first=True, limit=1)] == [1]
+        assert r.counts([0, 1]) == {0: (2, 0, 0), 1: (1, 1, 1)}
+        at0, at1 = r.state_at(0), r.state_at(1)
+        assert {p: e["after_object"] for p, e in at0.items()} == {b"a": one, b"d/b": one}
+        assert at1[b"a"]["after_object"] == two and at1[b"d/b"]["after_kind"] is None
+        assert r.read_objects([one, two]) == {one: b"1", two: b"2"}
+        with pytest.raises(NoSuchLayer):
+            r.layer(5)
 
 
 # -- workspaces sharing one history ----------------------------------------------------------------------

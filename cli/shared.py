@@ -153,7 +153,7 @@ def cmd_verify_history(args) -> int:
         display = remote.url.display
     text = "\n".join([f"checked {display}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
                      + [f"  problem: {p}" for p in problems])
-    _emit(args, {"message_type": "verify", "ok": not problems, "history": display, "counts": counts,
+    _emit(args, {"message_type": "verify-history", "ok": not problems, "history": display, "counts": counts,
                  "problems": problems}, text)
     if problems:
         raise StoreDamaged(f"the shared history {display} has {len(problems)} problem(s), the first: {problems[0]}; "

@@ -51,7 +51,9 @@ class PgServer:
 
     def __init__(self) -> None:
         self.bindir = pg_bindir()
-        self.dir = tempfile.mkdtemp(prefix="stepfs-pg-")
+        # Right under /tmp, not the (maybe private) TMPDIR: the postgres user
+        # must reach it, and the socket's path must stay short.
+        self.dir = tempfile.mkdtemp(prefix="stepfs-pg-", dir="/tmp" if os.path.isdir("/tmp") else None)
         self.data = os.path.join(self.dir, "data")
         self.log = os.path.join(self.dir, "server.log")
         self._run_as: list[str] = []

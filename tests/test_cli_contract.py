@@ -114,7 +114,7 @@ def _serve_json(workspace) -> dict:
 
 @pytest.mark.mount
 @pytest.mark.timeout(300)  # about twenty CLI processes, one per command: slow on a loaded machine
-def test_every_command_prints_json_with_a_message_type(workspace, mount, private_tmp):
+def test_every_command_prints_json_with_a_message_type(workspace, mount, private_tmp, request):
     (workspace / "a.txt").write_text("a\n")
     mp = private_tmp / "mnt"
     mp.mkdir()
@@ -157,6 +157,11 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
         if "serve" in COMMANDS:
             seen["serve"] = _serve_json(workspace)
             assert seen["serve"]["url"].startswith("http://127.0.0.1:") and "?token=" in seen["serve"]["url"]
+        if "sync" in COMMANDS:  # a shared history (issue 22) in a PostgreSQL server tests/pgserver.py starts
+            url = request.getfixturevalue("pg_url")
+            seen["sync"] = _obj(stepfs("sync", "--json", mp, "--history", url), "sync")
+            seen["clone"] = _obj(stepfs("clone", "--json", url, private_tmp / "clone"), "clone")
+            seen["verify-history"] = _obj(stepfs("verify-history", "--json", "--history", url), "verify-history")
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

@@ -66,7 +66,8 @@ def test_cli_sync_clone_step_log_show_and_exit_codes(pg_server, pg_url, tmp_path
     assert show["files"] == [{"path": "app.py", "op": "modified", "before_kind": "file", "after_kind": "file"}]
     missing = stepfs("show", "9", "--history", pg_url)
     assert missing.returncode == 11, missing.stderr.decode()
-    assert _ok(stepfs("verify-history", "--history", pg_url, "--json"))["ok"] is True
+    res = _ok(stepfs("verify-history", "--history", pg_url, "--json"))
+    assert res["ok"] is True and res["message_type"] == "verify-history"
     pg_server.stop()
     try:
         down = stepfs("sync", a)

@@ -43,9 +43,9 @@ def attach_if_asked(args) -> None:
 
 def step_attached(args, target) -> bool:
     """Whether ``stepfs step`` goes through the shared history."""
-    from stepfs.overlayfs.client.shared import is_attached
+    from stepfs.store.shared.attachment import attached  # light: no database layer on a step's fast path
 
-    return bool(getattr(args, "history", None) or os.environ.get("STEPFS_HISTORY")) or is_attached(target.workspace)
+    return wanted(args) or attached(target.workspace)
 
 
 def _published_text(res: dict) -> list[str]:

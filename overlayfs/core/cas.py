@@ -42,6 +42,9 @@ PRECAPTURED_MAX = 4096
 #: Free bytes the store's filesystem must have for a close to leave its
 #: content to the next row write (``CompareAndSwap._room``).
 RECORD_FREE_MIN = 64 << 20
+#: Seconds a measurement of the store's free space is trusted (with what
+#: was recorded since taken off).
+ROOM_RECHECK = 0.5
 
 
 def _same_bytes(a: int, b: int) -> bool:
@@ -77,6 +80,7 @@ class CompareAndSwap:
         #: staged it (:meth:`_precapture`), for the commit to reuse while the
         #: path's token holds (``publish.precapture``).
         self.precaptured: dict[bytes, object] = {}
+        self._room_at, self._room_free = -ROOM_RECHECK - 1.0, 0  # see _room
 
     def close_write(self, d: Draft) -> str:
         """The compare-and-swap; returns "ok" or "stale"."""
@@ -105,7 +109,8 @@ class CompareAndSwap:
             if node is None and self._lower_equals(d.path, fd):
                 d.dirty = False  # identical rewrite of a workspace file: nothing to stage
                 return
-            if d.mem >= 0 and node is not None and node.kind == "file" and node.ref is None and self._room():
+            if d.mem >= 0 and node is not None and node.kind == "file" and node.ref is None \
+                    and self._room(st.st_size):
                 same = self._record(d, node, fd, st)
                 if same is not None:
                     self._published(d, node, same, node.scratch)
@@ -165,15 +170,22 @@ class CompareAndSwap:
             os.close(fd)
         self._published(d, node, same, old_scratch, d.scratch if by_ref else None)
 
-    def _room(self) -> bool:
-        """Whether a close may leave its content to the next row write: not
-        when the store's filesystem is nearly full, where the close itself
-        must be the one to fail (ENOSPC) and keep the old content."""
-        try:
-            st = os.statvfs(self.ws.store_dir)
-        except OSError:
-            return False
-        return st.f_bavail * st.f_frsize >= RECORD_FREE_MIN
+    def _room(self, size: int) -> bool:
+        """Whether a close of ``size`` bytes may leave its content to the
+        next row write: not when the store's filesystem is nearly full,
+        where the close itself must be the one to fail (ENOSPC) and keep
+        the old content.  The free space is asked at most every
+        :data:`ROOM_RECHECK` seconds (a ``statvfs`` cost a third of such a
+        close), less what was recorded since."""
+        now = time.monotonic()
+        if now - self._room_at > ROOM_RECHECK:
+            try:
+                st = os.statvfs(self.ws.store_dir)
+            except OSError:
+                return False
+            self._room_at, self._room_free = now, st.f_bavail * st.f_frsize
+        self._room_free -= size
+        return self._room_free >= RECORD_FREE_MIN
 
     def _record(self, d: Draft, node: Node, fd: int, st: os.stat_result) -> bool | None:
         """Publish a small draft over staged file ``node`` without touching

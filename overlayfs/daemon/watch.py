@@ -190,8 +190,12 @@ class Watcher:
     """
 
     def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None,
-                 quiet: threading.Event | None = None):
+                 quiet: threading.Event | None = None, ignore: Callable[[str], bool] | None = None):
         self.root = root
+        # Unversioned directories are never watched (unversioned.Rules):
+        # inotify on a tree an installer fills costs as much as the
+        # installer's own work, and what changes there is not versioned.
+        self._ignore = ignore
         # Set except while the mount commits: events are handled once it is
         # (waiting holds no lock, so the commit never waits for this thread).
         self._quiet = quiet
@@ -258,6 +262,8 @@ class Watcher:
         no directory there: an upper-layer-only directory, the ``.stepfs``
         tree)."""
         if path in self._wd_of or self._fd < 0 or self.degraded:
+            return
+        if self._ignore is not None and self._ignore(path):
             return
         try:
             dfd = self.root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)

@@ -50,6 +50,7 @@ from stepfs.store.workspace import Workspace
 from stepfs.store import xattrs as xattr_codec
 
 from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.crossing import move_to_unversioned
 from stepfs.overlayfs.core.committing import Commits, Failsafe, ViewCommit
 from stepfs.overlayfs.core.changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
 from stepfs.overlayfs.core.content import Content
@@ -179,7 +180,10 @@ class Overlay:
             return False
         parent = path.rpartition("/")[0] or "/"
         if parent != "/" and rules.dir_covered(parent):
-            return True  # inside an unversioned tree: the workspace decides
+            # Inside an unversioned tree: the workspace decides, unless the
+            # open step holds the tree (staged before it was unversioned,
+            # or made in a directory only the step has).
+            return not self.upper.nodes or not self.ns.children_covered(parent)
         with self.lock:
             if path in self.upper.nodes or self.ns.children_covered(parent):
                 return False
@@ -261,10 +265,12 @@ class Overlay:
         a, b = self._unv(old, is_dir), self._unv(new, is_dir)
         if a and b:
             return self.passthrough.rename(old, new, flags)
-        if a or b:
-            # Between versioned and unversioned paths, as between two
-            # filesystems: mv copies, then removes.
-            raise OSError(errno.EXDEV, "a rename between versioned and unversioned paths", new)
+        if b:
+            # A tree made next to its unversioned place and renamed in
+            # (crossing.py); the other way is EXDEV: mv copies, then removes.
+            return move_to_unversioned(self, old, new, flags, agent)
+        if a:
+            raise OSError(errno.EXDEV, "a rename from an unversioned path to a versioned one", new)
         self.changes.rename(old, new, flags, agent)
 
     def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:

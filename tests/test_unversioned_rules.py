@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepfs.overlayfs.core.ignorefile import BadPattern, Matcher, parse, parse_line, parse_lenient
+from stepfs.store.ignorefile import BadPattern, Matcher, parse, parse_line, parse_lenient
 from stepfs.overlayfs.core.unversioned import DEFAULT_PATTERNS, RELOAD_INTERVAL, Rules
 
 

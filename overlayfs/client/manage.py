@@ -234,13 +234,13 @@ def _fuse_cause(path: str, start: int = 0) -> str | None:
 
 def check_excludes(excludes) -> None:
     """Refuse an ``--exclude`` pattern stepfs will not use, with the reason."""
-    from stepfs.overlayfs.core.ignorefile import BadPattern, parse
-    from stepfs.store.errors import InputError
+    from stepfs.store.ignorefile import BadPattern, parse
+    from stepfs.store.errors import ContainmentError
 
     try:
         parse(excludes)
-    except BadPattern as exc:
-        raise InputError(f"--exclude: {exc}.") from None
+    except BadPattern as exc:  # the only refusal: a pattern that reads as leaving the workspace
+        raise ContainmentError(f"--exclude: {exc}.") from None
 
 
 def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,

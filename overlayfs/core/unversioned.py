@@ -3,7 +3,7 @@
 An unversioned path is never staged, never in a layer or a card, never
 rolled back and never conflict-checked: the mount passes its changes
 straight to the workspace (``passthrough.py``).  The rules, in order
-(``ignorefile.py`` has the syntax; a later pattern overrides an earlier):
+(``store/ignorefile.py`` has the syntax; a later pattern overrides an earlier):
 
 1. :data:`DEFAULT_PATTERNS`, unless the mount was made with
    ``--no-default-excludes``;
@@ -29,7 +29,7 @@ import os
 import time
 from typing import Callable
 
-from stepfs.overlayfs.core.ignorefile import Matcher, Pattern, parse, parse_lenient
+from stepfs.store.ignorefile import Matcher, Pattern, parse, parse_lenient
 
 log = logging.getLogger("stepfs.unversioned")
 

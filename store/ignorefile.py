@@ -1,4 +1,5 @@
-"""Gitignore-syntax patterns: parsing and matching (FUSE-free, no I/O).
+"""Gitignore-syntax patterns: parsing and matching (no I/O; the format of
+``.stepfsignore``, here so the CLI can check ``--exclude`` before it mounts).
 
 What ``.stepfsignore`` and ``stepfs mount --exclude`` are written in, with
 git's rules (``gitignore(5)``):

@@ -204,6 +204,27 @@ def test_patterns_cannot_reach_outside_or_into_the_store(workspace, mount, tmp_p
     assert list(decoy.iterdir()) == []
 
 
+@pytest.mark.timeout(120)
+def test_a_directory_swapped_for_a_symlink_outside_is_not_followed(workspace, mount, tmp_path):
+    """The watcher does not watch unversioned trees, so the kernel keeps
+    its entry for a directory replaced behind its back; the daemon's
+    contained resolution still refuses to go through the symlink."""
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    m = mount(workspace)
+    m.path("node_modules/pkg").mkdir(parents=True)
+    m.path("node_modules/pkg/ok.js").write_text("ok")
+    assert m.path("node_modules/pkg").is_dir()  # the kernel holds the entry now
+    os.unlink(workspace / "node_modules/pkg/ok.js")
+    os.rmdir(workspace / "node_modules/pkg")
+    os.symlink(decoy, workspace / "node_modules/pkg")
+    with pytest.raises(OSError):
+        m.path("node_modules/pkg/escape.js").write_text("x")
+    with pytest.raises(OSError):
+        m.path("node_modules/pkg/sub").mkdir()
+    assert list(decoy.iterdir()) == []
+
+
 @pytest.mark.timeout(180)
 def test_run_with_exclude(workspace, tmp_path):
     result = stepfs("run", workspace, "--exclude", "build/", "--json", "--",

@@ -684,8 +684,8 @@ class StepFS(mfusepy.Operations):
         # returns at once for it; POSIX locks are the kernel's own here), so
         # the kernel is told not to send FLUSH for it: one request less per
         # close(2) of every file read.
-        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY:
-            fi.noflush = 1
+        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY or fi.fh >= HANDLE_BASE:
+            fi.noflush = 1  # (an unversioned file's close has nothing to decide either)
         self._keep_pages(path, fi)
         return 0
 
@@ -711,8 +711,10 @@ class StepFS(mfusepy.Operations):
     def create(self, path, mode, fi):
         self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
-        if fi.fh < HANDLE_BASE:  # an unversioned file's handle publishes nothing
+        if fi.fh < HANDLE_BASE:
             self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
+        else:
+            fi.noflush = 1  # an unversioned file: its close has nothing to check or publish
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 

@@ -366,6 +366,8 @@ class Watcher:
             path = todo.pop()
             if not self._invalidate(path):
                 continue  # the kernel caches nothing there or below
+            if self._ignore is not None and self._ignore(path):
+                continue  # unversioned: not watched, and not walked (it may hold an installer's 20,000 files)
             self.watch(path)
             for name, kind, _ino in self._list(path):
                 sub = child(path, name)

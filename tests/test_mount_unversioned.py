@@ -78,12 +78,21 @@ def test_npm_like_install_rm_rf_and_mv(workspace, mount):
     sh("mv node_modules/pkg-2 vendored", m.mountpoint)
     assert not (workspace / "node_modules/pkg-2").exists() and not (workspace / "vendored").exists()
     assert "vendored/index.js" in staged_paths(m)
+    # mv of the whole tree to another unversioned name: one rename.
+    sh("mv node_modules .venv", m.mountpoint)
+    assert (workspace / ".venv/pkg-3/index.js").is_file() and not (workspace / "node_modules").exists()
     # rm -rf of the whole tree succeeds and removes it from the workspace.
-    sh("rm -rf node_modules", m.mountpoint)
-    assert not (workspace / "node_modules").exists()
-    assert not m.path("node_modules").exists()
-    assert stepfs("status", m.mountpoint, "--json").returncode == 0
+    sh("rm -rf .venv", m.mountpoint)
+    assert not (workspace / ".venv").exists()
+    assert not m.path(".venv").exists()
     assert status(m)["unversioned"]["trees"] == []
+    # mv of a whole tree to a versioned name: mv copies (staged) and removes.
+    sh(f"{sys.executable} {NPM} node_modules --files 40", m.mountpoint)
+    moved = sorted("kept/" + str(p.relative_to(workspace / "node_modules"))
+                   for p in (workspace / "node_modules").rglob("*") if p.is_file())
+    sh("mv node_modules kept", m.mountpoint)
+    assert not (workspace / "node_modules").exists() and not m.path("node_modules").exists()
+    assert len(moved) == 40 and [p for p in staged_paths(m) if p in moved] == moved
 
 
 @pytest.mark.timeout(300)

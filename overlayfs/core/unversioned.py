@@ -17,8 +17,12 @@ below (the read-only history tree), and ``/.stepfsignore`` itself (the
 rules are versioned like any file, so a rollback brings back the rules of
 its layer).
 
-Threading: called on the FUSE loop with or without the view's lock; the
-re-read takes the lock (re-entrant) through ``read_ignore``.  The memo of
+Threading: :meth:`Rules.covers` and :meth:`Rules.refresh` run on the FUSE
+loop, with or without the view's lock (the re-read takes it, re-entrant,
+through ``read_ignore``); :meth:`Rules.dir_covered` also runs on the
+watcher thread, which only reads the matcher and adds to the memo and
+``seen`` (single dict and set operations, atomic under the GIL; a stale
+memo entry at a rules change costs one watch at worst).  The memo of
 directories is cleared whenever the rules change.
 """
 

@@ -44,6 +44,14 @@ def test_writes_under_node_modules_go_to_the_workspace_and_are_never_staged(ws_v
     assert (tmp_path / "ws/node_modules/pkg/index.js").stat().st_mode & 0o777 == 0o600
     view.utimens("/node_modules/pkg/index.js", (1_000_000_000, 2_000_000_000))
     assert (tmp_path / "ws/node_modules/pkg/index.js").stat().st_mtime_ns == 2_000_000_000
+    view.setxattr("/node_modules/pkg/index.js", "user.k", b"v")
+    assert os.getxattr(tmp_path / "ws/node_modules/pkg/index.js", "user.k") == b"v"
+    assert view.getxattr("/node_modules/pkg/index.js", "user.k") == b"v"
+    with pytest.raises(OSError) as err:
+        view.setxattr("/node_modules/pkg/index.js", "trusted.k", b"v")
+    assert err.value.errno == errno.EOPNOTSUPP
+    view.removexattr("/node_modules/pkg/index.js", "user.k")
+    assert "user.k" not in os.listxattr(tmp_path / "ws/node_modules/pkg/index.js")
     view.truncate("/node_modules/pkg/index.js", 3)
     assert (tmp_path / "ws/node_modules/pkg/index.js").read_bytes() == b"mod"
     assert view.getattr("/node_modules/pkg/index.js")["st_size"] == 3

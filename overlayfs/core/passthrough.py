@@ -174,6 +174,10 @@ class Passthrough:
             os.close(dfd)
 
     def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        if not name.startswith("user."):
+            # As for versioned paths: the mount shows user.* attributes only
+            # (the adapter answers every other getxattr "none").
+            raise OSError(errno.EOPNOTSUPP, "only user.* attributes", path)
         fd = self._fd_for_xattr(path)
         try:
             os.setxattr(fd, name, value, options)

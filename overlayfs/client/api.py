@@ -331,6 +331,9 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
             m = ws.mount(**how)
         else:
             m = standing_in or ws._live_mount(None) or ws.mount(**how)
+        if not m.owned and (excludes or not default_excludes):
+            log.warning("the live mount %s is reused with its own unversioned paths; --exclude and "
+                        "--no-default-excludes apply to a mount 'stepfs run' makes (add --private)", m.path)
         try:
             run_cwd = _map_cwd(ws, m, start_dir)
             result = RunResult(command, 0, None, m.path, reused=not m.owned, cwd=run_cwd, workspace=ws.path)

@@ -244,3 +244,16 @@ def test_run_with_exclude(workspace, tmp_path):
     assert (workspace / "build/out.o").read_text() == "o\n"
     bad = stepfs("run", workspace, "--exclude", "a/../b", "--", "true")
     assert bad.returncode == 10 and b"'..' component" in bad.stderr
+
+
+@pytest.mark.timeout(120)
+def test_run_reusing_a_live_mount_says_its_excludes_do_not_apply(workspace, mount):
+    m = mount(workspace)
+    result = stepfs("run", workspace, "--exclude", "build/", "--json", "--",
+                    "sh", "-c", "mkdir build && echo o > build/o", timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert b"reused with its own unversioned paths" in result.stderr
+    # The live mount's rules: build/ is versioned there, so the run's layer records it.
+    card = json.loads(result.stdout)["card"]
+    assert "build/o" in [f["path"] for f in card["files"]]
+    assert m.path("build/o").read_text() == "o\n"

@@ -42,9 +42,12 @@ NPM = Path(__file__).with_name("npm_like.py")
 
 
 def _timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
+    """Seconds, exit status and the last line of stderr of ``cmd``."""
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    return time.perf_counter() - t0, p.returncode, p.stderr.strip().splitlines()[-1:] and p.stderr.strip().splitlines()[-1] or ""
+    elapsed = time.perf_counter() - t0
+    lines = p.stderr.strip().splitlines()
+    return elapsed, p.returncode, lines[-1] if lines else ""
 
 
 def _per_op(tmp: Path, n: int = 2000) -> tuple[float, float]:

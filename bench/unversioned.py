@@ -90,9 +90,9 @@ def _case(kind: str, tmp: Path, files: int) -> dict:
         if rc:
             raise RuntimeError(f"{kind}: create failed: {err}")
         out["rm"], out["rm_rc"], out["rm_err"] = _timed(["rm", "-rf", "node_modules"], mnt)
-        if kind == "bind":
-            subprocess.run(["umount", str(mnt / "node_modules")], check=False)
     finally:
+        if kind == "bind":  # first: fusermount3 -u refuses a mount with a mount inside
+            subprocess.run(["umount", str(mnt / "node_modules")], check=False)
         manage.unmount(str(mnt))
     return out
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 import logging
 
-from stepfs.overlayfs.daemon.libfuse import mfusepy
+from stepfs.overlayfs.daemon.libfuse import mfusepy, private_layout_known
 
 log = logging.getLogger("stepfs.fuse")
 
@@ -19,9 +19,10 @@ _LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlin
            "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
            "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
            "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
-#: Offset of ``op`` in libfuse 3.12-3.15's private ``struct fuse_session``
-#: (lib/fuse_i.h: ``char *mountpoint; volatile int exited; int fd; struct
-#: fuse_custom_io *io; struct mount_opts *mo; int debug; int deny_others;``).
+#: Offset of ``op`` in the private ``struct fuse_session`` of the releases
+#: in ``PRIVATE_LAYOUTS`` (lib/fuse_i.h: ``char *mountpoint; volatile int
+#: exited; int fd; struct fuse_custom_io *io; struct mount_opts *mo; int
+#: debug; int deny_others;``).
 _SE_OP_OFFSET = 40
 _SE_FD_OFFSET = 12
 _FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
@@ -63,8 +64,9 @@ class ListingCache:
     never pruned (it holds the ``.stepfs`` directories visited).
 
     The table is private to libfuse, so it is patched only when its layout
-    is proven: libfuse 3.12-3.15 (the versions with this ``struct
-    fuse_session`` prefix), the session's ``fd`` field equal to
+    is proven: a release whose ``struct fuse_session`` prefix was verified
+    (:func:`private_layout_known`, asked of the loaded library), the
+    session's ``fd`` field equal to
     ``fuse_session_fd()``, every handler of the high-level table inside
     libfuse's code and exactly ``write`` and ``retrieve_reply`` NULL.
     Otherwise nothing is patched and listings are simply not cached.  The
@@ -130,7 +132,7 @@ class ListingCache:
         """Wrap the session's low-level ``opendir``, ``readdir`` and
         ``readdirplus`` (from ``init``, on the loop thread, before any of
         them can arrive); returns whether listings can now be cached."""
-        if not (mfusepy.fuse_version_major == 3 and 12 <= mfusepy.fuse_version_minor <= 15):
+        if not private_layout_known():
             return False
         lib = mfusepy._libfuse
         se = lib.fuse_get_session(fuse)

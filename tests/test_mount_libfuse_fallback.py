@@ -6,7 +6,12 @@ test_libfuse_version.py forces the "unknown version" branch by the version
 the check reads; here the daemon is forced into the same fallback through
 ``STEPFS_LIBFUSE_PRIVATE=off`` (it cannot be handed another libfuse
 version), and runs the listing and outside-edit tests of
-test_mount_listings.py and test_mount_watch.py against that mount."""
+test_mount_listings.py and test_mount_watch.py against that mount.
+
+Not run here: the two tests of a name removed outside while it is being
+recreated through the mount (test_mount_watch.py).  Without the lookup
+hook a LOOKUP cannot be told from a GETATTR, and that race can fail the
+``open(O_CREAT)`` once with ENOENT (libfuse/notify.py, KernelCache)."""
 
 from __future__ import annotations
 
@@ -26,8 +31,8 @@ from test_mount_listings import (  # noqa: F401
     test_step_and_discard_keep_cached_listings_true)
 from test_mount_readdirplus import test_listed_entries_have_the_attributes_getattr_gives  # noqa: F401
 from test_mount_watch import (  # noqa: F401
-    test_names_removed_outside_and_recreated_at_once_never_fail,
-    test_names_removed_outside_can_be_created_through_the_mount, test_save_by_rename_and_kind_changes_outside)
+    test_a_directory_moved_outside, test_outside_edits_are_seen_before_the_timeout,
+    test_save_by_rename_and_kind_changes_outside)
 
 
 pytestmark = pytest.mark.mount

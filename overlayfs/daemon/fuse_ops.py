@@ -38,9 +38,9 @@ Choices (measured or forced, see README "Architecture"):
   version token equals that of its previous read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
-* kernel-cached directory listings while the mount watches
-  (:class:`ListingCache`, which works around libfuse 3.14's high-level
-  ``opendir``); a warm ``git status`` then sends no READDIR at all.
+* kernel-cached directory listings while the mount watches, on a libfuse
+  whose private layout is verified (:class:`ListingCache`, which works
+  around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
   name that is not there): the VFS then repeats the lookup with
@@ -233,6 +233,7 @@ class StepFS(mfusepy.Operations):
             installed = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
+            self.kernel_cache.lookups_told = installed
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:

@@ -90,8 +90,10 @@ class ListingCache:
         self.dir_node = 0  # node id of the directory whose readdir is in flight
         self.uncached: set[int] = set()  # node ids of .stepfs directories
         # A LOOKUP is being answered (the high-level API asks getattr for
-        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.
-        self.in_lookup = False
+        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.  True
+        # while the hook is not installed: a request that may be a LOOKUP
+        # must get the truth, never ESTALE (issue 18 item 6).
+        self.in_lookup = True
         self.installed = False
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
@@ -159,6 +161,7 @@ class ListingCache:
             self._slots.append((slot, ops[i]))
             slot.value = ctypes.cast(hook, ctypes.c_void_p).value
         self.installed = True
+        self.in_lookup = False
         return True
 
     def uninstall(self) -> None:

@@ -43,6 +43,14 @@ class KernelCache:
     VFS retries the lookup with revalidation, which drops or rebinds the
     name (a kind change, file -> directory, included).  ``gone`` is a plain
     set: added to by the control and watcher threads, consumed by the loop.
+    Without ``lowlevel``'s lookup hook (:attr:`lookups_told` False) a
+    LOOKUP cannot be told from a GETATTR, and an ESTALE to a LOOKUP fails
+    the system call (``mkdir`` of a name removed outside); those mounts
+    renew every name instead (:meth:`new_epoch`, Linux 6.16+; on an older
+    kernel a name whose kind changed outside answers EIO once).  One race
+    stays there: an ``open(O_CREAT)`` through the mount of a name removed
+    outside at that very moment can fail with ENOENT, when the permission
+    check's GETATTR lands between the walk and the renewal.
 
     :meth:`new_epoch` is the one call that is safe on the loop thread and
     under the view's lock: it only bumps a counter in the kernel.
@@ -66,6 +74,10 @@ class KernelCache:
         #: Whether directory listings are being cached (ListingCache; for
         #: the control channel's ``ping``, any thread).
         self.listings_cached = False
+        #: Whether a LOOKUP can be told from a GETATTR (ListingCache's hook
+        #: installed).  When not, gone names never get ESTALE and
+        #: :meth:`invalidate` renews every name instead.
+        self.lookups_told = True
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
@@ -139,4 +151,9 @@ class KernelCache:
         cached.  ``gone``: their files were removed or replaced (see above)."""
         if gone:
             self.gone.update(paths)
+        if gone and not self.lookups_told:
+            # The kernel then looks every name up again before using it, and
+            # a name whose kind changed gets the truth from that LOOKUP
+            # instead of an EIO from a GETATTR of the old kind.
+            self.new_epoch()
         return sum(1 for path in paths if self.forget(path))

@@ -8,7 +8,6 @@ means absent).  Nothing here writes; writing a layer is ``publish.py``'s job.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 from sqlalchemy import case, func, literal_column, select
 from sqlalchemy.engine import Connection
@@ -16,60 +15,9 @@ from sqlalchemy.engine import Connection
 from stepfs.store import schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import LayerPruned, NoSuchLayer
+from stepfs.store.records import Entry, Layer, State  # noqa: F401  (their home before records.py)
 
 L, E = schema.layers, schema.entries
-
-
-@dataclass(frozen=True)
-class State:
-    """A path's state in a layer entry; ``kind is None`` means absent."""
-
-    kind: str | None
-    mode: int | None = None
-    oid: str | None = None
-    target: bytes | None = None
-    uid: int | None = None
-    gid: int | None = None
-    xattrs: bytes | None = None  # store/xattrs.py encoding
-
-    def op_against(self, before: "State") -> str:
-        if before.kind is None:
-            return "added"
-        if self.kind is None:
-            return "deleted"
-        if before.kind != self.kind:
-            return "replaced"
-        if before.oid == self.oid and before.target == self.target:
-            return "mode" if before.mode != self.mode else "metadata"
-        return "modified"
-
-
-@dataclass
-class Entry:
-    path: bytes
-    before: State
-    after: State
-    after_mtime_ns: int | None = None
-    after_link: bytes | None = None  # publish as a hard link of this path
-
-    @property
-    def op(self) -> str:
-        return self.after.op_against(self.before)
-
-
-@dataclass
-class Layer:
-    number: int
-    state: str
-    kind: str
-    created_ns: int
-    message: str
-    agent: str
-    mount: str
-    meta: dict = field(default_factory=dict)
-    added: int = 0
-    modified: int = 0
-    deleted: int = 0
 
 
 def head(conn: Connection) -> int:

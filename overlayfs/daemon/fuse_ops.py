@@ -1,6 +1,7 @@
 """The FUSE adapter: mfusepy callbacks -> :class:`overlayfs.view.Overlay`.
 
-With the ``libfuse`` package (what the high-level API lacks), the only module that imports mfusepy.  It translates paths, file
+With the ``libfuse`` package (what the high-level API lacks, behind
+version checks), the only module that imports mfusepy.  It translates paths, file
 info structs and stat dicts, and maps errors to errno in one table
 (:data:`ERRNO`).  No filesystem decision is made here.
 
@@ -56,18 +57,18 @@ import os
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
-from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable
+from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
 
-from stepfs.overlayfs.core import errors as view_errors
-from stepfs.overlayfs.core.agents import Agents
-from stepfs.overlayfs.daemon.closers import Writers
+from stepfs.overlayfs.core import errors as view_errors  # noqa: E402
+from stepfs.overlayfs.core.agents import Agents  # noqa: E402
+from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
 from stepfs.overlayfs.daemon.libfuse.highlevel import _FUSE
 from stepfs.overlayfs.daemon.libfuse.loop import hooked
 from stepfs.overlayfs.daemon.libfuse.lowlevel import ListingCache
 from stepfs.overlayfs.daemon.libfuse.notify import KernelCache
-from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT
-from stepfs.overlayfs.core.view import Overlay
-from stepfs.overlayfs.daemon.watch import Watcher
+from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
+from stepfs.overlayfs.core.view import Overlay  # noqa: E402
+from stepfs.overlayfs.daemon.watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
 #: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).

@@ -126,6 +126,7 @@ from stepfs.store.layers import Entry, State, entries as load_entries, next_numb
 from stepfs.store.workspace import Workspace
 from stepfs.store.plan import LEAF_KINDS, PRECAPTURE_MAX, Plan, _Before, _ONE_READ, _after_of, _before_of, _blocked, _current_kind, _lstat, _same_inode, _walk, capture, plan_step, precapture  # noqa: F401  (moved; callers use these names here)
 from stepfs.store.journal import E, L, _CONSUME_STEP, _ENTRY_COLUMNS, _FIRST_IN_STATE, _INSERT_ENTRIES, _INSERT_LAYER, _LAYER_COLUMNS, _MARK_COMMITTED, _PENDING, _entry_row, _pending_failure, _prepare_failure, _state_parts, _why, _withdraw_intent, intent_checksum  # noqa: F401  (moved; callers use these names here)
+from stepfs.store.completion import OUTSIDE_CHANGE, _DirSync, _complete, _record_outside, _sync_closing, _sync_dirs, _token_now  # noqa: F401  (moved; callers use these names here)
 
 log = logging.getLogger("stepfs.publish")
 
@@ -398,49 +399,6 @@ def _prepped(prep) -> _Prepped | None:
 def _close_prepped(prepped: _Prepped | None) -> None:
     if prepped is not None:
         prepped.close()
-
-
-def _complete(ws: Workspace, number: int, step: int | None, dir_sync: _DirSync | None = None,
-              left: list[Entry] = ()) -> None:
-    """Step 5: the layer is committed and its step's staged rows consumed.
-
-    ``dir_sync``: the switch's last directory fsyncs, still running; the
-    statements are run meanwhile and the COMMIT only once every one of them
-    has ended (SQLite writes nothing of a transaction to the WAL as
-    committed before its COMMIT).  If one failed, the transaction is rolled
-    back and the ``OSError`` raised: the layer stays pending.
-
-    ``left``: entries recovery did not publish (:func:`classify`), each
-    recorded in the same transaction as an ``outside-change`` conflict of
-    the layer's mount holding the layer's after state (what ``stepfs
-    status`` lists and ``MOUNT/.stepfs/conflicts/PATH`` shows)."""
-    with ws.db.write(durable=True) as conn:
-        _MARK_COMMITTED.execute(conn, {"n": number, "state": "committed"})
-        if step is not None:
-            _CONSUME_STEP.execute(conn, {"s": step})
-        if left:
-            mount, agent = conn.execute(select(L.c.mount, L.c.agent).where(L.c.number == number)).one()
-            _record_outside(ws, conn, left, mount, agent)
-        if dir_sync is not None:
-            dir_sync.start().wait()
-
-
-def _record_outside(ws: Workspace, conn, entries: list[Entry], mount: str, agent: str) -> None:
-    """Each entry as an ``outside-change`` conflict of ``mount`` holding
-    its after state (what ``stepfs status`` lists)."""
-    now = time.time_ns()
-    conn.execute(schema.conflicts.insert(), [dict(
-        created_ns=now, path=e.path, mount=mount, agent=agent, reason=OUTSIDE_CHANGE,
-        oid=e.after.oid if e.after.kind == "file" else None, mode=e.after.mode, token_mine="",
-        token_theirs=_token_now(ws, e.path),
-    ) for e in entries])
-
-
-def _token_now(ws: Workspace, path: bytes) -> str:
-    st = _lstat(ws, path)
-    if st is None:
-        return tokens.ABSENT
-    return tokens.from_stat(st, ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None)
 
 
 def import_refs(ws: Workspace, step: int) -> dict[str, str]:
@@ -778,63 +736,6 @@ def _switch(ws: Workspace, number: int, entries: list[Entry], wait: bool = True,
             prepped.close()
 
 
-def _sync_closing(fds: list[int]) -> None:
-    """fsync ``fds`` together, then close them (closed on failure too)."""
-    try:
-        durable.fsync_all(fds)
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _sync_dirs(fds: list[int], wait: bool) -> _DirSync | None:
-    """Step 4's directory fsyncs, on descriptors this call owns: every
-    batch of :data:`SYNC_BATCH` but the last is fsynced and closed; the
-    last is fsynced and closed too (``wait``) or returned still syncing as
-    a :class:`_DirSync` (not yet begun) for :func:`_complete` to wait for.  Raises the
-    first failed fsync's ``OSError``; every descriptor not handed over is
-    closed either way."""
-    try:
-        while len(fds) > SYNC_BATCH:
-            batch, fds = fds[:SYNC_BATCH], fds[SYNC_BATCH:]
-            _sync_closing(batch)
-        if not wait:
-            last, fds = _DirSync(fds), []
-            return last
-        batch, fds = fds, []
-        _sync_closing(batch)
-        return None
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-class _DirSync:
-    """The last batch of a switch's directory fsyncs, not yet waited for:
-    begun on the pool (``durable.start_fsync_all``) by :meth:`start`, once
-    a daemon's answer is out (:func:`write_layer`), and waited for by the
-    completion before its COMMIT (:func:`_complete`), which builds its
-    transaction meanwhile.  Owns the descriptors; :meth:`close` once done."""
-
-    def __init__(self, fds: list[int]):
-        self.fds = fds
-        #: ``.wait()``: every fsync has ended; raises the first failure
-        #: (never retried).  None until :meth:`start`.
-        self.syncing: durable.Syncing | None = None
-
-    def start(self) -> durable.Syncing:
-        if self.syncing is None:
-            self.syncing = durable.start_fsync_all(self.fds)
-        return self.syncing
-
-    def close(self) -> None:
-        if self.syncing is not None:
-            self.syncing.abandon()  # nothing left to wait for once waited
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-
-
 def apply_entries(ws: Workspace, number: int, entries: list[Entry], left: dict[bytes, str] | None = None) -> None:
     """Steps 2 and 4 together: publish a layer whose intent is recorded
     (recovery).  Idempotent.  ``left`` (:func:`classify`): paths not
@@ -907,10 +808,6 @@ def _recover_locked(ws: Workspace) -> list[int]:
         done.append(number)
     _remove_temps(ws)
     return done
-
-
-#: ``conflicts.reason`` of a path recovery left alone (see :func:`classify`).
-OUTSIDE_CHANGE = "outside-change"
 
 
 def classify(ws: Workspace, conn, entries: list[Entry]) -> dict[bytes, str]:

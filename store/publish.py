@@ -1,8 +1,12 @@
-"""Atomic publish of a step into the workspace, and crash recovery.
+"""Atomic publish of a step into the workspace: the protocol and its driver.
 
-Why one module of about 1,250 lines: the commit, the switch and recovery
-share the temporary-file names, the durable seam and the crash invariants
-written below; a reader checks the protocol against FORMAT.md in one place.
+The protocol is written down here once and its parts live in modules named
+for what they hold: ``store.plan`` (step 1: before states and the plan),
+``store.journal`` (step 3: the intent's rows and checksum, the failure
+messages), ``store.switch`` (steps 2 and 4: temporary files and the
+renames), ``store.completion`` (step 5: the directory fsyncs and the
+``committed`` record) and ``store.recovery`` (pending layers after a
+crash).  This module runs them in order (:class:`Commit`).
 
 Commit protocol (the order is the whole point; FORMAT.md repeats it).  Every
 call that moves or persists state goes through ``store.durable`` (the seam
@@ -77,21 +81,8 @@ it) and the commit lock keeps every other commit, recovery and
 after the answer leaves the layer pending as below, and the daemon's mount
 read-only with its message (``overlayfs.committing``).
 
-Recovery (:func:`recover`) runs before anything else uses a store
-(``Workspace.open``, and the start of every commit): every ``pending`` layer
-whose checksum verifies is published again from the store (steps 2, 4 and 5:
-every new file rewritten from its object into a new temporary file and
-fsynced, every rename and directory fsync redone) and marked committed,
-except the paths that hold neither the layer's before nor its after state
-(:func:`classify`): changed outside stepfs after the intent, they are left
-as they are, named in the log and recorded as ``outside-change`` conflicts
-in the transaction that marks the layer committed.  Nothing is overwritten
-that the layer did not capture or write.  A
-layer whose checksum does not verify (a torn, truncated or garbage intent)
-is marked ``void``: it never reached a consistent commit point, the
-workspace is left alone and the step's staged rows, never consumed, are
-still the open step.  Then every temporary file is removed.  Recovery is
-idempotent and may itself be killed at any point and run again.
+Recovery (``store.recovery``) runs before anything else uses a store and
+at the start of every commit; its module docstring says what it does.
 
 Failures after the commit point (the fsyncgate rule).  A failed ``fsync``
 (or rename, unlink, mkdir) in step 4 raises :class:`PublishFailed` naming
@@ -107,27 +98,24 @@ pending: it is never marked committed after a failed call.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
-import stat as stat_mod
 import time
-from dataclasses import dataclass, field, replace
 
-import xxhash
-from sqlalchemy import bindparam, func, select, update
-
-from stepfs.store import durable, refs, schema, staging, tokens, xattrs
-from stepfs.store.contained import NODE_KINDS, kind_of, rdev_of, rdev_target
-from stepfs.store.db import Prepared
-from stepfs.store.errors import CommitConflict, NothingToCommit, PublishFailed, StepfsError, StoreUnavailable
-from stepfs.store.layers import Entry, State, entries as load_entries, next_number
+from stepfs.store import durable, refs, staging, tokens  # noqa: F401  (tokens: tests reach it here)
+from stepfs.store.errors import CommitConflict, NothingToCommit, StepfsError, StoreUnavailable
+from stepfs.store.layers import Entry, next_number
 from stepfs.store.workspace import Workspace
-from stepfs.store.plan import LEAF_KINDS, PRECAPTURE_MAX, Plan, _Before, _ONE_READ, _after_of, _before_of, _blocked, _current_kind, _lstat, _same_inode, _walk, capture, plan_step, precapture  # noqa: F401  (moved; callers use these names here)
-from stepfs.store.journal import E, L, _CONSUME_STEP, _ENTRY_COLUMNS, _FIRST_IN_STATE, _INSERT_ENTRIES, _INSERT_LAYER, _LAYER_COLUMNS, _MARK_COMMITTED, _PENDING, _entry_row, _pending_failure, _prepare_failure, _state_parts, _why, _withdraw_intent, intent_checksum  # noqa: F401  (moved; callers use these names here)
-from stepfs.store.completion import OUTSIDE_CHANGE, _DirSync, _complete, _record_outside, _sync_closing, _sync_dirs, _token_now  # noqa: F401  (moved; callers use these names here)
-from stepfs.store.switch import SYNC_BATCH, _NEW_DIR_MODE, _Prepped, _depth, _owner_for, _prepare, _remove_temps, _split, _switch, _switch_prep, _temp_name, apply_entries  # noqa: F401  (moved; callers use these names here)
+# The protocol's parts, under the names callers and tests have always used.
+from stepfs.store.completion import OUTSIDE_CHANGE, _complete, _DirSync, _record_outside  # noqa: F401
+from stepfs.store.journal import (  # noqa: F401
+    _CONSUME_STEP, _FIRST_IN_STATE, _INSERT_ENTRIES, _INSERT_LAYER, _entry_row, _pending_failure,
+    _prepare_failure, _withdraw_intent, intent_checksum,
+)
+from stepfs.store.plan import LEAF_KINDS, PRECAPTURE_MAX, Plan, _Before, capture, plan_step, precapture  # noqa: F401
+from stepfs.store.recovery import _recover_locked, classify, recover  # noqa: F401
+from stepfs.store.switch import _Prepped, _prepare, _remove_temps, _switch, _switch_prep, apply_entries  # noqa: F401
 
 log = logging.getLogger("stepfs.publish")
 
@@ -419,12 +407,6 @@ class _PendingFound(Exception):
     """A pending layer turned up at the start of a commit: recover first."""
 
 
-def recover(ws: Workspace) -> list[int]:
-    """Finish or void every pending layer; returns the numbers rolled forward."""
-    with ws.commit_lock():
-        return _recover_locked(ws)
-
-
 def record_empty(ws: Workspace, *, message: str = "", meta: dict | None = None) -> int:
     """Record an empty step layer (``step --allow-empty`` with nothing
     staged anywhere).  Like every commit, it first finishes or voids any
@@ -433,114 +415,3 @@ def record_empty(ws: Workspace, *, message: str = "", meta: dict | None = None) 
     with ws.commit_lock():
         _recover_locked(ws)
         return write_layer(ws, [], kind="step", message=message, agent="", mount="", meta=meta, consume_step=None)
-
-
-def _recover_locked(ws: Workspace) -> list[int]:
-    with ws.db.read() as conn:
-        pending = conn.execute(_PENDING).all()
-    done = []
-    for number, checksum, step in pending:
-        with ws.db.read() as conn:
-            entries = load_entries(conn, number)
-        if intent_checksum(entries, step) != checksum:
-            # Never reached a consistent commit point: not committed, and
-            # its step's staged rows were never consumed.
-            with ws.db.write(durable=True) as conn:
-                conn.execute(update(L).where(L.c.number == number).values(state="void"))
-            continue
-        try:
-            with ws.db.read() as conn:
-                left = classify(ws, conn, entries)
-            for path, why in sorted(left.items()):
-                log.warning("recovery of layer %d leaves %s alone: %s; the layer's version of it is kept as an "
-                            "'outside-change' conflict", number, os.fsdecode(path), why)
-            apply_entries(ws, number, entries, left)
-        except OSError as exc:
-            raise _pending_failure(number, exc) from None
-        _complete(ws, number, step, left=[e for e in entries if e.path in left])
-        done.append(number)
-    _remove_temps(ws)
-    return done
-
-
-def classify(ws: Workspace, conn, entries: list[Entry]) -> dict[bytes, str]:
-    """The paths of a pending layer that recovery must leave alone, each
-    with why.  Recovery publishes a path only while it holds the entry's
-    *before* state, its *after* state (published again: the same bytes,
-    rewritten from the store and fsynced, as every recovery does), or a
-    state the switch itself passes through (absent between removing a path
-    and making it again as another kind; a new directory with the mode
-    ``mkdir`` gave it).  Any other state was made outside stepfs after the
-    intent (during the switch, or after it and before the layer was marked
-    committed) and MUST NOT be overwritten.
-
-    States are compared by kind, mode and content (file bytes against the
-    object, byte for byte; symlink target; device number), not by owner,
-    extended attributes or times.  A directory the layer removes is left
-    when it holds anything the layer does not remove; a path below a left
-    path that is no directory now is left too (it cannot be published)."""
-    paths = {e.path for e in entries}
-    left: dict[bytes, str] = {}
-    # Deepest first: the children of a directory are decided before it.
-    for e in sorted(entries, key=lambda e: -_depth(e.path)):
-        st = _lstat(ws, e.path)
-        kind = None if st is None else kind_of(st.st_mode)
-        if _holds(ws, conn, e.path, st, e.before):
-            if kind == "dir" and e.after.kind != "dir":
-                strays = [name for name, _k, _i in ws.root.listdir(e.path)
-                          if _child(e.path, name) not in paths or _child(e.path, name) in left]
-                if strays:
-                    left[e.path] = (f"it is a directory the layer removes, and holds {len(strays)} name(s) the "
-                                    f"layer does not remove ({os.fsdecode(sorted(strays)[0])}, ...)")
-            continue  # published as in any run
-        if _holds(ws, conn, e.path, st, e.after):
-            pass  # published again
-        elif kind is None and e.before.kind is not None and e.before.kind != e.after.kind:
-            pass  # removed by the switch, not yet made again as the other kind
-        elif kind == "dir" and e.after.kind == "dir" and e.before.kind != "dir" \
-                and stat_mod.S_IMODE(st.st_mode) == _NEW_DIR_MODE:
-            pass  # made by the switch, its mode not yet set
-        else:
-            left[e.path] = _neither(st, kind)
-    for path, why in _blocked(ws, [e for e in entries if e.path not in left]).items():
-        left.setdefault(path, f"it cannot be reached: {why}")
-    for e in sorted(entries, key=lambda e: _depth(e.path)):
-        parent = e.path.rpartition(b"/")[0]
-        while parent and e.path not in left:
-            if parent in left and _current_kind(ws, parent) != "dir":
-                left[e.path] = f"it is below {os.fsdecode(parent)}, which recovery leaves alone"
-            parent = parent.rpartition(b"/")[0]
-    return left
-
-
-def _child(parent: bytes, name: bytes) -> bytes:
-    return name if parent == b"." else parent + b"/" + name
-
-
-def _neither(st: os.stat_result | None, kind: str | None) -> str:
-    if kind is None:
-        return "it was removed outside stepfs"
-    return f"it holds a {kind} that is neither the layer's before nor its after state (changed outside stepfs)"
-
-
-def _holds(ws: Workspace, conn, path: bytes, st: os.stat_result | None, s: State) -> bool:
-    """Whether the workspace path (``st``: its ``lstat``, None if absent)
-    is in state ``s`` by kind, mode and content."""
-    if st is None or s.kind is None:
-        return st is None and s.kind is None
-    kind = kind_of(st.st_mode)
-    if s.kind == "special":  # a socket or device as older stores recorded it
-        return kind in NODE_KINDS
-    if kind != s.kind:
-        return False
-    if kind == "symlink":
-        return ws.root.readlink(path) == s.target
-    if stat_mod.S_IMODE(st.st_mode) != s.mode:
-        return False
-    if kind == "file":
-        fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        try:
-            return ws.objects.holds(conn, s.oid, fd)
-        finally:
-            os.close(fd)
-    return kind == "dir" or rdev_target(kind, st.st_rdev) == s.target

@@ -12,7 +12,7 @@ Layout of ``WORKSPACE/.stepfs/`` (see FORMAT.md):
                     (``store.spares``)
 * ``commit.lock``   held (flock) for the whole of every commit and recovery
 
-Opening a workspace runs recovery first (``publish.recover``): nothing else
+Opening a workspace runs recovery first (``recovery.recover``): nothing else
 touches a store that has a half-published layer.
 """
 
@@ -103,7 +103,7 @@ class Workspace:
         try:
             ws._ensure_baseline()
             if recover:
-                from stepfs.store.publish import recover as _recover
+                from stepfs.store.recovery import recover as _recover
 
                 _recover(ws)
         except BaseException:

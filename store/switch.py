@@ -50,7 +50,7 @@ def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, k
             return _prepare(ws, number, entries, own, keep)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
-    tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    tmp_fd = ws.tmp.fd  # held by the workspace: never resolved by name here
     unsynced: list[int] = []
 
     def sync_batch() -> None:
@@ -117,17 +117,15 @@ def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, k
         for fd in unsynced:  # never fsynced: the commit fails anyway
             os.close(fd)
         raise
-    finally:
-        os.close(tmp_fd)
     return unsynced
 
 
 def _remove_temps(ws: WorkspaceParts) -> None:
     """Delete every temporary file (only commits use ``.stepfs/tmp``, and the
     caller holds the commit lock)."""
-    for name in os.listdir(ws.tmp_dir):
+    for name in os.listdir(ws.tmp_dir):  # /proc/self/fd/N of the held handle
         try:
-            os.unlink(os.path.join(ws.tmp_dir, name))
+            os.unlink(name, dir_fd=ws.tmp.fd)
         except (FileNotFoundError, IsADirectoryError):
             pass
 
@@ -269,7 +267,7 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
 
         # 3. files, symlinks, FIFOs, devices, sockets and links: each
         # temporary file renamed over its path
-        tmp_fd = os.open(ws.tmp_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        tmp_fd = ws.tmp.fd
         try:
             for seq, e in enumerate(entries):
                 if e.after.kind not in LEAF_KINDS:
@@ -286,7 +284,6 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                     if owned:
                         os.close(pfd)
         finally:
-            os.close(tmp_fd)
             ws.spares.release()
 
         # 4. directory metadata (last, so a read-only directory is filled first)

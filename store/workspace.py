@@ -52,15 +52,19 @@ class Workspace:
     a look-alike tree, while it is open changes nothing this object
     touches; :attr:`store_path` is the name for messages only."""
 
-    def __init__(self, path: str, db: Database, root: Root, store: Root):
+    def __init__(self, path: str, db: Database, root: Root, store: Root, tmp: Root):
         self.path = path
         self.root = root
         self.store = store
+        #: ``.stepfs/tmp``, opened once beneath ``store``: a commit makes,
+        #: links and renames its temporary files relative to ``tmp.fd``, so
+        #: a symlink swapped in for ``tmp`` later redirects nothing.
+        self.tmp = tmp
         self.store_path = os.path.join(path, STORE_DIR)
         self.store_dir = store.handle_path
         self.db = db
         self.objects = ObjectStore()
-        self.tmp_dir = os.path.join(self.store_dir, "tmp")
+        self.tmp_dir = tmp.handle_path  # through the held handle, for listing
         self.run_dir = os.path.join(self.store_dir, "run")
         self.spares = Spares(os.path.join(self.store_dir, "spare"), os.path.join(self.store_dir, "retired"))
 
@@ -85,13 +89,20 @@ class Workspace:
             # leaves a store, not directories that look like a lost one.
             db = Database.open(os.path.join(store.handle_path, DB_NAME), create=create,
                                label=os.path.join(real, STORE_DIR, DB_NAME))
+            tmp = None
             try:
                 for sub in SUBDIRS:
                     try:
-                        store.subdir(sub, create=True).close()  # a real directory, not a symlink planted there
+                        handle = store.subdir(sub, create=True)  # a real directory, not a symlink planted there
                     except OSError as exc:
                         raise _store_os_error(exc, os.path.join(real, STORE_DIR, sub)) from None
+                    if sub == "tmp":
+                        tmp = handle  # held: every commit makes its new files through it
+                    else:
+                        handle.close()
             except BaseException:
+                if tmp is not None:
+                    tmp.close()
                 db.close()
                 raise
         except BaseException:
@@ -99,7 +110,7 @@ class Workspace:
                 store.close()
             root.close()
             raise
-        ws = cls(real, db, root, store)
+        ws = cls(real, db, root, store, tmp)
         try:
             ws._ensure_baseline()
             if recover:
@@ -114,6 +125,7 @@ class Workspace:
     def close(self) -> None:
         self.spares.stop()
         self.db.close()  # before the store handle its file names go through
+        self.tmp.close()
         self.store.close()
         self.root.close()
 

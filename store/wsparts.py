@@ -22,7 +22,8 @@ class WorkspaceParts(Protocol):
     db: Database
     objects: ObjectStore
     spares: Spares
-    #: ``.stepfs/tmp``, where a commit makes its new files.
+    #: ``.stepfs/tmp``, where a commit makes its new files (held open).
+    tmp: Root
     tmp_dir: str
 
     def commit_lock(self) -> ContextManager[None]: ...

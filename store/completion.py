@@ -90,7 +90,8 @@ def _complete(ws: WorkspaceParts, number: int, step: int | None, dir_sync: _DirS
     committed before its COMMIT).  If one failed, the transaction is rolled
     back and the ``OSError`` raised: the layer stays pending.
 
-    ``left``: entries recovery did not publish (:func:`classify`), each
+    ``left``: entries recovery did not publish (``recovery.classify``) or
+    a commit's switch left (changed outside after the plan), each
     recorded in the same transaction as an ``outside-change`` conflict of
     the layer's mount holding the layer's after state (what ``stepfs
     status`` lists and ``MOUNT/.stepfs/conflicts/PATH`` shows)."""

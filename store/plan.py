@@ -33,9 +33,14 @@ class Plan:
     entries: list[Entry] = field(default_factory=list)
     conflicts: list[bytes] = field(default_factory=list)
     noop_paths: list[bytes] = field(default_factory=list)
-    #: Entries whose path goes through a symlink or a non-directory in the
-    #: workspace (:func:`_blocked`): left alone, recorded as outside changes.
+    #: Entries left alone and recorded as outside changes: a path through a
+    #: symlink or a non-directory in the workspace (:func:`_blocked`), or
+    #: below a directory the step removes and changed outside since the
+    #: removal (with the removed directories that hold it).
     outside: list[Entry] = field(default_factory=list)
+    #: The token each entry's path had when its before state was captured:
+    #: the switch leaves a path whose token moved since (changed outside).
+    tokens: dict[bytes, str] = field(default_factory=dict)
 
 
 def _lstat(ws: WorkspaceParts, path: bytes) -> os.stat_result | None:
@@ -183,13 +188,23 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
             return plan_step(ws, rows, overwrite, own, known)
     staged = {r.path: r for r in rows}
     after: dict[bytes, tuple[State, int | None, str | None]] = {}
+    unseen: set[bytes] = set()  # below a removed directory, changed outside since the removal
     for row in rows:
         after[row.path] = (_after_of(row), row.mtime_ns if row.kind in ("file", "symlink") else None, row.base)
         hides_below = row.kind == "whiteout" or (row.kind == "dir" and row.opaque) or row.kind in ("file", "symlink")
         if hides_below:
+            since = row.mtime_ns if row.kind == "whiteout" and row.mtime_ns else None
             for child in _walk(ws, row.path):
-                if child not in staged:
-                    after.setdefault(child, (State(None), None, None))
+                if child in staged:
+                    continue
+                if since is not None and _changed_since(ws, child, since):
+                    unseen.add(child)
+                    continue
+                after.setdefault(child, (State(None), None, None))
+    # A directory that holds what the step never saw stays, with every
+    # directory above it up to the one the step removed.
+    keep_dirs = {parent for path in unseen for parent in _parents(path)
+                 if parent in after and after[parent][0].kind is None}
     # Hard links made in the mount (of files, symlinks, FIFOs, devices,
     # sockets): every name of a group but the first (in byte order) is
     # published as a link to the first.
@@ -203,11 +218,15 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
         for name in names[1:]:
             link_to[name] = names[0]
     plan = Plan()
+    plan.outside = [Entry(path, State(None), State(None)) for path in sorted(unseen - keep_dirs)]
     for path in sorted(after):
         state, mtime, base = after[path]
         before = _before_of(ws, conn, path, known)
         if base is not None and before.token != base and path not in overwrite:
             plan.conflicts.append(path)
+            continue
+        if path in keep_dirs or path in unseen:
+            plan.outside.append(Entry(path, before.state, state, mtime))
             continue
         if state.kind is not None and (state.uid is None or state.gid is None):
             # An owner the view never learned: keep the workspace's.
@@ -218,11 +237,31 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
             plan.noop_paths.append(path)
             continue
         plan.entries.append(Entry(path, before.state, state, mtime, link))
+        plan.tokens[path] = before.token
     blocked = _blocked(ws, plan.entries)
     if blocked:
-        plan.outside = [e for e in plan.entries if e.path in blocked]
+        plan.outside += [e for e in plan.entries if e.path in blocked]
         plan.entries = [e for e in plan.entries if e.path not in blocked]
+    plan.outside.sort(key=lambda e: e.path)
     return plan
+
+
+def _changed_since(ws: WorkspaceParts, path: bytes, since_ns: int) -> bool:
+    """Whether ``path`` was made or changed at or after ``since_ns``, a
+    removal time the view read from the kernel's coarse clock (the one
+    ``ctime`` is stamped from): a change in the same clock tick as the
+    removal counts as after it, so at worst a name is left alone, never
+    deleted unseen."""
+    st = _lstat(ws, path)
+    return st is not None and st.st_ctime_ns >= since_ns
+
+
+def _parents(path: bytes) -> list[bytes]:
+    out = []
+    while b"/" in path:
+        path = path.rpartition(b"/")[0]
+        out.append(path)
+    return out
 
 
 def _blocked(ws: WorkspaceParts, entries: list[Entry]) -> dict[bytes, str]:

@@ -25,7 +25,10 @@ and made durable, with the intent or not at all.
    instead while the path's token is still the one it was captured with.
    A staged path whose workspace token
    differs from the token recorded when it was staged is a conflict: the
-   commit is refused as a whole and the transaction rolled back.
+   commit is refused as a whole and the transaction rolled back.  A path
+   below a removed directory that changed outside after the removal (the
+   step never saw it) is left alone with the directories above it, and
+   recorded as an ``outside-change`` conflict (``store.plan``).
    *Crash:* nothing of the commit; the workspace is OLD, the step open.
 2. **Objects and new files first.**  Before-objects are stored
    (after-objects already were, at close-write).  Every new file, symlink,
@@ -50,7 +53,10 @@ and made durable, with the intent or not at all.
    made from are durable with it, and recovery rewrites every new file.
    *Crash before it commits:* OLD, step open.  *After:* recovery rolls
    forward to NEW (whether or not the new files' fsyncs had ended).
-4. **Switch.**  Remove what the layer removes (deepest first), create
+4. **Switch.**  Just before it first changes a path, compare the path's
+   token with the plan's: a path changed outside since is left alone and
+   recorded as an ``outside-change`` conflict in step 5 (so is a directory
+   to remove that received a name).  Remove what the layer removes (deepest first), create
    directories (shallowest first), ``rename`` each temporary file over its
    target, set directory owners, modes and attributes, then ``fsync`` the
    parent of every entry and every directory entry (each directory once,
@@ -162,9 +168,14 @@ class Commit:
         self.allow_empty, self.overwrite, self.known = allow_empty, overwrite, known
         self.entries = entries if entries is not None else []
         self.number: int | None = None
-        #: staged entries below something that is no longer a directory
-        #: (:func:`_blocked`): left alone, recorded as outside changes.
+        #: entries the plan left alone, recorded as outside changes: below
+        #: something that is no longer a directory, or made outside inside
+        #: a directory the step removes (``Plan.outside``).
         self.outside: list[Entry] = []
+        #: Planned tokens of a step's paths (``Plan.tokens``), checked just
+        #: before each path's switch; entries it left, changed outside since.
+        self._expect: dict[bytes, str] | None = None
+        self.left: list[Entry] = []
         self._locked = locked
         self._held: list = []
         self._dir_sync: _DirSync | None = None  # set once every rename is done
@@ -201,9 +212,10 @@ class Commit:
         if self.number is None:
             if self.outside:
                 raise NothingToCommit(
-                    f"nothing was committed: {len(self.outside)} staged path(s) lie below something that is no "
-                    f"longer a directory in the workspace ({os.fsdecode(self.outside[0].path)}, ...); their "
-                    f"versions are kept as 'outside-change' conflicts ('stepfs status' lists them)."
+                    f"nothing was committed: {len(self.outside)} path(s) of the step were changed outside stepfs "
+                    f"({os.fsdecode(self.outside[0].path)}, ...): made inside a directory the step removes, or "
+                    f"below something that is no longer a directory; they are left as they are and kept as "
+                    f"'outside-change' conflicts ('stepfs status' lists them)."
                 )
             raise NothingToCommit(
                 "nothing to commit: the open step has no changes against the workspace "
@@ -211,7 +223,8 @@ class Commit:
             )
         # Past the commit point: from here a failure leaves the layer pending.
         try:
-            self._dir_sync = _switch(ws, self.number, self.entries, wait=False, prepped=prepped)
+            self._dir_sync = _switch(ws, self.number, self.entries, wait=False, prepped=prepped,
+                                     expect=self._expect, left=self.left)
         except OSError as exc:
             raise _pending_failure(self.number, exc) from None
         return self.number
@@ -227,7 +240,7 @@ class Commit:
             return
         self._completed = True
         try:
-            _complete(self.ws, self.number, self.consume_step, self._dir_sync)
+            _complete(self.ws, self.number, self.consume_step, self._dir_sync, left=self.left)
         except OSError as exc:
             raise _pending_failure(self.number, exc) from None
         finally:
@@ -266,14 +279,15 @@ class Commit:
         self.outside = plan.outside  # a plan run again after recovery starts over
         if plan.outside:
             for e in plan.outside:
-                log.warning("step leaves %s alone: its parent is not a directory in the workspace; its "
-                            "staged version is kept as an 'outside-change' conflict", os.fsdecode(e.path))
+                log.warning("step leaves %s alone: it was changed outside stepfs (below a directory the step "
+                            "removes, or below something that is no longer a directory); its staged version is "
+                            "kept as an 'outside-change' conflict", os.fsdecode(e.path))
             _record_outside(self.ws, conn, plan.outside, self.mount, self.agent)
         if not plan.entries and not self.allow_empty:
             if rows:  # they all equal the workspace (or are kept as conflicts): drop them with this transaction
                 _CONSUME_STEP.execute(conn, {"s": step})
             return False
-        self.entries, self.number = plan.entries, number
+        self.entries, self.number, self._expect = plan.entries, number, plan.tokens
         return True
 
     def _write_intent(self) -> _Prepped | None:

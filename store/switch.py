@@ -11,7 +11,7 @@ import logging
 import os
 import stat as stat_mod
 
-from stepfs.store import durable, xattrs
+from stepfs.store import durable, tokens, xattrs
 from stepfs.store.completion import SYNC_BATCH, _DirSync, _sync_closing, _sync_dirs
 from stepfs.store.contained import NODE_KINDS, kind_of, rdev_of
 from stepfs.store.layers import Entry, State
@@ -190,7 +190,8 @@ _NEW_DIR_MODE = 0o700
 
 
 def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = True,
-            prepped: _Prepped | None = None, keep: set[bytes] = frozenset()) -> _DirSync | None:
+            prepped: _Prepped | None = None, keep: set[bytes] = frozenset(),
+            expect: dict[bytes, str] | None = None, left: list[Entry] | None = None) -> _DirSync | None:
     """Step 4: make the workspace match every entry's after state, using the
     temporary files of :func:`_prepare`.
 
@@ -210,8 +211,53 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
     ``keep``: paths left as they are (recovery: they hold something the
     layer must not overwrite, :func:`classify`); the directories that hold
     them are fsynced all the same.
+
+    ``expect``: the token each path had when the plan captured its before
+    state (a commit; recovery checks with :func:`classify` instead).  Just
+    before the switch first changes a path it compares the path's token
+    now: a path changed outside stepfs since the plan (or a directory to
+    remove that received a name meanwhile, ``ENOTEMPTY``) is not touched
+    and its entry appended to ``left`` (design semantics 14: the caller
+    records it as an ``outside-change`` conflict).
     """
     root = ws.root
+    unchecked = dict(expect) if expect is not None else {}
+    skipped: set[bytes] = set()
+    #: Inodes this commit linked, unlinked or replaced a name of: that moved
+    #: their ctime, so another name of the same inode is compared without it.
+    touched: set[tuple[int, int]] = set()
+    if expect is not None:
+        # So did step 2's links of a new name to a workspace file outside the layer.
+        paths = {e.path for e in entries}
+        for e in entries:
+            if e.after_link is not None and e.after_link not in paths:
+                st = _lstat(ws, e.after_link)
+                if st is not None:
+                    touched.add((st.st_dev, st.st_ino))
+
+    def changed_outside(e: Entry, pfd: int, name: bytes) -> bool:
+        """Whether ``e.path`` no longer has its planned token (checked once,
+        before the first change the switch makes to it)."""
+        want = unchecked.pop(e.path, None)
+        if want is None:
+            return False
+        st, now = _token_at(pfd, name)
+        if now != want and not (st is not None and stat_mod.S_ISREG(st.st_mode)
+                                and (st.st_dev, st.st_ino) in touched
+                                and now.rpartition(":")[0] == want.rpartition(":")[0]):
+            return leave(e, "it was changed outside stepfs after the commit planned it")
+        if st is not None:
+            touched.add((st.st_dev, st.st_ino))  # the switch changes this name next
+        return False
+
+    def leave(e: Entry, why: str) -> bool:
+        log.warning("commit of layer %d leaves %s alone: %s; the layer's version of it is kept as an "
+                    "'outside-change' conflict", number, os.fsdecode(e.path), why)
+        skipped.add(e.path)
+        if left is not None:
+            left.append(e)
+        return True
+
     try:
         # Every parent of a touched path, and every directory whose mode the
         # layer sets, is fsynced at the end, whether or not this run changed
@@ -246,8 +292,15 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                 continue
             pfd, name, owned = parent(e.path)
             try:
-                if cur == "dir":
-                    durable.rmdir(name, dir_fd=pfd)
+                if changed_outside(e, pfd, name):
+                    pass
+                elif cur == "dir":
+                    try:
+                        durable.rmdir(name, dir_fd=pfd)
+                    except OSError as exc:
+                        if expect is None or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                            raise
+                        leave(e, "it is a directory the layer removes, and a name was made in it outside stepfs")
                 else:
                     ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
                     durable.unlink(name, dir_fd=pfd)
@@ -257,11 +310,12 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
 
         # 2. new directories, shallowest first (none in a prepared layer)
         for e in sorted((e for e in entries if e.after.kind == "dir"), key=lambda e: _depth(e.path)):
-            if _current_kind(ws, e.path) == "dir":
+            if e.path in skipped or _current_kind(ws, e.path) == "dir":
                 continue
             pfd, name = root.parent(e.path)
             try:
-                durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
+                if not changed_outside(e, pfd, name):
+                    durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
             finally:
                 os.close(pfd)
 
@@ -270,12 +324,14 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
         tmp_fd = ws.tmp.fd
         try:
             for seq, e in enumerate(entries):
-                if e.after.kind not in LEAF_KINDS:
+                if e.after.kind not in LEAF_KINDS or e.path in skipped:
                     continue
                 if seq_of is not None:
                     seq = seq_of[id(e)]
                 pfd, name, owned = parent(e.path)
                 try:
+                    if changed_outside(e, pfd, name):
+                        continue
                     # The replaced inode is freed after the commit, not inside
                     # the rename (``store.spares``: freeing is the dearest part).
                     ws.spares.retire(name, pfd)
@@ -288,7 +344,7 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
 
         # 4. directory metadata (last, so a read-only directory is filled first)
         for e in entries:
-            if e.after.kind == "dir":
+            if e.after.kind == "dir" and e.path not in skipped:
                 fd = root.open(e.path, os.O_RDONLY | os.O_DIRECTORY)
                 try:
                     st = os.fstat(fd)
@@ -327,6 +383,17 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
     finally:
         if prepped is not None:
             prepped.close()
+
+
+def _token_at(pfd: int, name: bytes) -> tuple[os.stat_result | None, str]:
+    """``(lstat, version token)`` of ``name`` in directory ``pfd`` now (the
+    token as the plan took it: ``tokens.from_stat``, a symlink with its
+    target)."""
+    try:
+        st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None, tokens.ABSENT
+    return st, tokens.from_stat(st, os.readlink(name, dir_fd=pfd) if stat_mod.S_ISLNK(st.st_mode) else None)
 
 
 def apply_entries(ws: WorkspaceParts, number: int, entries: list[Entry], left: dict[bytes, str] | None = None) -> None:

@@ -138,3 +138,32 @@ def test_a_tmp_directory_swapped_for_a_symlink_does_not_redirect_a_commit(tmp_pa
     assert (decoy / "L1-0").read_text() == "a decoy temporary name\n"
     assert (ws_path / "a.txt").read_text() == "new\n"
     assert (ws_path / "b.txt").read_text() == "b\n"
+
+
+def test_spare_and_retired_directories_swapped_for_symlinks_do_not_redirect_a_commit(tmp_path):
+    """The same for ``.stepfs/retired`` (names of replaced inodes, deleted
+    after the commit) and ``.stepfs/spare``: followed by name, the sweep
+    deleted every file of the directory a link named."""
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    (ws_path / "a.txt").write_text("old\n")
+    decoys = {}
+    for sub in ("retired", "spare"):
+        decoys[sub] = tmp_path / f"decoy-{sub}"
+        decoys[sub].mkdir()
+        (decoys[sub] / "keep-me").write_text(f"not the store's {sub}\n")
+    ws, view = open_ws(ws_path)
+    try:
+        write(view, "/a.txt", b"new\n")  # replaces a file with one link: its inode is retired
+        for sub, decoy in decoys.items():
+            os.rename(ws_path / ".stepfs" / sub, ws_path / ".stepfs" / f"{sub}-moved")
+            os.symlink(decoy, ws_path / ".stepfs" / sub)
+        assert view.commit(message="through the held handles") == 1
+        ws.spares.sweep()
+        ws.spares.fill(2)
+    finally:
+        ws.close()
+    for sub, decoy in decoys.items():
+        assert os.listdir(decoy) == ["keep-me"], sub
+        assert (decoy / "keep-me").read_text() == f"not the store's {sub}\n"
+    assert (ws_path / "a.txt").read_text() == "new\n"

@@ -247,13 +247,14 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
 
 
 def _changed_since(ws: WorkspaceParts, path: bytes, since_ns: int) -> bool:
-    """Whether ``path`` was made or changed at or after ``since_ns``, a
-    removal time the view read from the kernel's coarse clock (the one
-    ``ctime`` is stamped from): a change in the same clock tick as the
-    removal counts as after it, so at worst a name is left alone, never
-    deleted unseen."""
+    """Whether ``path`` was made or changed after ``since_ns``, a removal
+    time the view read from the kernel's coarse clock (the one ``ctime`` is
+    stamped from).  A change in the removal's own clock tick counts as
+    before it: a commit published just before the removal (an agent that
+    steps, then deletes) is that far more often than a program outside
+    racing the removal within a few milliseconds."""
     st = _lstat(ws, path)
-    return st is not None and st.st_ctime_ns >= since_ns
+    return st is not None and st.st_ctime_ns > since_ns
 
 
 def _parents(path: bytes) -> list[bytes]:

@@ -90,7 +90,7 @@ def daemon_state(mountpoint: str, alive) -> dict:
         except DaemonError:
             pass
     runs = answer.get("runs") or []
-    return {"readonly": answer.get("readonly"), "runs": runs,
+    return {"readonly": answer.get("readonly"), "runs": runs, "unversioned": answer.get("unversioned"),
             "confined": all(r.get("confined") for r in runs) if runs else None}
 
 

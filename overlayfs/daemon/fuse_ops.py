@@ -69,6 +69,7 @@ from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
 from stepfs.overlayfs.daemon.fuse_main import hooked  # noqa: E402
 from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta  # noqa: E402
+from stepfs.overlayfs.core.passthrough import HANDLE_BASE  # noqa: E402
 from stepfs.overlayfs.core.view import Overlay  # noqa: E402
 from stepfs.overlayfs.daemon.watch import Watcher  # noqa: E402
 
@@ -661,7 +662,7 @@ class StepFS(mfusepy.Operations):
     @_translating
     def truncate(self, path, length, fh=None):
         self._page_tokens.pop(path, None)
-        if fh is not None:
+        if fh is not None and fh.fh < HANDLE_BASE:
             self.writers.wrote(fh.fh, self._caller())
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
@@ -669,7 +670,7 @@ class StepFS(mfusepy.Operations):
     def open(self, path, fi):
         try:
             fi.fh = self.view.open(path, fi.flags, agent=self._agent())
-            if fi.flags & os.O_TRUNC:
+            if fi.flags & os.O_TRUNC and fi.fh < HANDLE_BASE:  # (unversioned handles publish nothing)
                 self.writers.wrote(fi.fh, self._caller())  # truncating is writing
         except view_errors.NotFound:
             # The kernel sends OPEN only for a name it holds as existing: its
@@ -683,8 +684,8 @@ class StepFS(mfusepy.Operations):
         # returns at once for it; POSIX locks are the kernel's own here), so
         # the kernel is told not to send FLUSH for it: one request less per
         # close(2) of every file read.
-        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY:
-            fi.noflush = 1
+        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY or fi.fh >= HANDLE_BASE:
+            fi.noflush = 1  # (an unversioned file's close has nothing to decide either)
         self._keep_pages(path, fi)
         return 0
 
@@ -710,7 +711,10 @@ class StepFS(mfusepy.Operations):
     def create(self, path, mode, fi):
         self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
-        self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
+        else:
+            fi.noflush = 1  # an unversioned file: its close has nothing to check or publish
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
@@ -720,7 +724,8 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def write(self, path, data, offset, fi):
-        self.writers.wrote(fi.fh, self._caller())
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
 
     @_translating
@@ -730,6 +735,8 @@ class StepFS(mfusepy.Operations):
         # own last one publishes (closers.py); the others only report the
         # last decision, and the bytes wait for that close or RELEASE.
         fh = fi.fh
+        if fh >= HANDLE_BASE:
+            return 0  # an unversioned file: nothing to check or publish
         writers_close = self.writers.is_writers_close(fh, self._caller(), lambda: self._handle_ino(path, fh), path)
         self.view.flush(fh, publish=writers_close)
         return 0
@@ -764,7 +771,8 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def fallocate(self, path, mode, offset, size, fi):
-        self.writers.wrote(fi.fh, self._caller())
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())
         self.view.fallocate(fi.fh, mode, offset, size)
         return 0
 
@@ -1071,7 +1079,7 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
     ops = StepFS(view, on_ready, kernel_cache)
     if watch:
         ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts, own=view.own_publishes,
-                              quiet=view.commit_idle)
+                              quiet=view.commit_idle, ignore=view.unversioned.dir_covered)
         ops._watch = ops.watcher.watch
     long_cache = watch
     # The loop, with the teardown hook (fuse_main.py): no libfuse call on

@@ -17,6 +17,7 @@ import os
 from sqlalchemy import select
 
 from stepfs.store import schema
+from stepfs.store.cardrows import Rows
 from stepfs.store.units import human  # noqa: F401  (its callers' name for it)
 from stepfs.store.workspace import Workspace
 
@@ -27,52 +28,18 @@ _BATCH = 5000
 
 def _chunks_of(conn, oids: set[str]) -> dict[str, list[str]]:
     """``{oid: [cid, ...]}`` with each delta's base listed after it."""
-    out: dict[str, list[str]] = {}
-    ordered = sorted(oids)
-    rows = []
-    for i in range(0, len(ordered), _BATCH):  # SQLite bounds the variables of one statement
-        rows += conn.execute(select(OC.c.oid, OC.c.cid, C.c.base).join(C, C.c.cid == OC.c.cid)
-                             .where(OC.c.oid.in_(ordered[i:i + _BATCH]))).all()
-    for oid, cid, base in rows:
-        out.setdefault(oid, []).append(cid)
-        if base is not None:
-            out[oid].append(base)
-    return out
+    return Rows.over(conn).chunks_of(oids)
 
 
 def _stored(conn) -> dict[str, int]:
     """Stored bytes of every chunk."""
-    return dict(conn.exec_driver_sql("SELECT cid, length(data) FROM chunks").all())
+    return Rows.over(conn).stored()
 
 
 def added_bytes(conn, numbers: list[int] | None = None) -> dict[int, int]:
     """Stored bytes each committed layer added (module doc), for
-    ``numbers`` (default: every one).  Reads the entries of every layer up
-    to the newest asked: what history holds, once."""
-    rows = conn.execute(select(E.c.layer, E.c.before_oid, E.c.after_oid)
-                        .where(E.c.layer.in_(select(L.c.number).where(L.c.state == "committed")))
-                        .order_by(E.c.layer)).all()
-    if numbers is not None and numbers:
-        top = max(numbers)
-        rows = [r for r in rows if r.layer <= top]
-    by_layer: dict[int, set[str]] = {}
-    for layer, b, a in rows:
-        by_layer.setdefault(layer, set()).update(x for x in (b, a) if x)
-    chunks = _chunks_of(conn, set().union(*by_layer.values()) if by_layer else set())
-    sizes = _stored(conn)
-    seen: set[str] = set()
-    out: dict[int, int] = {}
-    for layer in sorted(by_layer):
-        total = 0
-        for oid in by_layer[layer]:
-            for cid in chunks.get(oid, ()):
-                if cid not in seen:
-                    seen.add(cid)
-                    total += sizes.get(cid, 0)
-        out[layer] = total
-    wanted = numbers if numbers is not None else [r[0] for r in conn.execute(
-        select(L.c.number).where(L.c.state == "committed"))]
-    return {n: out.get(n, 0) for n in wanted}
+    ``numbers`` (default: every one); ``cardrows.Rows.added_bytes``."""
+    return Rows.over(conn).added_bytes(numbers)
 
 
 def usage(ws: Workspace) -> dict:

@@ -549,7 +549,7 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
         seen = {"invalidated": [], "unreachable": []}
         if result.layer is not None:
             # Each mount also makes the kernel look the names up again (a
-            # name whose kind changed included: fuse_ops.KernelCache).
+            # name whose kind changed included: libfuse.notify.KernelCache).
             seen = invalidate_mounts(ws, result.paths)
         return {
             "number": number, "head_before": result.head, "layer": result.layer, "dry_run": dry_run,

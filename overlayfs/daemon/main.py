@@ -35,7 +35,7 @@ log = logging.getLogger("stepfs.daemon")
 
 def ancestors(paths: list[str]) -> set[str]:
     """Every directory above the view paths ``paths``, up to ``/``.  Their
-    cached listings (fuse_ops.ListingCache) and attributes are invalidated
+    cached listings (libfuse.lowlevel.ListingCache) and attributes are invalidated
     when something changes below them without going through the kernel."""
     out: set[str] = set()
     for path in paths:
@@ -152,7 +152,7 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
                          for p in req["user_paths"] if isinstance(p, str)]
             dropped = view.discard(paths)
             # Gone: the workspace's file shows through again, maybe of
-            # another kind than the staged one (fuse_ops.KernelCache).
+            # another kind than the staged one (libfuse.notify.KernelCache).
             kernel_cache.invalidate(sorted(set(dropped)), gone=True)
             kernel_cache.invalidate(sorted(ancestors(dropped) - set(dropped)))
             return {"discarded": dropped}

@@ -182,7 +182,7 @@ class Watcher:
 
     ``root``: the workspace's :class:`store.contained.Root` (directories are
     opened beneath it, never through a symlink, and watched through
-    ``/proc/self/fd``).  ``kernel``: a :class:`overlayfs.fuse_ops.KernelCache`
+    ``/proc/self/fd``).  ``kernel``: a :class:`overlayfs.daemon.libfuse.notify.KernelCache`
     (``forget(path) -> bool`` makes the kernel forget a view path's
     attributes and pages, True when it knew the path; ``gone`` is the set of
     gone paths the FUSE adapter consumes).  ``fallback()``: return the mount

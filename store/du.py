@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from stepfs.store import schema
 from stepfs.store.units import human  # noqa: F401  (its callers' name for it)
@@ -37,12 +37,26 @@ def _chunks_of(conn, oids: set[str]) -> dict[str, list[str]]:
         out.setdefault(oid, []).append(cid)
         if base is not None:
             out[oid].append(base)
+    O = schema.objects
+    for i in range(0, len(ordered), _BATCH):  # an object stored inline (format 7) is its own piece
+        for oid, base in conn.execute(select(O.c.oid, O.c.base)
+                                      .where(O.c.oid.in_(ordered[i:i + _BATCH]), O.c.data.is_not(None))):
+            out[oid] = [_INLINE + oid] + ([_INLINE + base] if base is not None else [])
     return out
 
 
+#: Prefix of an inline object's id in the pieces ``_stored`` counts.
+_INLINE = "inline:"
+
+
 def _stored(conn) -> dict[str, int]:
-    """Stored bytes of every chunk."""
-    return dict(conn.exec_driver_sql("SELECT cid, length(data) FROM chunks").all())
+    """Stored bytes of every chunk, and of every object stored inline
+    (keyed ``inline:<oid>``)."""
+    sizes = dict(conn.execute(select(C.c.cid, func.length(C.c.data))).all())
+    O = schema.objects
+    sizes.update((_INLINE + oid, n) for oid, n in conn.execute(
+        select(O.c.oid, func.length(O.c.data)).where(O.c.data.is_not(None))))
+    return sizes
 
 
 def added_bytes(conn, numbers: list[int] | None = None) -> dict[int, int]:

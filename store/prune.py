@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import schema
+from stepfs.store import keys, schema
 from stepfs.store.errors import InputError
 from stepfs.store.layers import Entry, entry_from_row
 from stepfs.store.workspace import Workspace
@@ -106,14 +106,20 @@ def referenced_bytes(conn, keep_from: int) -> int:
     if not oids:
         return 0
     conn.exec_driver_sql("DROP TABLE IF EXISTS temp.prune_oids")
-    conn.exec_driver_sql("CREATE TEMP TABLE prune_oids (oid TEXT PRIMARY KEY)")
-    conn.exec_driver_sql("INSERT INTO prune_oids VALUES (?)", [(o,) for o in oids])
+    conn.exec_driver_sql("CREATE TEMP TABLE prune_oids (oid BLOB PRIMARY KEY)")
+    conn.exec_driver_sql("INSERT INTO prune_oids VALUES (?)", [(keys.to_db(o),) for o in oids])
     total = conn.exec_driver_sql("""
         WITH live AS (SELECT DISTINCT cid FROM object_chunks WHERE oid IN (SELECT oid FROM prune_oids)),
              bases AS (SELECT DISTINCT base AS cid FROM chunks WHERE cid IN (SELECT cid FROM live)
                         AND base IS NOT NULL)
         SELECT coalesce(sum(length(data)), 0) FROM chunks
          WHERE cid IN (SELECT cid FROM live) OR cid IN (SELECT cid FROM bases)""").scalar()
+    # Objects stored inline (format 7) hold their own bytes.
+    total += conn.exec_driver_sql("""
+        SELECT coalesce(sum(length(data)), 0) FROM objects
+         WHERE data IS NOT NULL AND (oid IN (SELECT oid FROM prune_oids)
+               OR oid IN (SELECT base FROM objects WHERE base IS NOT NULL
+                           AND oid IN (SELECT oid FROM prune_oids)))""").scalar()
     conn.exec_driver_sql("DROP TABLE temp.prune_oids")
     return int(total)
 

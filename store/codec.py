@@ -35,6 +35,10 @@ DELTA_LEVEL = 3
 MIN_SAVING = 0.1
 #: Chunks smaller than this stay raw (a zstd frame's overhead eats the gain).
 MIN_SIZE = 256
+#: Deltas against a base up to this size are decoded as a content-dictionary
+#: chain (measured: 16 us against 70 for a 70-byte base; compressing the base
+#: again makes it dearer than a new dictionary for a 100 KB one).
+SMALL_BASE = 4096
 
 _local = threading.local()
 
@@ -84,6 +88,16 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
         if codec == DELTA:
             if base_raw is None:
                 raise ValueError("a delta chunk without its base")
+            if 0 < len(base_raw) <= SMALL_BASE:
+                # A small base (an inline object's): a new decompressor with a
+                # dictionary costs 30-70 us, several times the decompression;
+                # a content-dictionary chain on the thread's own decompressor
+                # decodes the same frame with the base as its dictionary.
+                frame = _compressor().compress(base_raw)
+                out = _decompressor().decompress_content_dict_chain([frame, bytes(data)])
+                if len(out) != size:
+                    raise ValueError(f"{len(out)} bytes decoded, {size} recorded")
+                return out
             d = zstandard.ZstdCompressionDict(base_raw, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
             return zstandard.ZstdDecompressor(dict_data=d).decompress(bytes(data), max_output_size=size)
     except zstandard.ZstdError as exc:

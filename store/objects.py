@@ -92,6 +92,11 @@ _OBJECT_READ = Prepared(
 _OBJECT_CHUNKS_INSERT = Prepared(_OC.insert(), ["oid", "seq", "offset", "cid"])
 _OBJECT_SIZE = Prepared(select(_O.c.size).where(_O.c.oid == bindparam("oid")))
 _OBJECT_INLINE = Prepared(select(_O.c.data, _O.c.codec, _O.c.size, _O.c.base).where(_O.c.oid == bindparam("oid")))
+_B = _O.alias("b")
+# An object's inline row with its delta base's row: one query per read.
+_OBJECT_INLINE_BASE = Prepared(
+    select(_O.c.data, _O.c.codec, _O.c.size, _B.c.data, _B.c.codec, _B.c.size)
+    .select_from(_O.outerjoin(_B, _B.c.oid == _O.c.base)).where(_O.c.oid == bindparam("oid")))
 _OBJECT_FAMILY_INLINE = Prepared(select(_O.c.oid, _O.c.size, _O.c.data, _O.c.codec, _O.c.base)
                                  .where(_key_family(_O.c.oid)))
 _OBJECT_INSERT_INLINE = Prepared(_O.insert(), ["oid", "size", "gen", "data", "codec", "base"])
@@ -339,13 +344,23 @@ class ObjectStore:
         """``(object exists, its bytes if stored inline)``; raises
         :class:`CorruptObject` for inline bytes that do not decode or (with
         ``verify``) do not hash to the key."""
-        rows = _OBJECT_INLINE.execute(conn, {"oid": oid})
+        rows = _OBJECT_INLINE_BASE.execute(conn, {"oid": oid})
         if not rows:
             return False, None
-        stored, how, size, base = rows[0]
+        stored, how, size, bdata, bhow, bsize = rows[0]
         if stored is None:
             return True, None
-        data = inline_bytes(conn, oid, stored, how, size, base)
+        try:
+            base_raw = None
+            if how == codec.DELTA:
+                if bdata is None or bhow == codec.DELTA:
+                    raise CorruptObject(f"object {oid} is a delta whose base object is missing; "
+                                        f"run 'stepfs verify' for a full report.")
+                base_raw = codec.decode(bhow or codec.RAW, bdata, bsize)
+            data = codec.decode(how or codec.RAW, stored, size, base_raw)
+        except ValueError as exc:
+            raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
+                                f"run 'stepfs verify' for a full report.") from None
         if len(data) != size or (verify and self.hasher(data) != oid.split(".", 1)[0]):
             raise CorruptObject(f"object {oid} is corrupt; run 'stepfs verify' for a full report.")
         return True, data

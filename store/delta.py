@@ -105,7 +105,7 @@ def deltify_pair(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
 
 
 def _inline_row(conn, oid: str):
-    return conn.execute(select(O.c.data, O.c.codec, O.c.size, O.c.base).where(O.c.oid == oid)).first()
+    return conn.execute(select(O.c.data, O.c.codec, O.c.size, O.c.base, O.c.is_base).where(O.c.oid == oid)).first()
 
 
 def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
@@ -113,10 +113,8 @@ def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
     ``before_oid`` (or its base) when that pays.  Returns ``(1, saved)`` or
     ``(0, 0)``."""
     row = _inline_row(conn, after_oid)
-    if row is None or row.data is None or row.codec == codec.DELTA or row.size < MIN_INLINE:
-        return 0, 0
-    if conn.execute(select(O.c.oid).where(O.c.base == after_oid).limit(1)).first() is not None:
-        return 0, 0  # a base stays a base
+    if row is None or row.data is None or row.codec == codec.DELTA or row.size < MIN_INLINE or row.is_base:
+        return 0, 0  # (a base stays a base)
     base = before_oid
     brow = _inline_row(conn, base)
     if brow is not None and brow.codec == codec.DELTA:
@@ -129,6 +127,8 @@ def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
     packed = codec.delta(raw, base_raw)
     if len(packed) > len(row.data) * MAX_RATIO_INLINE:
         return 0, 0
+    if not brow.is_base:
+        conn.execute(O.update().where(O.c.oid == base).values(is_base=True))
     conn.execute(O.update().where(O.c.oid == after_oid, O.c.codec != codec.DELTA)
                  .values(data=packed, codec=codec.DELTA, base=base))
     return 1, len(row.data) - len(packed)

@@ -132,14 +132,23 @@ def _objects(conn, report: Report, hasher, state: dict) -> None:
     ):
         lists.setdefault(oid, []).append((seq, offset, cid))
     n = 0
-    for oid, size, inline, how, base in conn.execute(select(O.c.oid, O.c.size, O.c.data, O.c.codec, O.c.base)):
+    bases: set[str] = set()
+    marked: set[str] = set()
+    for oid, size, inline, how, base, is_base in conn.execute(
+            select(O.c.oid, O.c.size, O.c.data, O.c.codec, O.c.base, O.c.is_base)):
         n += 1
         _tick(state)
         state["objects"].add(oid)
+        if base is not None:
+            bases.add(base)
+        if is_base:
+            marked.add(oid)
         if inline is not None:
             _check_inline(conn, report, hasher, oid, size, (inline, how, base), lists.get(oid, []))
             continue
         _check_object(conn, report, hasher, oid, size, lists.get(oid, []), state["chunk_sizes"], state["bad_chunks"])
+    for base in sorted(bases - marked):  # it could be made a delta itself: a chain of two
+        report.add("object", f"object {base} is a delta's base but not marked is_base")
     report.counts["objects"] = n
 
 

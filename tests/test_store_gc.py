@@ -360,6 +360,7 @@ def test_a_small_file_is_inline_and_its_next_version_a_delta_kept_with_its_base(
     with ws.db.read() as conn:
         [root] = {r.base for r in deltas}
         assert ws.objects.exists(conn, root)
+        assert conn.execute(select(O.c.is_base).where(O.c.oid == root)).scalar()  # never made a delta
         for n, data in zip(range(1, 6), versions):
             assert ws.objects.read_all(conn, by_layer[n].after.oid) == data
     # (The hand edit broke the layers' intent checksums; nothing else.)

@@ -31,6 +31,11 @@ PUT_LEVEL = 1
 #: chunk: level 3 stored 175 bytes, level 9 7,897 (its match finder skipped
 #: most of the dictionary), level 19 37 bytes at many times the time.
 DELTA_LEVEL = 3
+#: Level of the deltas a commit makes (it holds the commit lock meanwhile):
+#: measured on a one-line edit, level 1 took 0.06 ms for a 20 KB file (29
+#: bytes) and 0.4 ms for 100 KB (147 bytes), level 3 0.39 ms and 1.4 ms
+#: (30 and 42 bytes).
+COMMIT_DELTA_LEVEL = 1
 #: An encoding is kept only if it saves at least this fraction of the bytes.
 MIN_SAVING = 0.1
 #: Chunks smaller than this stay raw (a zstd frame's overhead eats the gain).
@@ -71,10 +76,10 @@ def compress(raw) -> tuple[int, bytes | memoryview]:
     return RAW, raw
 
 
-def delta(raw: bytes, base_raw: bytes) -> bytes:
+def delta(raw: bytes, base_raw: bytes, level: int = DELTA_LEVEL) -> bytes:
     """``raw`` compressed with ``base_raw`` as dictionary."""
     d = zstandard.ZstdCompressionDict(base_raw, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    return zstandard.ZstdCompressor(level=DELTA_LEVEL, dict_data=d).compress(raw)
+    return zstandard.ZstdCompressor(level=level, dict_data=d).compress(raw)
 
 
 def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:

@@ -62,7 +62,7 @@ def _row(conn, cid: str):
     return conn.execute(select(C.c.data, C.c.codec, C.c.size, C.c.base).where(C.c.cid == cid)).first()
 
 
-def deltify_pair(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
+def deltify_pair(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
     """Re-encode the chunks of ``after_oid`` that ``before_oid`` lacks as
     deltas against it, through ``conn`` (a write transaction).  Returns
     ``(chunks rewritten, stored bytes saved)``."""
@@ -94,7 +94,7 @@ def deltify_pair(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
             continue
         base_raw = chunk_bytes(conn, base, brow.data, brow.codec, brow.size, None)
         raw = chunk_bytes(conn, cid, row.data, row.codec, row.size, row.base)
-        packed = codec.delta(raw, base_raw)
+        packed = codec.delta(raw, base_raw, level)
         if len(packed) > len(row.data) * MAX_RATIO:
             continue
         conn.execute(C.update().where(C.c.cid == cid, C.c.codec != codec.DELTA)
@@ -108,7 +108,7 @@ def _inline_row(conn, oid: str):
     return conn.execute(select(O.c.data, O.c.codec, O.c.size, O.c.base, O.c.is_base).where(O.c.oid == oid)).first()
 
 
-def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
+def deltify_inline(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
     """Re-encode inline object ``after_oid`` as a delta against
     ``before_oid`` (or its base) when that pays.  Returns ``(1, saved)`` or
     ``(0, 0)``."""
@@ -124,7 +124,7 @@ def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
         return 0, 0
     base_raw = inline_bytes(conn, base, brow.data, brow.codec, brow.size, None)
     raw = inline_bytes(conn, after_oid, row.data, row.codec, row.size, None)
-    packed = codec.delta(raw, base_raw)
+    packed = codec.delta(raw, base_raw, level)
     if len(packed) > len(row.data) * MAX_RATIO_INLINE:
         return 0, 0
     if not brow.is_base:
@@ -134,7 +134,7 @@ def deltify_inline(conn, before_oid: str, after_oid: str) -> tuple[int, int]:
     return 1, len(row.data) - len(packed)
 
 
-def deltify_layer(conn, number: int) -> tuple[int, int]:
+def deltify_layer(conn, number: int, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
     """Deltas for the files layer ``number`` modified, through ``conn`` (a
     write transaction).  Returns ``(rows rewritten, stored bytes saved)``."""
     pairs = conn.execute(
@@ -145,9 +145,9 @@ def deltify_layer(conn, number: int) -> tuple[int, int]:
     done = saved = 0
     for before_oid, after_oid, size, inline in pairs:
         if inline:
-            n, s = deltify_inline(conn, before_oid, after_oid)
+            n, s = deltify_inline(conn, before_oid, after_oid, level)
         elif size <= MAX_FILE:
-            n, s = deltify_pair(conn, before_oid, after_oid)
+            n, s = deltify_pair(conn, before_oid, after_oid, level)
         else:
             continue
         done += n
@@ -168,7 +168,7 @@ def after_commit(ws: Workspace, number: int) -> tuple[int, int]:
     M = schema.meta
     try:
         with ws.db.write() as conn:
-            result = deltify_layer(conn, number)
+            result = deltify_layer(conn, number, codec.COMMIT_DELTA_LEVEL)
             start = int(conn.execute(select(M.c.value).where(M.c.key == "delta_through")).scalar() or 0)
             if start == number - 1:
                 _mark_done(conn, number)

@@ -32,8 +32,9 @@ from stepfs.store import codec, schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import StepfsError
 from stepfs.store.objects import chunk_bytes, inline_bytes
-from stepfs.store.workspace import Workspace
 
+# (``ws`` arguments are ``store.workspace.Workspace``s; not imported: publish
+# calls this module at a commit's end, and workspace imports publish.)
 C, OC, E, L, O = schema.chunks, schema.object_chunks, schema.entries, schema.layers, schema.objects
 log = logging.getLogger("stepfs.store")
 
@@ -181,7 +182,7 @@ def _mark_done(conn, number: int) -> None:
     conn.execute(M.insert().values(key="delta_through", value=str(number)))
 
 
-def after_commit(ws: Workspace, number: int) -> tuple[int, int]:
+def after_commit(ws, number: int) -> tuple[int, int]:
     """Deltas for layer ``number`` right after it became committed, in one
     transaction of their own.  Only an encoding changes, so a failure is
     logged and the commit stands (gc's pass does the layer again)."""
@@ -198,7 +199,7 @@ def after_commit(ws: Workspace, number: int) -> tuple[int, int]:
         return 0, 0
 
 
-def deltify(ws: Workspace) -> tuple[int, int]:
+def deltify(ws) -> tuple[int, int]:
     """Deltas for every committed layer after ``meta.delta_through``, one
     transaction per layer (each records its progress).  Returns
     ``(chunks rewritten, stored bytes saved)``."""

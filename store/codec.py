@@ -76,6 +76,16 @@ def compress(raw) -> tuple[int, bytes | memoryview]:
     return RAW, raw
 
 
+def stored_frame(raw: bytes) -> bytes:
+    """``raw`` (at most 65,791 bytes) as a zstd frame of one uncompressed
+    block with its content size: what a content-dictionary chain needs as
+    its first frame, without compressing the base again (RFC 8878: magic,
+    a single-segment frame header, a raw last block)."""
+    n = len(raw)
+    head = bytes((0x20, n)) if n < 256 else bytes((0x60,)) + (n - 256).to_bytes(2, "little")
+    return b"\x28\xb5\x2f\xfd" + head + (1 | n << 3).to_bytes(3, "little") + bytes(raw)
+
+
 def delta(raw: bytes, base_raw: bytes, level: int = DELTA_LEVEL) -> bytes:
     """``raw`` compressed with ``base_raw`` as dictionary."""
     d = zstandard.ZstdCompressionDict(base_raw, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
@@ -98,7 +108,7 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
                 # dictionary costs 30-70 us, several times the decompression;
                 # a content-dictionary chain on the thread's own decompressor
                 # decodes the same frame with the base as its dictionary.
-                frame = _compressor().compress(base_raw)
+                frame = stored_frame(base_raw)
                 out = _decompressor().decompress_content_dict_chain([frame, bytes(data)])
                 if len(out) != size:
                     raise ValueError(f"{len(out)} bytes decoded, {size} recorded")

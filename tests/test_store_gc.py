@@ -370,3 +370,18 @@ def test_a_small_file_is_inline_and_its_next_version_a_delta_kept_with_its_base(
     problems = verify.verify(ws).problems
     assert any(root in p for p in problems) and sum("corrupt" in p for p in problems) >= 2
     ws.close()
+
+
+@pytest.mark.parametrize("n", [1, 70, 255, 256, 257, 2048, codec.SMALL_BASE])
+def test_a_small_delta_decodes_against_its_base_in_a_stored_frame(n):
+    """codec.stored_frame: the base as an uncompressed zstd frame, the first
+    link of the content-dictionary chain a small delta is decoded with."""
+    import random
+
+    base = random.Random(n).randbytes(n)
+    edited = base[: n // 2] + b"edit" + base[n // 2 + 1:]
+    packed = codec.delta(edited, base, codec.COMMIT_DELTA_LEVEL)
+    assert codec.decode(codec.DELTA, packed, len(edited), base) == edited
+    import zstandard
+
+    assert zstandard.ZstdDecompressor().decompress(codec.stored_frame(base)) == base

@@ -181,8 +181,15 @@ def _grid(rows: list[list[str]]) -> list[str]:
     return lines
 
 
+#: Ratios printed first in a row's notes: the issue's targets are against
+#: fuse-overlayfs, and native says what the disk itself costs.
+FIRST = ("stepfs/fuse-overlayfs", "stepfs/native")
+
+
 def _notes(wl: dict) -> str:
-    notes = [f"{k} {fmt_ratio(v)}" for k, v in wl.get("ratios", {}).items()]
+    ratios = wl.get("ratios", {})
+    order = [k for k in FIRST if k in ratios] + [k for k in ratios if k not in FIRST]
+    notes = [f"{k} {fmt_ratio(ratios[k])}" for k in order]
     if wl.get("throughput_mib_s"):
         notes.append("MiB/s " + " ".join(f"{k}={v:.0f}" for k, v in wl["throughput_mib_s"].items()))
     if wl.get("cpu_per_step_s"):

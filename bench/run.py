@@ -34,7 +34,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     __package__ = "bench"
 
 from bench import config as config_mod  # noqa: E402
-from bench import profiler, report, stepfs_cases, targets, workloads  # noqa: E402
+from bench import native_cost, profiler, report, stepfs_cases, targets, workloads  # noqa: E402
 from bench.context import ROOT, Context, log  # noqa: E402
 
 GUARD_ENV = "STEPFS_GUARD"
@@ -44,7 +44,7 @@ def guard_toggle_available() -> bool:
     """True once the version-token work ships a ``STEPFS_GUARD=0`` switch
     (looked up in the daemon's sources, so the bench follows main)."""
     for pkg in ("overlayfs", "store"):
-        for path in (ROOT / pkg).glob("*.py"):
+        for path in (ROOT / pkg).rglob("*.py"):
             if GUARD_ENV in path.read_text(errors="replace"):
                 return True
     return False
@@ -141,6 +141,8 @@ def run(cfg: config_mod.Config, tmp: Path) -> dict:
             chosen.append(t)
     guard_toggle = guard_toggle_available()
     result["guard_toggle"] = guard_toggle
+    result["native_cost"] = native_cost.measure(tmp)
+    log(native_cost.text(result["native_cost"]))
     t_start = time.perf_counter()
 
     def attempt(name: str, fn) -> None:
@@ -199,6 +201,8 @@ def print_report(result: dict, path: Path | None) -> None:
     print(f"stepfs benchmark ({result['mode']}), {result['started']}, load average "
           f"{result['machine']['loadavg_start'][0]:.2f} -> {result['machine']['loadavg_end'][0]:.2f}")
     print("medians; (p50 / p95) rows are latencies; ratios are stepfs time / reference time (lower is better)")
+    if result.get("native_cost"):
+        print(native_cost.text(result["native_cost"]))
     print()
     print(report.table(result))
     print()

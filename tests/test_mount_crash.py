@@ -67,6 +67,10 @@ def test_a_killed_daemon_fails_clients_with_enotconn_and_remount_recovers(worksp
     assert committed[b"a.txt"][2] == b"one\n"
     # Closed writes after the last step: staged only.
     sh("printf 'staged\\n' > staged.txt && printf 'changed\\n' > a.txt && rm src/x.py", cwd=m.mountpoint)
+    # Small files' close-writes are recorded like metadata changes and
+    # stored within ROW_DELAY; a status request stores them at once, so
+    # the kill below cannot fall into that window.
+    assert stepfs("status", m.mountpoint).returncode == 0
 
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(m.path(f"w{i}.bin"))],

@@ -1,7 +1,8 @@
-"""What a mount's store holds of namespace and metadata changes, through a
-real mount (view.py, "Staged rows and crashes").
+"""What a mount's store holds of namespace and metadata changes and of
+small files' close-writes, through a real mount (view.py, "Staged rows and
+crashes").
 
-The daemon records such changes and writes them at the next close-write,
+The daemon records such changes and writes them at the next
 ``fsync``/``fsyncdir``, commit, status request or within ``ROW_DELAY``
 seconds.  A daemon killed with SIGKILL right after ``fsync`` keeps what was
 fsynced, and ``stepfs status`` always lists what the mount shows.
@@ -69,11 +70,19 @@ def test_a_killed_daemon_keeps_what_was_fsynced(workspace, mount):
 
 
 @pytest.mark.timeout(90)
-def test_a_killed_daemon_keeps_metadata_changes_followed_by_a_close_write(workspace, mount):
+def test_a_killed_daemon_keeps_metadata_changes_and_close_writes_followed_by_an_fsync(workspace, mount):
     m = mount(workspace)
-    sh("mkdir -p a/b && touch -d @1000000000 a/b && chmod 700 a && printf 'x\\n' > a/b/c.txt", cwd=m.mountpoint)
+    sh("mkdir -p a/b && touch -d @1000000000 a/b && chmod 700 a && printf 'x\\n' > a/b/c.txt "
+       "&& printf 'y\\n' > a/d.txt && printf 'yy\\n' > a/d.txt", cwd=m.mountpoint)
+    # The close-writes above are recorded, not stored; the fsync of another
+    # file writes every recorded row and content (SIGKILL follows at once).
+    sh("python3 -c \"import os\n"
+       "fd = os.open('a/e.txt', os.O_WRONLY | os.O_CREAT, 0o644); os.write(fd, b'e'); os.fsync(fd); os.close(fd)\"",
+       cwd=m.mountpoint)
     _kill(m)
     again = mount(workspace, m.mountpoint)
     assert stat_mod.S_IMODE(again.path("a").stat().st_mode) == 0o700
     assert again.path("a", "b").stat().st_mtime == 1_000_000_000
     assert again.path("a", "b", "c.txt").read_bytes() == b"x\n"
+    assert again.path("a", "d.txt").read_bytes() == b"yy\n"
+    assert again.path("a", "e.txt").read_bytes() == b"e"

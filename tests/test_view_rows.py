@@ -1,9 +1,9 @@
 """When the view's staged rows reach the store (view.py, "Staged rows and
 crashes"), without a kernel.
 
-Namespace and metadata changes are recorded in memory and written in one
-transaction at the next close-write (with its content), fsync, commit,
-discard, unmount or timer tick.  A daemon that dies keeps the upper layer as
+Namespace and metadata changes, and a small file's close-write (its
+content too), are recorded in memory and written in one transaction at the
+next fsync, commit, discard, status request, unmount or timer tick.  A daemon that dies keeps the upper layer as
 it was at the last of those: never a later change without an earlier one.
 These views run with ``row_delay=None`` (no timer) so each test decides when
 the store is written, except the one that tests the timer itself.
@@ -16,6 +16,7 @@ import stat as stat_mod
 
 import pytest
 
+from stepfs.overlayfs.core import rows as rows_mod
 from stepfs.store import durable, staging
 from viewkit import open_view, read_all, reopen, view_manifest, write_file
 
@@ -51,27 +52,35 @@ def deferred(tmp_path):
     ws.close()
 
 
-def test_metadata_changes_ride_along_with_the_next_close_write(deferred):
+def test_metadata_changes_and_close_writes_reach_the_store_together(deferred):
     ws, view = deferred
     write_file(view, "/a", b"a\n")
+    assert rows(ws, view) == {}  # the close recorded its content, nothing written yet
+    assert read_all(view, "/a") == b"a\n"  # served from the recorded bytes
+    view.sync_rows()
     assert set(rows(ws, view)) == {b"a"}
     view.chmod("/a", 0o600)
     view.mkdir("/d", 0o755)
     view.utimens("/old.txt", (1_000_000_000, 2_000_000_000))
     view.symlink("/d/l", "../a")
+    write_file(view, "/d/b", b"b\n")
     assert set(rows(ws, view)) == {b"a"}  # recorded, not written yet
     assert stat_mod.S_IMODE(rows(ws, view)[b"a"].mode) == 0o644
     with durable.installed(Commits()) as commits:
-        write_file(view, "/d/b", b"b\n")
+        view.sync_rows()
     assert commits.n == 1  # the content, its row and every recorded row: one transaction
     got = rows(ws, view)
     assert set(got) == {b"a", b"d", b"d/b", b"d/l", b"old.txt"}
     assert stat_mod.S_IMODE(got[b"a"].mode) == 0o600
     assert got[b"old.txt"].mtime_ns == 2_000_000_000
     assert got[b"d/l"].target == b"../a"
+    with ws.db.read() as conn:
+        assert ws.objects.read_all(conn, got[b"d/b"].oid) == b"b\n"  # a stored object, not a placeholder
+    assert view.upper.get("/d/b").oid == got[b"d/b"].oid
+    assert read_all(reopen(view), "/d/b") == b"b\n"
 
 
-def test_metadata_of_a_file_being_written_is_one_transaction_at_its_close(deferred):
+def test_a_file_being_written_costs_no_transaction_at_its_close(deferred):
     """What ``tar -x`` does to every file: create, write, futimens, fchown,
     fchmod on the open descriptor, then close."""
     ws, view = deferred
@@ -83,22 +92,39 @@ def test_metadata_of_a_file_being_written_is_one_transaction_at_its_close(deferr
         view.chmod("/t.txt", 0o644)
         view.flush(fh)
         view.release(fh)
+        assert commits.n == 0
+        view.sync_rows()
     assert commits.n == 1
     row = rows(ws, view)[b"t.txt"]
     assert (stat_mod.S_IMODE(row.mode), row.mtime_ns) == (0o644, 1_500_000_000_000_000_000)
     assert read_all(reopen(view), "/t.txt") == b"tarred\n"
 
 
+def test_a_rewrite_recorded_twice_stores_the_last_bytes_and_an_identical_one_keeps_the_token(deferred):
+    ws, view = deferred
+    write_file(view, "/r", b"one\n")
+    write_file(view, "/r", b"two\n")
+    token = view.versions.node_token(view.upper.get("/r"))
+    write_file(view, "/r", b"two\n")  # identical to the recorded bytes: nothing published
+    assert view.versions.node_token(view.upper.get("/r")) == token
+    view.sync_rows()
+    write_file(view, "/r", b"two\n")  # identical to the stored object
+    assert view.versions.node_token(view.upper.get("/r")) == token
+    assert read_all(reopen(view), "/r") == b"two\n"
+
+
 def test_a_crash_keeps_the_upper_layer_of_the_last_write(deferred):
     ws, view = deferred
     view.mkdir("/d", 0o755)
-    write_file(view, "/d/f", b"f\n")  # writes the mkdir too
+    write_file(view, "/d/f", b"f\n")
+    view.sync_rows()  # what fsync, a step or the timer does
     expected = view_manifest(view)
     view.chmod("/d/f", 0o600)
     view.rename("/d", "/e")
     view.unlink("/old.txt")
     view.symlink("/l", "e/f")
-    after = reopen(view)  # SIGKILL: the four recorded changes are lost together
+    write_file(view, "/e/f", b"changed\n")
+    after = reopen(view)  # SIGKILL: the five recorded changes are lost together
     assert view_manifest(after) == expected
     assert stat_mod.S_IMODE(after.getattr("/d/f")["st_mode"]) == 0o644
 
@@ -195,3 +221,13 @@ def test_row_delay_zero_writes_each_change_at_once(tmp_path):
     assert rows(ws, view)[b"now"].kind == "dir"
     assert view.rows.timer is None
     ws.close()
+
+
+def test_recorded_content_is_written_once_it_reaches_its_bound(deferred, monkeypatch):
+    ws, view = deferred
+    monkeypatch.setattr(rows_mod, "PENDING_CONTENT_MAX", 100)
+    write_file(view, "/small", b"s" * 50)
+    assert rows(ws, view) == {}
+    write_file(view, "/more", b"m" * 50)  # 100 bytes held: written at once
+    assert set(rows(ws, view)) == {b"small", b"more"}
+    assert view.rows.pending.content_bytes == 0

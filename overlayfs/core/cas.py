@@ -1,9 +1,12 @@
 """The close-write compare-and-swap: a draft published, or kept as a conflict (FUSE-free).
 
 The close after writing compares the draft's base token with the path's
-token now (``versions.py``).  Equal: the draft is published -- stored as
-an object and its staged row written in one transaction (with every row
-recorded meanwhile), or, for a file of at least ``store.refs.MIN_SIZE``
+token now (``versions.py``).  Equal: the draft is published -- a small
+draft over a staged file (a memory draft) is recorded with the staged rows
+(``rows.py``: its bytes reach the store with them, no SQL at the close);
+otherwise stored as an object and its staged row written in one
+transaction (with every row recorded meanwhile), or, for a file of at
+least ``store.refs.MIN_SIZE``
 bytes, its scratch file handed over as the staged content (staged by
 reference) and the draft frozen.  Different: the close fails with
 ``Stale`` and the draft's bytes are kept as a conflict row.  A rewrite
@@ -36,6 +39,12 @@ log = logging.getLogger("stepfs.view")
 #: that a view keeps at most; paths staged beyond that are captured by the
 #: commit itself.
 PRECAPTURED_MAX = 4096
+#: Free bytes the store's filesystem must have for a close to leave its
+#: content to the next row write (``CompareAndSwap._room``).
+RECORD_FREE_MIN = 64 << 20
+#: Seconds a measurement of the store's free space is trusted (with what
+#: was recorded since taken off).
+ROOM_RECHECK = 0.5
 
 
 def _same_bytes(a: int, b: int) -> bool:
@@ -71,6 +80,7 @@ class CompareAndSwap:
         #: staged it (:meth:`_precapture`), for the commit to reuse while the
         #: path's token holds (``publish.precapture``).
         self.precaptured: dict[bytes, object] = {}
+        self._room_at, self._room_free = -ROOM_RECHECK - 1.0, 0  # see _room
 
     def close_write(self, d: Draft) -> str:
         """The compare-and-swap; returns "ok" or "stale"."""
@@ -98,6 +108,12 @@ class CompareAndSwap:
             st = os.fstat(fd)
             if node is None and self._lower_equals(d.path, fd):
                 d.dirty = False  # identical rewrite of a workspace file: nothing to stage
+                return
+            if d.mem >= 0 and node is not None and node.kind == "file" and node.ref is None \
+                    and self._room(st.st_size):
+                same = self._record(d, node, fd, st)
+                if same is not None:
+                    self._published(d, node, same, node.scratch)
                 return
             # A big file is staged by reference (store/refs.py): its draft's
             # file becomes the node's content, the store takes the bytes at
@@ -152,17 +168,73 @@ class CompareAndSwap:
             self.rows.written()
         finally:
             os.close(fd)
+        self._published(d, node, same, old_scratch, d.scratch if by_ref else None)
+
+    def _room(self, size: int) -> bool:
+        """Whether a close of ``size`` bytes may leave its content to the
+        next row write: not when the store's filesystem is nearly full,
+        where the close itself must be the one to fail (ENOSPC) and keep
+        the old content.  The free space is asked at most every
+        :data:`ROOM_RECHECK` seconds (a ``statvfs`` cost a third of such a
+        close), less what was recorded since."""
+        now = time.monotonic()
+        if now - self._room_at > ROOM_RECHECK:
+            try:
+                st = os.statvfs(self.ws.store_dir)
+            except OSError:
+                return False
+            self._room_at, self._room_free = now, st.f_bavail * st.f_frsize
+        self._room_free -= size
+        return self._room_free >= RECORD_FREE_MIN
+
+    def _record(self, d: Draft, node: Node, fd: int, st: os.stat_result) -> bool | None:
+        """Publish a small draft over staged file ``node`` without touching
+        the store: its bytes wait with the recorded rows (``rows.py``) and
+        reach the store in their transaction.  Returns None for an
+        identical rewrite (nothing published), else whether the file was a
+        created one closed still empty (its token stays)."""
+        data = os.pread(fd, st.st_size, 0)
+        digest = self.ws.objects.hasher(data).split(".", 1)[0]
+        if node.staged and self._holds(node, data, digest):
+            d.dirty = False  # identical rewrite: same content, same token
+            return None
+        same = node.oid is None and node.ref is None and not data
+        node.oid = self.rows.record_content(node, digest, data)
+        node.size, node.ref, node.ref_sum = len(data), None, None
+        node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
+        node.ctime_ns = time.time_ns()
+        pending = self.rows.pending
+        for name in (node.names if node.link_group is not None else (d.path,)):
+            pending.put(node.row(name))
+        self.rows.recorded()
+        return same
+
+    def _holds(self, node: Node, data: bytes, digest: str) -> bool:
+        """Whether staged file ``node`` holds exactly ``data``."""
+        if node.oid is None or node.ref is not None or node.size != len(data) \
+                or node.oid.split(".", 1)[0] != digest:
+            return False
+        held = self.rows.content_of(node.oid)
+        if held is None:
+            with self.ws.db.read() as conn:
+                held = self.ws.objects.read_all(conn, node.oid)
+        return held == data
+
+    def _published(self, d: Draft, node: Node, same: bool, old_scratch: str | None, ref: str | None = None) -> None:
+        """After a publish: the draft is clean, and unless a created file
+        was closed still empty, the node has a new version (``ref``: its
+        draft's file, now the node's content by reference)."""
         node.staged = True
         d.dirty = False
         if same:
             return
-        # The old content: every row naming it was just replaced, so even a
-        # file held by reference can go now (readers keep their fds).
+        # The old content: every row naming it was just replaced (or, for a
+        # recorded close, a cache of an object: never a reference), so even
+        # a file held by reference can go now (readers keep their fds).
         if old_scratch is not None:
             self.scratch.unlink(old_scratch)
-        node.scratch = None
-        if by_ref:
-            node.scratch = d.scratch
+        node.scratch = ref
+        if ref is not None:
             d.frozen = True
         self.links.invalidate_names(node, except_path=d.path)
         self.versions.bump(node)

@@ -16,7 +16,8 @@ Model
   on since the agent last observed it (read it again to refresh).
 * The close after writing (``flush``) is the **compare-and-swap**: the draft's
   base token must still be the path's token; then the draft is published
-  (stored as an object, staged row written, new token; a big draft's
+  (stored as an object and its staged row written, or for a small draft
+  over a staged file both recorded for the next row write; new token; a big draft's
   scratch file becomes the node's content instead, staged by reference,
   and the draft is frozen: a later write first moves it to a copy).  Otherwise the close
   fails with ``Stale``, the path keeps the other writer's content, and the
@@ -121,9 +122,8 @@ class Content:
                         sparse_copy(src, dst, os.fstat(src).st_size)
                     finally:
                         os.close(src)
-                elif node.oid is not None:
-                    with self.ws.db.read() as conn:
-                        self.ws.objects.write_to_fd(conn, node.oid, dst)
+                else:
+                    self.scratch.fill(dst, node)  # its object, or its bytes not stored yet
                 os.utime(dst, ns=(node.atime_ns, node.mtime_ns))
                 d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino,
                           node.uid, node.gid)

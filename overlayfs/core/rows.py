@@ -3,9 +3,8 @@
 Namespace and metadata changes change the upper layer in memory at once;
 their staged rows are recorded in :class:`PendingRows` and all recorded
 rows are written in one transaction (:meth:`StagedRows.sync`) at the next
-close-write (in the same transaction as its content), ``fsync``, commit,
-discard, status request, unmount, or at the latest ``delay`` seconds after
-the first of them (the daemon's is :data:`ROW_DELAY`; ``delay=0`` writes
+``fsync``, commit, discard, status request, unmount, or at the latest
+``delay`` seconds after the first of them (the daemon's is :data:`ROW_DELAY`; ``delay=0`` writes
 every change at once, as library callers and most tests expect; an
 operation that changes several rows writes them together at its end:
 :meth:`StagedRows.one_change`).  The store therefore always holds the upper
@@ -14,6 +13,13 @@ the changes of its last ``delay`` seconds, and never keeps a later change
 without an earlier one.  (One transaction per change cost more than
 everything else ``tar -x`` does through the mount.)
 
+A small file's close-write is recorded the same way (:meth:`StagedRows.record_content`):
+its bytes wait here, under a placeholder object id, and are stored as an
+object in the transaction that writes its row; until then reads of the
+file are served from these bytes.  So the close itself runs no SQL.  The
+bytes held here are bounded (:data:`PENDING_CONTENT_MAX`: reaching it
+writes at once).
+
 Lock rule: everything here runs under the view's lock (``lock``), which
 the timer's thread takes itself before it writes.
 """
@@ -21,6 +27,7 @@ the timer's thread takes itself before it writes.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -38,6 +45,9 @@ log = logging.getLogger("stepfs.view")
 #: carries it anyway: the window of changes a daemon killed with SIGKILL
 #: can lose.
 ROW_DELAY = 0.05
+#: Bytes of close-written content that may wait in memory for their
+#: transaction; recording more writes everything at once.
+PENDING_CONTENT_MAX = 8 << 20
 
 
 class PendingRows:
@@ -58,14 +68,30 @@ class PendingRows:
     Lock rule: only touched under the owning view's lock.
     """
 
-    __slots__ = ("rows", "trees")
+    __slots__ = ("rows", "trees", "contents", "content_bytes", "stored", "_keys")
 
     def __init__(self) -> None:
         self.rows: dict[bytes, StagedRow | None] = {}  # store path -> row, or None: delete it
         self.trees: list[bytes] = []
+        # Placeholder object id -> bytes to store (a close-write's content).
+        self.contents: dict[str, bytes] = {}
+        self.content_bytes = 0
+        # Placeholder -> object id, filled by the last :meth:`write`.
+        self.stored: dict[str, str] = {}
+        self._keys = itertools.count(1)
 
     def __bool__(self) -> bool:
-        return bool(self.rows or self.trees)
+        return bool(self.rows or self.trees or self.contents)
+
+    def put_content(self, digest: str, data: bytes) -> str:
+        """Hold ``data`` (whose XXH3-128 is ``digest``) until the next
+        write; returns the placeholder id rows name it by.  It starts with
+        the digest (what tokens take from an object id) and cannot be a
+        stored id (those are ``digest`` or ``digest.<n>``)."""
+        key = f"{digest}.p{next(self._keys)}"
+        self.contents[key] = data
+        self.content_bytes += len(data)
+        return key
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.trees)
@@ -87,11 +113,18 @@ class PendingRows:
         row of that path in the same transaction, after :meth:`write`)."""
         self.rows.pop(path, None)
 
-    def write(self, conn: Connection, step: int, empty_oid) -> None:
+    def write(self, conn: Connection, step: int, empty_oid, put_bytes, held=frozenset()) -> None:
         """Apply every recorded change through ``conn`` (the caller's write
         transaction; :meth:`clear` once it committed).  ``empty_oid(conn)``
         stores the empty object for a file row that names no content yet (a
-        created file nobody closed, moved or changed before its close)."""
+        created file nobody closed, moved or changed before its close);
+        ``put_bytes(conn, data)`` stores held content (its object id);
+        ``held``: placeholders a node still has as its content."""
+        # Content no row and no node names any more (a file closed again,
+        # or removed, before this write) is never stored.
+        named = {row.oid for row in self.rows.values() if row is not None and row.oid in self.contents}
+        self.stored = {key: put_bytes(conn, data) for key, data in self.contents.items()
+                       if key in named or key in held}
         for path in self.trees:
             staging.remove_tree(conn, step, path)
         puts = []
@@ -101,12 +134,17 @@ class PendingRows:
                 continue
             if row.kind == "file" and row.oid is None and row.scratch is None:
                 row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
+            elif row.oid in self.stored:
+                row = dataclasses.replace(row, oid=self.stored[row.oid])
             puts.append(row)
         staging.put_many(conn, step, puts)
 
     def clear(self) -> None:
         self.rows.clear()
         self.trees.clear()
+        self.contents.clear()
+        self.content_bytes = 0
+        self.stored = {}
 
 
 class RowTimer:
@@ -198,6 +236,8 @@ class StagedRows:
         self._between = between
         self.delay = delay
         self.pending = PendingRows()
+        # Placeholder object id -> the node that holds it (record_content).
+        self._holders: dict[str, object] = {}
         self.timer = RowTimer(delay, self._timed_sync) if delay and delay > 0 else None
         # > 0 inside an operation that records several row changes which
         # must reach the store together (``one_change``).
@@ -205,12 +245,25 @@ class StagedRows:
 
     def recorded(self) -> None:
         """Rows were recorded: write them now, or arm the timer."""
-        if self.delay is None or self._depth:
+        if self._depth:
             return
-        if self.delay <= 0:
+        if self.pending.content_bytes >= PENDING_CONTENT_MAX or (self.delay is not None and self.delay <= 0):
             self.sync(between=False)
-        else:
+        elif self.delay is not None:
             self.timer.arm()
+
+    def record_content(self, node, digest: str, data: bytes) -> str:
+        """Hold the close-written content of file ``node`` until its row
+        is written (module doc); returns the placeholder id to give
+        ``node.oid`` now, replaced by the stored id once written.  The
+        caller records the node's rows next."""
+        key = self.pending.put_content(digest, data)
+        self._holders[key] = node
+        return key
+
+    def content_of(self, oid: str | None) -> bytes | None:
+        """The bytes of a placeholder id not stored yet, else None."""
+        return self.pending.contents.get(oid) if oid is not None else None
 
     @contextmanager
     def one_change(self):
@@ -258,9 +311,15 @@ class StagedRows:
         for path in superseded:
             self.pending.discard(path)
         if self.pending:
-            self.pending.write(conn, self.step, self._empty_oid)
+            held = {key for key, node in self._holders.items() if node.oid == key}
+            self.pending.write(conn, self.step, self._empty_oid, self.objects.put_bytes, held)
 
     def written(self) -> None:
+        for key, oid in self.pending.stored.items():
+            node = self._holders.get(key)
+            if node is not None and node.oid == key:
+                node.oid = oid
+        self._holders.clear()
         self.pending.clear()
 
     def _empty_oid(self, conn) -> str:

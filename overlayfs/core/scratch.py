@@ -43,6 +43,9 @@ class ScratchFiles:
         self.upper, self.db, self.objects = upper, db, objects
         self._release = release
         self._retired: list[Node] = []
+        #: ``held(oid)``: the bytes of a content not stored yet (a recorded
+        #: close-write, ``rows.StagedRows.content_of``), else None.
+        self.held: Callable[[str], bytes | None] = lambda oid: None
 
     def path(self, name: str) -> str:
         return os.path.join(self.dir, name)
@@ -54,7 +57,10 @@ class ScratchFiles:
     def fill(self, fd: int, node: Node) -> None:
         """Write staged file ``node``'s content (its object) into the empty
         file ``fd``, with the node's times."""
-        if node.oid is not None:
+        data = self.held(node.oid) if node.oid is not None else None
+        if data is not None:
+            os.pwrite(fd, data, 0)
+        elif node.oid is not None:
             with self.db.read() as conn:
                 self.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
         os.utime(fd, ns=(node.atime_ns, node.mtime_ns))

@@ -119,6 +119,7 @@ class Overlay:
                                     self.upper, ws.db, ws.objects, lambda path: self.content.release_scratch(path))
         self.rows = StagedRows(ws.db, ws.objects, self.step, self.lock, self._await_settled,
                                self.scratch.unlink_retired, row_delay)
+        self.scratch.held = self.rows.content_of
         self.meta = MetaTree(ws, mountpoint, self._await_settled, self.status_text, self.getattr)
         # STEPFS_GUARD=0 turns the version-token checks off: only for the
         # benchmark that measures what they cost.  Never for real use.

@@ -88,38 +88,45 @@ def holds(pid: int, prefix: str, ino: int | None, path: str) -> bool | None:
     cannot be read.  Reads ``/proc/<pid>/fd`` links and ``fdinfo`` only:
     neither sends a request to this mount (a ``stat`` through the link
     would, and this runs on the FUSE loop)."""
-    fd_dir = f"/proc/{pid}/fd"
     try:
-        names = os.listdir(fd_dir)
+        # Links read relative to the open directory: each readlink then
+        # walks one name instead of /proc/<pid>/fd/<n> from the root.
+        fd_dir = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return None
-    want = prefix + path
-    inside = prefix.rstrip("/") + "/"
-    for name in names:
-        try:
-            target = os.readlink(f"{fd_dir}/{name}")
-        except OSError:
-            continue  # closed meanwhile
-        if not target.startswith(inside):
-            continue
-        try:
-            with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
-                info = f.read()
-        except OSError:
-            continue
-        fields = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line)
-        try:
-            flags = int(fields[b"flags"].strip(), 8)
-        except (KeyError, ValueError):
-            flags = os.O_RDWR
-        if flags & os.O_ACCMODE == os.O_RDONLY:
-            continue
-        if ino is not None and b"ino" in fields:
-            if int(fields[b"ino"].strip()) == ino:
+    try:
+        names = os.listdir(fd_dir)
+        want = prefix + path
+        inside = prefix.rstrip("/") + "/"
+        for name in names:
+            try:
+                target = os.readlink(name, dir_fd=fd_dir)
+            except OSError:
+                continue  # closed meanwhile
+            if not target.startswith(inside):
+                continue
+            try:
+                with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
+                    info = f.read()
+            except OSError:
+                continue
+            fields = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line)
+            try:
+                flags = int(fields[b"flags"].strip(), 8)
+            except (KeyError, ValueError):
+                flags = os.O_RDWR
+            if flags & os.O_ACCMODE == os.O_RDONLY:
+                continue
+            if ino is not None and b"ino" in fields:
+                if int(fields[b"ino"].strip()) == ino:
+                    return True
+            elif target.removesuffix(" (deleted)") == want:
                 return True
-        elif target.removesuffix(" (deleted)") == want:
-            return True
-    return False
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(fd_dir)
 
 
 class Writers:

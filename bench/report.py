@@ -127,6 +127,9 @@ def evaluate(w: dict) -> list[Goal]:
                  "rm_rf"):
         if name in w:
             goals.append(Goal(f"{name}: time <= 1.5x fuse-overlayfs", _ratio(w, name, fo), 1.5, "<="))
+    for name, limit in (("npm_create_unversioned", 1.5), ("rm_rf_unversioned", 2.0)):
+        if name in w:  # issue 19 part 1: generated trees at native speed
+            goals.append(Goal(f"{name}: time <= {limit:g}x native", _ratio(w, name, "stepfs/native"), limit, "<="))
     commits = _by_size(w, "commit_10_")
     if commits:
         big_n, big = commits[-1]

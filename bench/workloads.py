@@ -88,8 +88,15 @@ def _rm_rf(ctx: Context, mp: Path) -> dict:
 
 
 def _npm_create(ctx: Context, mp: Path) -> dict:
-    return {"npm_create": timed(f"{sys.executable} {BENCH_DIR / 'npm_like.py'} node_modules "
+    # 'packages', not 'node_modules': on stepfs this row is the versioned
+    # case (node_modules is unversioned by default: the next workload).
+    return {"npm_create": timed(f"{sys.executable} {BENCH_DIR / 'npm_like.py'} packages "
                                 f"--files {ctx.cfg.npm_files}", mp)}
+
+
+def _npm_unversioned(ctx: Context, mp: Path) -> dict:
+    create = timed(f"{sys.executable} {BENCH_DIR / 'npm_like.py'} node_modules --files {ctx.cfg.npm_files}", mp)
+    return {"npm_create_unversioned": create, "rm_rf_unversioned": timed("rm -rf node_modules", mp)}
 
 
 # -- close-write latency (the version-token guard) -----------------------------------
@@ -134,6 +141,9 @@ WORKLOADS: list[Workload] = [
     Workload("rm_rf", {"rm_rf": "rm -rf of the small-file tree (files in the workspace)"}, _rm_rf, _prepare_tree),
     Workload("npm_create", {"npm_create": "npm-like creation of tiny files in nested directories "
                                           "(one Python process; create-write-close each)"}, _npm_create),
+    Workload("npm_unversioned", {
+        "npm_create_unversioned": "the same into node_modules (stepfs: unversioned, README \"Unversioned paths\")",
+        "rm_rf_unversioned": "rm -rf of that node_modules"}, _npm_unversioned),
     Workload("close_write_4k", {"close_write_4k": "close(2) latency after rewriting an existing 4 KiB file "
                                                   "(stepfs: flush = version-token guard + staging)"},
              _close_write, _prepare_4k, kind="latency", reps=lambda ctx: 1),

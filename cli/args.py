@@ -21,3 +21,12 @@ def parse_meta(items: list[str]) -> dict:
             usage_error(f"--meta takes KEY=VALUE, got {item!r}")
         meta[key] = value
     return meta
+
+
+def add_exclude_args(p) -> None:
+    """``--exclude PATTERN`` and ``--no-default-excludes`` (mount and run)."""
+    p.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                   help="an unversioned path (gitignore syntax; repeatable): never staged, its writes go to the "
+                        "workspace directly")
+    p.add_argument("--no-default-excludes", action="store_true",
+                   help="version node_modules/, .venv/, __pycache__/ and the other default unversioned trees too")

@@ -17,7 +17,7 @@ import sys
 import textwrap
 
 from stepfs.cli import exitcodes
-from stepfs.cli.args import parse_meta, usage_error
+from stepfs.cli.args import add_exclude_args, parse_meta, usage_error
 from stepfs.cli.render import escape, folded_text, quote
 
 #: Shown by ``stepfs --help``; tests/test_cli_help_examples.py runs each line.
@@ -107,10 +107,12 @@ def cmd_mount(args) -> int:
             usage_error("--allow-other needs root: mount as root to let other users into the mount")
         manage.serve_foreground(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                                 auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
-                                warn_size=warn_size, new_history=args.new_history)
+                                warn_size=warn_size, new_history=args.new_history, excludes=args.exclude,
+                                default_excludes=not args.no_default_excludes)
     pid = manage.mount(args.workspace, args.mountpoint, debug=args.debug, require_read=args.require_read,
                        auto_step=args.auto_step, allow_other=args.allow_other, keep_last=args.keep_last,
-                       warn_size=warn_size, new_history=args.new_history)
+                       warn_size=warn_size, new_history=args.new_history, excludes=args.exclude,
+                       default_excludes=not args.no_default_excludes)
     mp = os.path.abspath(args.mountpoint)
     _emit(args, {"message_type": "mount", "mountpoint": mp, "workspace": os.path.realpath(args.workspace), "pid": pid},
           f"mounted {os.path.realpath(args.workspace)} at {mp} (daemon pid {pid})", essential=False)
@@ -143,6 +145,11 @@ def cmd_status(args) -> int:
                    f"{', '.join(quote(w) for w in r.get('writable', []))})"
                    if r["confined"] else "not confined")
             lines.append(f"  run pid {r['pid']}: {quote(' '.join(r['command'])[:80])}  {how}")
+        unv = m.get("unversioned")
+        if unv:
+            lines.append(f"  unversioned (never staged): {', '.join(quote(p) for p in unv['trees']) or 'no tree yet'}")
+            patterns = unv["stepfsignore"] + unv["excludes"] + (["(defaults)"] if unv["defaults"] else [])
+            lines.append(f"    patterns: {' '.join(quote(p) for p in patterns)}")
         lines += [f"  {s['op']} {quote(s['path'])}" for s in m["staged"]]
     if st["conflicts"]:
         lines.append(f"conflicts: {len(st['conflicts'])}")
@@ -413,6 +420,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                     help="after each step, prune all but the newest N layers (gc runs every 10 steps)")
     sp.add_argument("--warn-size", metavar="SIZE",
                     help="warn (stderr of 'stepfs step', MOUNT/.stepfs/status) once the store is over SIZE (2G)")
+    add_exclude_args(sp)
 
     sp = add("unmount", cmd_unmount, "Flush, unmount MOUNTPOINT and wait for its daemon to exit.",
              "stepfs unmount /mnt/agent")

@@ -9,6 +9,8 @@ import os
 import shlex
 import sys
 
+from stepfs.cli.args import add_exclude_args
+
 
 USAGE = ("stepfs run [WS] [-m MSG] [--meta K=V]... [--mountpoint DIR] [--private] "
          "[--confine [--allow-write PATH]... [--allow-read PATH]... [--no-network] [--allow-connect PORT]...] "
@@ -51,6 +53,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confine", action="store_true",
                    help="run the command under Linux Landlock: it may write only beneath the mount (and the "
                         "paths below); exit 18 where the kernel cannot")
+    add_exclude_args(p)
     confine_options(p)
 
 
@@ -159,6 +162,9 @@ def cmd_run(args) -> int:
 
     split_command(args)
     meta = parse_meta(args.meta)
+    from stepfs.overlayfs.client.manage import check_excludes
+
+    check_excludes(args.exclude)  # refused before a workspace is made or announced
     asked = [o for o, v in (("--allow-write", args.allow_write), ("--allow-read", args.allow_read),
                             ("--no-network", args.no_network), ("--allow-connect", args.allow_connect)) if v]
     if asked and not args.confine:
@@ -184,7 +190,8 @@ def cmd_run(args) -> int:
         result = api.run_command(args.command, args.workspace, message=args.message, meta=meta,
                                     mountpoint=args.mountpoint, private=args.private,
                                     forward_signals=True, on_phase=on_phase,
-                                    confine=policy_of(args) if args.confine else None)
+                                    confine=policy_of(args) if args.confine else None,
+                                    excludes=args.exclude, default_excludes=not args.no_default_excludes)
     except StepfsError as exc:
         bar.close()
         code = getattr(exc, "command_exit_code", None)

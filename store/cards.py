@@ -1,6 +1,8 @@
 """Change cards: what a layer did, per path, in words and line counts.
 
-Pure reads of the store.  A card lists every path a layer touched with its
+Pure reads of the store, through ``cardrows.Rows`` (plain SQL, so the
+CLI's no-mount ``log`` and ``show`` need no SQLAlchemy; the functions that
+take ``objects, conn`` wrap the connection in one).  A card lists every path a layer touched with its
 operation (added, modified, deleted, renamed, mode, replaced), lines added
 and removed for text, byte sizes for binary content (see ``store.diff`` for
 what counts as text), the layer's message, agent and metadata.  A rollback
@@ -20,17 +22,19 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from sqlalchemy.engine import Connection
-
-from stepfs.store import diff, du, layers
+from stepfs.store import records
+from stepfs.store.cardrows import Rows
 from stepfs.store.contained import DEVICE_KINDS, rdev_of
-from stepfs.store.objects import ObjectStore
 from stepfs.store.errors import CorruptObject
+from stepfs.store.records import Change, State
 
 #: Kept for callers of the old name: files above this size are not line-counted.
-LINE_COUNT_LIMIT = diff.TEXT_LIMIT
+LINE_COUNT_LIMIT = records.TEXT_LIMIT
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from stepfs.store.objects import ObjectStore
     from stepfs.store.workspace import Workspace
 
 
@@ -48,10 +52,10 @@ def fold_root(path: str) -> str | None:
     return None
 
 
-def split_folded(changes: list[diff.Change]) -> tuple[list[diff.Change], dict[str, list[diff.Change]]]:
+def split_folded(changes: list[Change]) -> tuple[list[Change], dict[str, list[Change]]]:
     """``changes`` outside every folded directory, and the rest by directory."""
-    kept: list[diff.Change] = []
-    folded: dict[str, list[diff.Change]] = {}
+    kept: list[Change] = []
+    folded: dict[str, list[Change]] = {}
     for c in changes:
         root = fold_root(os.fsdecode(c.path))
         if root is None:
@@ -61,14 +65,14 @@ def split_folded(changes: list[diff.Change]) -> tuple[list[diff.Change], dict[st
     return kept, folded
 
 
-def _fold_entry(root: str, changes: list[diff.Change]) -> dict:
+def _fold_entry(root: str, changes: list[Change]) -> dict:
     ops = [c.op for c in changes]
     added, deleted, renamed = ops.count("added"), ops.count("deleted"), ops.count("renamed")
     return {"path": root + "/", "files": len(ops), "added": added, "deleted": deleted, "renamed": renamed,
             "modified": len(ops) - added - deleted - renamed}
 
 
-def _state(s: layers.State) -> dict:
+def _state(s: State) -> dict:
     out = {"kind": s.kind, "mode": s.mode, "oid": s.oid}
     if s.kind == "symlink":
         out["target"] = os.fsdecode(s.target or b"")
@@ -77,10 +81,16 @@ def _state(s: layers.State) -> dict:
     return out
 
 
-def file_card(objects: ObjectStore, conn: Connection, c: diff.Change, tolerant: bool = False) -> dict:
-    """``tolerant``: a file whose bytes cannot be read back (a corrupt
-    chunk) gets ``unreadable: True`` and no line counts instead of failing
-    the card (``log`` lists layers from their rows, whatever the chunks)."""
+def file_card(objects: ObjectStore, conn: Connection, c: Change, tolerant: bool = False) -> dict:
+    """:func:`card_entry` read through ``conn``."""
+    return card_entry(Rows.over(conn, objects.hasher), c, tolerant)
+
+
+def card_entry(rows: Rows, c: Change, tolerant: bool = False) -> dict:
+    """One path of a card.  ``tolerant``: a file whose bytes cannot be read
+    back (a corrupt chunk) gets ``unreadable: True`` and no line counts
+    instead of failing the card (``log`` lists layers from their rows,
+    whatever the chunks)."""
     out = {
         "path": os.fsdecode(c.path), "op": c.op, "kind": c.after.kind or c.before.kind,
         "before": _state(c.before), "after": _state(c.after),
@@ -92,10 +102,10 @@ def file_card(objects: ObjectStore, conn: Connection, c: diff.Change, tolerant: 
     if c.before.kind == c.after.kind and c.before.oid == c.after.oid:
         out.update(binary=False, lines_added=0, lines_removed=0)
         return out
-    only_files = diff.Change(c.path, c.before if c.before.kind == "file" else layers.State(None),
-                             c.after if c.after.kind == "file" else layers.State(None))
+    only_files = Change(c.path, c.before if c.before.kind == "file" else State(None),
+                        c.after if c.after.kind == "file" else State(None))
     try:
-        a, b, n_old, n_new = diff.lines_of(objects, conn, only_files)
+        a, b, n_old, n_new = records.lines_of(only_files, rows.size, rows.read_all)
     except CorruptObject:
         if not tolerant:
             raise
@@ -104,19 +114,24 @@ def file_card(objects: ObjectStore, conn: Connection, c: diff.Change, tolerant: 
     if a is None or b is None:
         out.update(binary=True, bytes_before=n_old, bytes_after=n_new)
         return out
-    added, removed = diff.count_lines(a, b)
+    added, removed = records.count_lines(a, b)
     out.update(binary=False, lines_added=added, lines_removed=removed)
     return out
 
 
-def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[diff.Change],
+def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[Change],
              fold: bool = True, tolerant: bool = False) -> dict:
+    """:func:`card_of` read through ``conn``."""
+    return card_of(Rows.over(conn, objects.hasher), header, changes, fold, tolerant)
+
+
+def card_of(rows: Rows, header: dict, changes: list[Change], fold: bool = True, tolerant: bool = False) -> dict:
     """A card from a layer header (number, kind, created_ns, message, agent,
     mount, meta) and its changes; with ``fold``, each ``.git`` directory is
     one entry of ``folded`` (its files are not read) instead of one per path
-    (``tolerant``: see :func:`file_card`)."""
+    (``tolerant``: see :func:`card_entry`)."""
     kept, folded = split_folded(changes) if fold else (changes, {})
-    files = [file_card(objects, conn, c, tolerant) for c in kept]
+    files = [card_entry(rows, c, tolerant) for c in kept]
     ops = [f["op"] for f in files]
     return {
         **header,
@@ -130,41 +145,57 @@ def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list
     }
 
 
-def header(layer: layers.Layer) -> dict:
+def header(layer: records.Layer) -> dict:
     return {
         "number": layer.number, "kind": layer.kind, "created_ns": layer.created_ns, "message": layer.message,
         "agent": layer.agent, "mount": layer.mount, "meta": layer.meta,
     }
 
 
+def _changes(rows: Rows, number: int) -> list[Change]:
+    """Layer ``number``'s entries as changes, renames paired (``diff.from_entries``)."""
+    return records.pair_renames([Change(e.path, e.before, e.after) for e in rows.entries(number)], rows.size)
+
+
 def card(objects: ObjectStore, conn: Connection, number: int, fold: bool = True) -> dict:
+    """:func:`card_at` read through ``conn``."""
+    return card_at(Rows.over(conn, objects.hasher), number, fold)
+
+
+def card_at(rows: Rows, number: int, fold: bool = True) -> dict:
     """The card of committed layer ``number``; raises NoSuchLayer."""
-    layer = layers.get(conn, number)
-    c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, number)), fold)
-    c["stored_bytes"] = du.added_bytes(conn, [number])[number]
+    layer = rows.layer(number)
+    c = card_of(rows, header(layer), _changes(rows, number), fold)
+    c["stored_bytes"] = rows.added_bytes([number])[number]
     return c
 
 
 def layer_patch(objects: ObjectStore, conn: Connection, number: int, fold: bool = True) -> str:
     """The unified diff of what layer ``number`` changed (with ``fold``,
     nothing inside a ``.git`` directory)."""
+    from stepfs.store import diff, layers
+
     layers.get(conn, number)
     changes = diff.from_entries(conn, layers.entries(conn, number))
     return diff.patch(objects, conn, split_folded(changes)[0] if fold else changes)
 
 
 def log(objects: ObjectStore, conn: Connection, limit: int | None = None, fold: bool = True) -> list[dict]:
+    """:func:`log_of` read through ``conn``."""
+    return log_of(Rows.over(conn, objects.hasher), limit, fold)
+
+
+def log_of(rows: Rows, limit: int | None = None, fold: bool = True) -> list[dict]:
     """Committed layers, newest first, each as its card without the per-file
     list (``files`` holds the count; ``folded`` stays a list).  Line counts
     read the content of every changed text file, so this costs what the
     layers changed; a file whose chunks are corrupt is counted in
     ``unreadable`` instead of failing the listing (``stepfs verify`` names it)."""
     out = []
-    listed = layers.list_layers(conn, limit=limit)
-    added = du.added_bytes(conn, [layer.number for layer in listed])
+    listed = rows.layers(limit=limit)
+    added = rows.added_bytes([layer.number for layer in listed])
     for layer in listed:
-        c = card_for(objects, conn, header(layer), diff.from_entries(conn, layers.entries(conn, layer.number)),
-                     fold, tolerant=True)
+        c = card_of(rows, header(layer), _changes(rows, layer.number), fold, tolerant=True)
         unreadable = sum(1 for f in c["files"] if f.get("unreadable"))
         if unreadable:
             c["unreadable"] = unreadable

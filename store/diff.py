@@ -14,9 +14,7 @@ everything else is diffed as binary ("Binary files ... differ").
 from __future__ import annotations
 
 import difflib
-import os
 import stat as stat_mod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlalchemy import or_, select
@@ -25,32 +23,15 @@ from sqlalchemy.engine import Connection
 from stepfs.store import schema
 from stepfs.store.contained import NODE_KINDS
 from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
-from stepfs.store.layers import Entry, State
+from stepfs.store import records
+from stepfs.store.records import TEXT_LIMIT, Change, Entry, State, count_lines, text_lines  # noqa: F401  (their home before records.py)
 from stepfs.store.objects import ObjectStore
 
 E, L = schema.entries, schema.layers
 
-#: Files above this size are not diffed or line-counted (reported as binary).
-TEXT_LIMIT = 4 << 20
 
 if TYPE_CHECKING:
     from stepfs.store.workspace import Workspace
-
-
-@dataclass
-class Change:
-    """``before`` -> ``after`` at ``path``; a rename also has ``old_path``."""
-
-    path: bytes
-    before: State
-    after: State
-    old_path: bytes | None = None
-
-    @property
-    def op(self) -> str:
-        if self.old_path is not None:
-            return "renamed"
-        return self.after.op_against(self.before)
 
 
 # -- which paths changed ------------------------------------------------------------
@@ -91,38 +72,9 @@ def from_entries(conn: Connection, entries: list[Entry]) -> list[Change]:
     return pair_renames(conn, [Change(e.path, e.before, e.after) for e in entries])
 
 
-def _content_key(conn: Connection, s: State) -> tuple | None:
-    if s.kind == "file" and s.oid is not None and ObjectStore.size(conn, s.oid) > 0:
-        return ("file", s.oid)
-    if s.kind == "symlink":
-        return ("symlink", s.target)
-    return None
-
-
 def pair_renames(conn: Connection, changes: list[Change]) -> list[Change]:
-    """Pair deletions with additions of the same content (one to one, in
-    path order); everything else is returned unchanged, sorted by path."""
-    gone: dict[tuple, list[Change]] = {}
-    for c in changes:
-        if c.after.kind is None and c.before.kind is not None:
-            key = _content_key(conn, c.before)
-            if key is not None:
-                gone.setdefault(key, []).append(c)
-    if not gone:
-        return sorted(changes, key=lambda c: c.path)
-    paired: set[int] = set()
-    out = []
-    for c in sorted(changes, key=lambda c: c.path):
-        if c.before.kind is None and c.after.kind is not None:
-            key = _content_key(conn, c.after)
-            candidates = gone.get(key) if key is not None else None
-            if candidates:
-                src = candidates.pop(0)
-                paired.add(id(src))
-                out.append(Change(c.path, src.before, c.after, old_path=src.path))
-                continue
-        out.append(c)
-    return sorted((c for c in out if id(c) not in paired), key=lambda c: c.path)
+    """:func:`records.pair_renames` with object sizes read through ``conn``."""
+    return records.pair_renames(changes, lambda oid: ObjectStore.size(conn, oid))
 
 
 # -- content ---------------------------------------------------------------------------
@@ -137,16 +89,6 @@ def content(objects: ObjectStore, conn: Connection, state: State) -> bytes:
     return b""
 
 
-def text_lines(data: bytes) -> list[str] | None:
-    """``data`` split into lines (ends kept), or None if it is binary."""
-    if b"\0" in data[:8192]:
-        return None
-    try:
-        return data.decode("utf-8").splitlines(keepends=True)
-    except UnicodeDecodeError:
-        return None
-
-
 def sizes(conn: Connection, c: Change) -> tuple[int, int]:
     def one(s: State) -> int:
         if s.kind == "file" and s.oid is not None:
@@ -159,25 +101,8 @@ def sizes(conn: Connection, c: Change) -> tuple[int, int]:
 
 
 def lines_of(objects: ObjectStore, conn: Connection, c: Change) -> tuple[list[str] | None, list[str] | None, int, int]:
-    """``(old lines, new lines, old size, new size)``; lines are None for
-    binary or oversized content.  Only files and symlinks have lines."""
-    n_old, n_new = sizes(conn, c)
-    if max(n_old, n_new) > TEXT_LIMIT:
-        return None, None, n_old, n_new
-    old = content(objects, conn, c.before) if c.before.kind in ("file", "symlink") else b""
-    new = content(objects, conn, c.after) if c.after.kind in ("file", "symlink") else b""
-    return text_lines(old), text_lines(new), len(old), len(new)
-
-
-def count_lines(a: list[str], b: list[str]) -> tuple[int, int]:
-    """``(added, removed)`` lines between two texts."""
-    added = removed = 0
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b).get_opcodes():
-        if tag in ("replace", "delete"):
-            removed += i2 - i1
-        if tag in ("replace", "insert"):
-            added += j2 - j1
-    return added, removed
+    """:func:`records.lines_of` with sizes and bytes read through ``conn``."""
+    return records.lines_of(c, lambda oid: ObjectStore.size(conn, oid), lambda oid: objects.read_all(conn, oid))
 
 
 # -- unified diff ------------------------------------------------------------------------

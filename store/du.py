@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from stepfs.store import schema
+from stepfs.store.cardrows import Rows
 from stepfs.store.units import human  # noqa: F401  (its callers' name for it)
 from stepfs.store.workspace import Workspace
 
@@ -27,66 +28,18 @@ _BATCH = 5000
 
 def _chunks_of(conn, oids: set[str]) -> dict[str, list[str]]:
     """``{oid: [cid, ...]}`` with each delta's base listed after it."""
-    out: dict[str, list[str]] = {}
-    ordered = sorted(oids)
-    rows = []
-    for i in range(0, len(ordered), _BATCH):  # SQLite bounds the variables of one statement
-        rows += conn.execute(select(OC.c.oid, OC.c.cid, C.c.base).join(C, C.c.cid == OC.c.cid)
-                             .where(OC.c.oid.in_(ordered[i:i + _BATCH]))).all()
-    for oid, cid, base in rows:
-        out.setdefault(oid, []).append(cid)
-        if base is not None:
-            out[oid].append(base)
-    O = schema.objects
-    for i in range(0, len(ordered), _BATCH):  # an object stored inline (format 7) is its own piece
-        for oid, base in conn.execute(select(O.c.oid, O.c.base)
-                                      .where(O.c.oid.in_(ordered[i:i + _BATCH]), O.c.data.is_not(None))):
-            out[oid] = [_INLINE + oid] + ([_INLINE + base] if base is not None else [])
-    return out
-
-
-#: Prefix of an inline object's id in the pieces ``_stored`` counts.
-_INLINE = "inline:"
+    return Rows.over(conn).chunks_of(oids)
 
 
 def _stored(conn) -> dict[str, int]:
-    """Stored bytes of every chunk, and of every object stored inline
-    (keyed ``inline:<oid>``)."""
-    sizes = dict(conn.execute(select(C.c.cid, func.length(C.c.data))).all())
-    O = schema.objects
-    sizes.update((_INLINE + oid, n) for oid, n in conn.execute(
-        select(O.c.oid, func.length(O.c.data)).where(O.c.data.is_not(None))))
-    return sizes
+    """Stored bytes of every chunk."""
+    return Rows.over(conn).stored()
 
 
 def added_bytes(conn, numbers: list[int] | None = None) -> dict[int, int]:
     """Stored bytes each committed layer added (module doc), for
-    ``numbers`` (default: every one).  Reads the entries of every layer up
-    to the newest asked: what history holds, once."""
-    rows = conn.execute(select(E.c.layer, E.c.before_oid, E.c.after_oid)
-                        .where(E.c.layer.in_(select(L.c.number).where(L.c.state == "committed")))
-                        .order_by(E.c.layer)).all()
-    if numbers is not None and numbers:
-        top = max(numbers)
-        rows = [r for r in rows if r.layer <= top]
-    by_layer: dict[int, set[str]] = {}
-    for layer, b, a in rows:
-        by_layer.setdefault(layer, set()).update(x for x in (b, a) if x)
-    chunks = _chunks_of(conn, set().union(*by_layer.values()) if by_layer else set())
-    sizes = _stored(conn)
-    seen: set[str] = set()
-    out: dict[int, int] = {}
-    for layer in sorted(by_layer):
-        total = 0
-        for oid in by_layer[layer]:
-            for cid in chunks.get(oid, ()):
-                if cid not in seen:
-                    seen.add(cid)
-                    total += sizes.get(cid, 0)
-        out[layer] = total
-    wanted = numbers if numbers is not None else [r[0] for r in conn.execute(
-        select(L.c.number).where(L.c.state == "committed"))]
-    return {n: out.get(n, 0) for n in wanted}
+    ``numbers`` (default: every one); ``cardrows.Rows.added_bytes``."""
+    return Rows.over(conn).added_bytes(numbers)
 
 
 def usage(ws: Workspace) -> dict:

@@ -7,69 +7,17 @@ means absent).  Nothing here writes; writing a layer is ``publish.py``'s job.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
 
-from sqlalchemy import case, func, literal_column, select
+from sqlalchemy import func, literal_column, select
 from sqlalchemy.engine import Connection
 
 from stepfs.store import schema
 from stepfs.store.db import Prepared
-from stepfs.store.errors import LayerPruned, NoSuchLayer
+from stepfs.store.cardrows import Rows
+from stepfs.store.errors import NoSuchLayer
+from stepfs.store.records import Entry, Layer, State  # noqa: F401  (their home before records.py)
 
 L, E = schema.layers, schema.entries
-
-
-@dataclass(frozen=True)
-class State:
-    """A path's state in a layer entry; ``kind is None`` means absent."""
-
-    kind: str | None
-    mode: int | None = None
-    oid: str | None = None
-    target: bytes | None = None
-    uid: int | None = None
-    gid: int | None = None
-    xattrs: bytes | None = None  # store/xattrs.py encoding
-
-    def op_against(self, before: "State") -> str:
-        if before.kind is None:
-            return "added"
-        if self.kind is None:
-            return "deleted"
-        if before.kind != self.kind:
-            return "replaced"
-        if before.oid == self.oid and before.target == self.target:
-            return "mode" if before.mode != self.mode else "metadata"
-        return "modified"
-
-
-@dataclass
-class Entry:
-    path: bytes
-    before: State
-    after: State
-    after_mtime_ns: int | None = None
-    after_link: bytes | None = None  # publish as a hard link of this path
-
-    @property
-    def op(self) -> str:
-        return self.after.op_against(self.before)
-
-
-@dataclass
-class Layer:
-    number: int
-    state: str
-    kind: str
-    created_ns: int
-    message: str
-    agent: str
-    mount: str
-    meta: dict = field(default_factory=dict)
-    added: int = 0
-    modified: int = 0
-    deleted: int = 0
 
 
 def head(conn: Connection) -> int:
@@ -88,13 +36,6 @@ def next_number(conn: Connection) -> int:
     return int(_NEXT_NUMBER.execute(conn)[0][0])
 
 
-def _counts():
-    added = func.sum(case((E.c.before_kind.is_(None), 1), else_=0))
-    deleted = func.sum(case((E.c.after_kind.is_(None), 1), else_=0))
-    total = func.count(E.c.path)
-    return added, deleted, total
-
-
 def committed_numbers(conn: Connection) -> list[int]:
     """The numbers of the committed layers, oldest first."""
     return conn.execute(
@@ -104,54 +45,22 @@ def committed_numbers(conn: Connection) -> list[int]:
 
 def list_layers(conn: Connection, limit: int | None = None, number: int | None = None) -> list[Layer]:
     """Committed layers (or just ``number``), newest first, with counts of
-    added / modified / deleted paths.  The layers are chosen first and only
-    their entries are counted (through the entries' primary key): listing
-    a few layers, or one, costs what those layers hold, not what the whole
-    history holds."""
-    q = select(L).where(L.c.state == "committed").order_by(L.c.number.desc())
-    if number is not None:
-        q = q.where(L.c.number == number)
-    if limit is not None:
-        q = q.limit(limit)
-    rows = conn.execute(q).all()
-    added, deleted, total = _counts()
-    counts = select(E.c.layer, added, deleted, total).group_by(E.c.layer)
-    if limit is not None or number is not None:
-        counts = counts.where(E.c.layer.in_([r.number for r in rows]))
-    by_layer = {layer: (int(a or 0), int(d or 0), int(t or 0)) for layer, a, d, t in conn.execute(counts)}
-    out = []
-    for r in rows:
-        a, d, t = by_layer.get(r.number, (0, 0, 0))
-        out.append(
-            Layer(
-                number=r.number, state=r.state, kind=r.kind, created_ns=r.created_ns,
-                message=r.message, agent=r.agent, mount=r.mount, meta=json.loads(r.meta or "{}"),
-                added=a, deleted=d, modified=t - a - d,
-            )
-        )
-    return out
+    added / modified / deleted paths (``cardrows.Rows.layers``)."""
+    return Rows.over(conn).layers(limit=limit, number=number)
 
 
 def get(conn: Connection, number: int) -> Layer:
-    for layer in list_layers(conn, number=number):
-        return layer
-    raise missing(conn, number)
+    return Rows.over(conn).layer(number)
 
 
 def missing(conn: Connection, number: int) -> NoSuchLayer:
     """The error for a layer number that is not a committed layer: pruned
     ones say so (and which layer is the oldest kept)."""
-    state = conn.execute(select(L.c.state).where(L.c.number == number)).scalar()
-    if state == "pruned":
-        oldest = conn.execute(select(func.min(L.c.number)).where(L.c.state == "committed")).scalar()
-        return LayerPruned(f"layer {number} was pruned; the oldest layer kept is {oldest} "
-                           f"('stepfs log' lists the layers kept).")
-    return NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
+    return Rows.over(conn).missing(number)
 
 
 def entries(conn: Connection, number: int) -> list[Entry]:
-    rows = conn.execute(select(E).where(E.c.layer == number).order_by(E.c.path))
-    return [entry_from_row(r) for r in rows]
+    return Rows.over(conn).entries(number)
 
 
 def entry_from_row(r) -> Entry:

@@ -35,7 +35,7 @@ from sqlalchemy import bindparam, case, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import NoResultFound
 
-from stepfs.store import chunking, codec, durable, schema
+from stepfs.store import cardrows, chunking, codec, durable, schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import CorruptObject
 
@@ -122,18 +122,12 @@ def generation(conn: Connection) -> int:
 def chunk_bytes(conn: Connection, cid: str, data, codec_: int, size: int, base: str | None) -> bytes:
     """The decoded bytes of chunk ``cid`` from its row's fields (a delta's
     base read too).  Raises :class:`CorruptObject` for undecodable data."""
-    base_raw = None
-    if codec_ == codec.DELTA:
-        rows = _CHUNK_ROW.execute(conn, {"cid": base}) if base is not None else []
-        if not rows or rows[0][1] == codec.DELTA:
-            raise CorruptObject(f"chunk {cid} is a delta whose base chunk {base} is missing; "
-                                f"run 'stepfs verify' for a full report.")
-        bdata, bcodec, bsize, _bbase = rows[0]
-        base_raw = chunk_bytes(conn, base, bdata, bcodec, bsize, None)
-    try:
-        return codec.decode(codec_, data, size, base_raw)
-    except ValueError as exc:
-        raise CorruptObject(f"chunk {cid} is corrupt: it cannot be decoded ({exc}); run 'stepfs verify' for a full report.") from None
+    return cardrows.decode_chunk(lambda c: _chunk_row(conn, c), cid, data, codec_, size, base)
+
+
+def _chunk_row(conn: Connection, cid: str) -> tuple | None:
+    rows = _CHUNK_ROW.execute(conn, {"cid": cid})
+    return tuple(rows[0]) if rows else None
 
 
 def inline_bytes(conn: Connection, oid: str, data, codec_: int | None, size: int, base: str | None) -> bytes:
@@ -407,17 +401,8 @@ class ObjectStore:
             if inline:
                 yield inline
             return
-        pos = 0
-        for cid, offset, stored, how, size, base in _OBJECT_READ.iterate(conn, {"oid": oid}):
-            if stored is None or offset != pos:
-                raise CorruptObject(
-                    f"object {oid} is missing its bytes at offset {pos}; run 'stepfs verify' for a full report."
-                )
-            data = chunk_bytes(conn, cid, stored, how, size, base)
-            if verify and self.hasher(data) != cid.split(".", 1)[0]:
-                raise CorruptObject(f"chunk {cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
-            pos += len(data)
-            yield data
+        yield from cardrows.object_chunks(_OBJECT_READ.iterate(conn, {"oid": oid}), oid,
+                                          lambda c: _chunk_row(conn, c), self.hasher, verify)
 
     def read_range(self, conn: Connection, oid: str, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the object from ``offset``; only the chunks

@@ -52,6 +52,7 @@ def test_reads_answer_alike_through_the_daemon_and_from_the_store(mount, workspa
             assert out.returncode == 0 and b"staged.txt" in out.stdout
             assert _same("log", target, *extra).returncode == 0
             assert _same("log", target, "--limit", "1", *extra).returncode == 0
+            assert _same("show", target, "1", *extra).returncode == 0  # no patch: store.cardrows when direct
             shown = _same("show", target, "1", "--patch", *extra)
             assert shown.returncode == 0 and b"+three" in shown.stdout
     status = json.loads(_same("status", mp, "--json").stdout)

@@ -125,15 +125,44 @@ def test_commands_through_a_live_mount_import_nothing_heavy(mount, workspace):
     assert [layer["message"] for layer in log["layers"]][:2] == ["", "first"]
 
 
-def test_without_a_live_mount_reads_open_the_store(workspace):
+def test_without_a_live_mount_status_opens_the_store(workspace):
     """The other side of the budget: no daemon to ask, so the CLI opens the
     store itself (the import check above is not vacuous)."""
     from stepfs.store.workspace import Workspace
 
     Workspace.open(str(workspace), create=True).close()
-    done, names = _imported("log", workspace)
+    done, names = _imported("status", workspace)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert "sqlalchemy" in names
+
+
+#: What ``log`` and ``show`` of a workspace with no live mount must not
+#: load: they read the store through stdlib sqlite3 (store/cardrows.py).
+NO_MOUNT_HEAVY = ("sqlalchemy", "mfusepy", "stepfs.store.workspace", "stepfs.store.db")
+
+
+def test_log_and_show_without_a_mount_import_no_database_layer(tmp_path):
+    from store_kit import Stager, open_workspace
+    from stepfs.store import publish
+
+    ws = tmp_path / "ws"
+    w = open_workspace(ws, {"a.txt": ("file", 0o644, b"one\n")})
+    try:
+        st = Stager(w)
+        st.file("a.txt", b"one\ntwo\n")
+        st.file("b.txt", b"bee\n")
+        publish.commit_step(w, st.step)
+    finally:
+        w.close()
+    for args in (("log", ws), ("log", ws, "--json"), ("show", ws, "1"), ("show", ws, "1", "--json")):
+        done, names = _imported(*args)
+        assert done.returncode == 0, (args, done.stderr.decode()[-2000:])
+        assert b"b.txt" in done.stdout or args[0] == "log"
+        assert sorted(n for n in names if any(n == h or n.startswith(h + ".") for h in NO_MOUNT_HEAVY)) == [], args
+    # A layer that does not exist: the same sentence and exit code as ever, still without the database layer.
+    done, names = _imported("show", ws, "7")
+    assert done.returncode == 11 and b"layer 7 does not exist" in done.stderr
+    assert "sqlalchemy" not in names
 
 
 def test_one_command_parser_still_knows_every_command():

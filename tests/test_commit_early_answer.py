@@ -28,7 +28,7 @@ from stepfs.overlayfs.client import control
 from stepfs.overlayfs.daemon.control import ControlServer
 from stepfs.overlayfs.daemon import main as daemon
 from stepfs.overlayfs.core.errors import ReadOnly
-from stepfs.overlayfs.daemon.fuse_ops import KernelCache
+from stepfs.overlayfs.daemon.libfuse.notify import KernelCache
 from stepfs.overlayfs.core.view import Overlay
 from stepfs.store import durable, staging
 from stepfs.store.errors import StoreUnavailable

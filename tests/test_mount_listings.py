@@ -1,4 +1,4 @@
-"""Kernel-cached directory listings never go stale (fuse_ops.ListingCache).
+"""Kernel-cached directory listings never go stale (libfuse.lowlevel.ListingCache).
 
 A stepfs mount lets the kernel keep each directory's listing across
 opendir calls (what makes a warm ``git status`` cheap).  Every test lists a

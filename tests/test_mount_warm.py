@@ -18,6 +18,7 @@ import pytest
 
 from conftest import sh, stepfs
 from stepfs.overlayfs.daemon import fuse_ops
+from stepfs.overlayfs.daemon.libfuse import highlevel, statbuf
 from stepfs.overlayfs.core.listings import settled
 from viewkit import open_view
 
@@ -134,11 +135,11 @@ def test_the_direct_stat_fill_matches_mfusepy_for_every_attribute_shape(tmp_path
     view.mkdir("/nd", 0o750, owner=(0, 0), agent="a")
     view.release(view.create("/nf", 0o640, os.O_WRONLY, owner=(0, 0), agent="a"))
     view.chmod("/d", 0o700)
-    fast = fuse_ops._FUSE.__new__(fuse_ops._FUSE)
+    fast = highlevel._FUSE.__new__(highlevel._FUSE)
     fast.encoding, fast.errors = "utf-8", "surrogateescape"
     for path in ("/", "/f", "/d", "/l", "/c", "/nd", "/nf"):
         attrs = view.getattr(path)
-        assert attrs.keys() in (fuse_ops._STAT_KEYS, fuse_ops._STAT_KEYS_RDEV), path
+        assert attrs.keys() in (statbuf._STAT_KEYS, statbuf._STAT_KEYS_RDEV), path
         fast.operations = SimpleNamespace(getattr=lambda p, fh, attrs=attrs: attrs)
         got, want = mfusepy.c_stat(), mfusepy.c_stat()
         fast.fgetattr(path.encode(), ctypes.pointer(got), None)

@@ -1,5 +1,5 @@
 """Directory listings as the FUSE adapter hands them to libfuse
-(``fuse_ops._FUSE.readdir_fuse_3``), driven without a mount: a filler made
+(``libfuse.highlevel._FUSE.readdir_fuse_3``), driven without a mount: a filler made
 from a Python function records what libfuse would get.
 
 Pins: entry ``i`` has offset ``i + 1`` whatever the request; a listing is
@@ -18,7 +18,9 @@ import mfusepy
 import pytest
 
 from stepfs.overlayfs.daemon import fuse_ops
-from stepfs.overlayfs.daemon.fuse_ops import FUSE_FILL_DIR_PLUS, FUSE_READDIR_PLUS, StepFS, _FUSE
+from stepfs.overlayfs.daemon.fuse_ops import StepFS
+from stepfs.overlayfs.daemon.libfuse import statbuf
+from stepfs.overlayfs.daemon.libfuse.highlevel import FUSE_FILL_DIR_PLUS, FUSE_READDIR_PLUS, _FUSE
 from viewkit import open_view, write_file
 
 
@@ -206,14 +208,14 @@ def test_listed_names_are_held_and_their_directories_watched(adapter):
      "st_atime": 0, "st_mtime": 0, "st_ctime": 0, "st_blocks": 0, "st_blksize": 512},
 ])
 def test_packed_stat_fill_gives_the_bytes_of_field_by_field(attrs, monkeypatch):
-    assert fuse_ops._STAT_PACKED  # this machine's layout is the known one
+    assert statbuf._STAT_PACKED  # this machine's layout is the known one
     packed = mfusepy.c_stat()
     ctypes.memset(ctypes.byref(packed), 0xAB, ctypes.sizeof(packed))  # every byte must be written
-    fuse_ops._fill_stat(packed, attrs)
-    monkeypatch.setattr(fuse_ops, "_STAT_PACKED", False)
+    statbuf._fill_stat(packed, attrs)
+    monkeypatch.setattr(statbuf, "_STAT_PACKED", False)
     fields = mfusepy.c_stat()
     ctypes.memset(ctypes.byref(fields), 0xCD, ctypes.sizeof(fields))
-    fuse_ops._fill_stat(fields, attrs)
+    statbuf._fill_stat(fields, attrs)
     assert bytes(packed) == bytes(fields)
     assert (packed.st_mode, packed.st_ino, packed.st_rdev) == (attrs["st_mode"], attrs["st_ino"],
                                                                attrs.get("st_rdev", 0))
@@ -232,7 +234,7 @@ def test_stat_fill_of_other_key_sets_is_mfusepys(attrs):
     (zeroed, then set by name): absent fields are zero, extra ones kept."""
     got = mfusepy.c_stat()
     ctypes.memset(ctypes.byref(got), 0xAB, ctypes.sizeof(got))
-    fuse_ops._fill_stat(got, attrs)
+    statbuf._fill_stat(got, attrs)
     want = mfusepy.c_stat()
     mfusepy.set_st_attrs(want, attrs, use_ns=True)
     assert bytes(got) == bytes(want)

@@ -134,9 +134,9 @@ def test_lines_that_look_like_diff_headers_are_counted(tmp_path):
 
 
 def test_large_files_are_not_line_counted(tmp_path, monkeypatch):
-    from stepfs.store import diff
+    from stepfs.store import records
 
-    monkeypatch.setattr(diff, "TEXT_LIMIT", 10)
+    monkeypatch.setattr(records, "TEXT_LIMIT", 10)
     w = open_workspace(tmp_path / "ws", {"big": ("file", 0o644, b"1\n2\n3\n4\n5\n6\n")})
     try:
         st = Stager(w)

@@ -275,7 +275,7 @@ def test_committed_links_are_recorded_and_a_discard_renews(tmp_path):
 def test_a_kernel_without_fuse_epochs_is_told_once(caplog):
     """The adapter's half: a kernel that refuses FUSE_NOTIFY_INC_EPOCH
     (older than 6.16) is logged once and not asked again."""
-    from stepfs.overlayfs.daemon.fuse_ops import KernelCache
+    from stepfs.overlayfs.daemon.libfuse.notify import KernelCache
 
     kc = KernelCache()
     assert kc.new_epoch() is False  # not attached: nothing to tell

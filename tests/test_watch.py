@@ -93,7 +93,7 @@ def test_non_utf8_names_map_like_fuse_paths():
 
 
 class FakeKernel:
-    """Stands in for fuse_ops.KernelCache: records what it is told to
+    """Stands in for libfuse.notify.KernelCache: records what it is told to
     forget; ``known`` is what the kernel has cached."""
 
     def __init__(self, known=()):

@@ -82,7 +82,7 @@ class WorkspaceClient:
     # -- mounts ---------------------------------------------------------------------
 
     def mount(self, mountpoint: str | os.PathLike | None = None, *, reuse: bool = False,
-              require_read: bool = False) -> "Mount":
+              require_read: bool = False, excludes: list[str] = (), default_excludes: bool = True) -> "Mount":
         """Mount the workspace and return the live :class:`Mount`.
 
         ``mountpoint`` None makes a private empty directory under the temp
@@ -90,6 +90,8 @@ class WorkspaceClient:
         exist is created (and removed at unmount).  With ``reuse``, an existing
         live mount of this workspace is returned instead (the named one, or
         any one), and leaving its ``with`` block does not unmount it.
+        ``excludes`` / ``default_excludes``: the mount's unversioned paths
+        (README "Unversioned paths"; a reused mount keeps its own).
         """
         if reuse:
             found = self._live_mount(mountpoint)
@@ -105,7 +107,8 @@ class WorkspaceClient:
                 os.mkdir(mp, 0o755)
                 made_dir = True
         try:
-            pid = manage.mount(self.path, mp, require_read=require_read)
+            pid = manage.mount(self.path, mp, require_read=require_read, excludes=list(excludes),
+                               default_excludes=default_excludes)
         except BaseException:
             if made_dir:
                 _rmdir(mp)
@@ -288,7 +291,8 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
                 stdin=None, stdout=None, stderr=None,
                 forward_signals: bool = False,
                 on_phase: Callable[[str], None] | None = None,
-                confine: "confine_mod.Policy | None" = None) -> RunResult:
+                confine: "confine_mod.Policy | None" = None,
+                excludes: list[str] = (), default_excludes: bool = True) -> RunResult:
     """Run ``command`` in a mount of ``workspace`` and commit what it changed.
 
     ``workspace``: a :class:`WorkspaceClient`, or a path (workspace, mount, or
@@ -300,7 +304,8 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
     with "mounting", "running", "committing", "unmounting".  ``confine``
     (a :class:`confine.Policy`; its mountpoint is filled in) runs the
     command under Landlock; the kernel is checked before anything is
-    touched (``ConfinementUnavailable``).
+    touched (``ConfinementUnavailable``).  ``excludes`` /
+    ``default_excludes``: unversioned paths of a mount made here.
 
     Raises :class:`StepfsError` if the mount or the commit fails; a failed
     commit carries the command's status as ``exc.command_exit_code`` (its
@@ -319,12 +324,16 @@ def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathL
         confine_mod.check(confine)  # before mounting
     with Signals(forward_signals) as sig:
         phase("mounting")
+        how = {"excludes": excludes, "default_excludes": default_excludes}
         if mountpoint is not None:
-            m = ws.mount(mountpoint, reuse=True)
+            m = ws.mount(mountpoint, reuse=True, **how)
         elif private:
-            m = ws.mount()
+            m = ws.mount(**how)
         else:
-            m = standing_in or ws._live_mount(None) or ws.mount()
+            m = standing_in or ws._live_mount(None) or ws.mount(**how)
+        if not m.owned and (excludes or not default_excludes):
+            log.warning("the live mount %s is reused with its own unversioned paths; --exclude and "
+                        "--no-default-excludes apply to a mount 'stepfs run' makes (add --private)", m.path)
         try:
             run_cwd = _map_cwd(ws, m, start_dir)
             result = RunResult(command, 0, None, m.path, reused=not m.owned, cwd=run_cwd, workspace=ws.path)

@@ -163,25 +163,29 @@ def _prepare_mount(workspace: str, mountpoint: str, auto_step: str, allow_other:
 
 def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
           auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
-          warn_size: int | None = None, new_history: bool = False) -> int:
+          warn_size: int | None = None, new_history: bool = False, excludes: list[str] = (),
+          default_excludes: bool = True) -> int:
     """Start a daemon for ``workspace`` at ``mountpoint`` and return its pid
     once the mount is ready.  A dead mount of the same workspace at the same
     place (its daemon was killed) is cleaned up first; opening the workspace
     then runs recovery, so the new mount starts from the last committed layer
     plus the open step's staged rows.  Raises a StepfsError with the reason
     otherwise.  ``allow_other`` lets users other than the mounter in (root
-    only; the kernel then checks their permissions: default_permissions)."""
+    only; the kernel then checks their permissions: default_permissions).
+    ``excludes``, ``default_excludes``: the unversioned paths (README
+    "Unversioned paths"); a refused pattern raises InputError first."""
     import select
     import subprocess
     import time
 
+    check_excludes(excludes)
     ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other, new_history)
     logfile = log_path(ws_path, mp)
     read_end, write_end = os.pipe()
     with open(logfile, "ab") as log:
         log_start = log.tell()  # this run's part of the log (it is appended to across mounts)
-        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size) \
-            + ["--ready-fd", str(write_end)]
+        cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size,
+                             excludes, default_excludes) + ["--ready-fd", str(write_end)]
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True, cwd="/",
@@ -228,8 +232,20 @@ def _fuse_cause(path: str, start: int = 0) -> str | None:
     return causes[-1] if causes else None
 
 
+def check_excludes(excludes) -> None:
+    """Refuse an ``--exclude`` pattern stepfs will not use, with the reason."""
+    from stepfs.store.ignorefile import BadPattern, parse
+    from stepfs.store.errors import ContainmentError
+
+    try:
+        parse(excludes)
+    except BadPattern as exc:  # the only refusal: a pattern that reads as leaving the workspace
+        raise ContainmentError(f"--exclude: {exc}.") from None
+
+
 def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_step: str,
-                   allow_other: bool, keep_last: int | None = None, warn_size: int | None = None) -> list[str]:
+                   allow_other: bool, keep_last: int | None = None, warn_size: int | None = None,
+                   excludes: list[str] = (), default_excludes: bool = True) -> list[str]:
     """The daemon's command line: this interpreter, so it imports the same
     installed ``stepfs`` as this process."""
     cmd = [sys.executable, "-m", "stepfs.overlayfs.daemon.main", ws_path, mp]
@@ -245,19 +261,26 @@ def daemon_command(ws_path: str, mp: str, debug: bool, require_read: bool, auto_
         cmd += ["--keep-last", str(keep_last)]
     if warn_size is not None:
         cmd += ["--warn-size", str(warn_size)]
+    for pattern in excludes:  # '=' keeps a pattern starting with '-' an argument
+        cmd.append(f"--exclude={pattern}")
+    if not default_excludes:
+        cmd.append("--no-default-excludes")
     return cmd
 
 
 def serve_foreground(workspace: str, mountpoint: str, debug: bool = False, require_read: bool = False,
                      auto_step: str = "manual", allow_other: bool = False, keep_last: int | None = None,
-                     warn_size: int | None = None, new_history: bool = False) -> NoReturn:
+                     warn_size: int | None = None, new_history: bool = False, excludes: list[str] = (),
+                     default_excludes: bool = True) -> NoReturn:
     """``stepfs mount --foreground``: check the arguments as :func:`mount`
     does, then become the daemon (exec, same pid), attached to this terminal
     until unmounted."""
+    check_excludes(excludes)
     ws_path, mp = _prepare_mount(workspace, mountpoint, auto_step, allow_other, new_history)
     sys.stdout.flush()
     sys.stderr.flush()
-    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size)
+    cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size,
+                         excludes, default_excludes)
     os.execv(cmd[0], cmd)
 
 
@@ -528,7 +551,7 @@ def rollback(target: Target, number: int, paths: list[str] = (), dry_run: bool =
         seen = {"invalidated": [], "unreachable": []}
         if result.layer is not None:
             # Each mount also makes the kernel look the names up again (a
-            # name whose kind changed included: fuse_ops.KernelCache).
+            # name whose kind changed included: libfuse.notify.KernelCache).
             seen = invalidate_mounts(ws, result.paths)
         return {
             "number": number, "head_before": result.head, "layer": result.layer, "dry_run": dry_run,

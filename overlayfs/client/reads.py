@@ -9,7 +9,9 @@ store function (``store.status.read_status``, ``store.cards.read_log``,
 ``store.cards.read_card``); the daemon's handler and the direct path below
 call the same one, and this module only decides where it runs.  A daemon
 that cannot answer (gone meanwhile, or older and without the request) is
-not an error: the store is opened here instead.  A *target* is
+not an error: the store is opened here instead.  With no daemon, ``log``
+and ``show`` read the store through stdlib ``sqlite3`` (``store.cardrows``)
+when it can be read as it is, with the same card functions.  A *target* is
 ``manage.Target`` (workspace, mountpoint or None).
 """
 
@@ -90,7 +92,7 @@ def daemon_state(mountpoint: str, alive) -> dict:
         except DaemonError:
             pass
     runs = answer.get("runs") or []
-    return {"readonly": answer.get("readonly"), "runs": runs,
+    return {"readonly": answer.get("readonly"), "runs": runs, "unversioned": answer.get("unversioned"),
             "confined": all(r.get("confined") for r in runs) if runs else None}
 
 
@@ -131,6 +133,10 @@ def log(target, limit: int | None = None, fold: bool = True) -> list[dict]:
     if answer is not None:
         return answer["layers"]
     from stepfs.store import cards
+
+    direct = _read_only(target.workspace, lambda rows: cards.log_of(rows, limit=limit, fold=fold))
+    if direct is not None:
+        return direct
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
@@ -144,7 +150,33 @@ def card(target, number: int, with_patch: bool = False, fold: bool = True) -> tu
     if answer is not None:
         return answer["card"], answer["patch"]
     from stepfs.store import cards
+
+    if not with_patch:  # the patch is made by store.diff, on the workspace
+        direct = _read_only(target.workspace, lambda rows: cards.card_at(rows, number, fold=fold))
+        if direct is not None:
+            return direct, None
     from stepfs.store.workspace import Workspace
 
     with Workspace.open(target.workspace) as ws:
         return cards.read_card(ws, number, with_patch=with_patch, fold=fold)
+
+
+def _read_only(workspace: str, answer):
+    """``answer(rows)`` on a read-only stdlib ``sqlite3`` connection to the
+    store of ``workspace`` (``store.cardrows``: no database layer to import),
+    or None when the store has to be opened as a workspace: a store that
+    needs recovery, another format, or a database ``sqlite3`` cannot read
+    as it is (that path then reports or repairs it).  A domain error
+    (no such layer) is the answer and is raised."""
+    import sqlite3
+
+    from stepfs.store.cardrows import open_readonly
+
+    session = open_readonly(workspace)
+    if session is None:
+        return None
+    try:
+        with session as rows:
+            return answer(rows)
+    except sqlite3.Error:
+        return None

@@ -403,7 +403,7 @@ class Changes:
         file, the names it still has."""
         node, st = self.ns.resolve(old)
         attrs = self.ns.stat_node(node) if node is not None else self.ns.stat_lower(old, st)
-        d = self.content.drafts.get((agent, old))
+        d = self.content.draft_of(agent, old)
         self.unlink(old, agent)
         # libfuse subtracts one from the st_nlink of a hidden name it is given
         # (a positive one): the names left, plus one.

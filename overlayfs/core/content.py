@@ -658,6 +658,10 @@ class Content:
         for d in self.drafts_at(path):
             d.mode, d.uid, d.gid, d.xattrs = node.mode, node.uid, node.gid, dict(node.xattrs)
 
+    def draft_of(self, agent: str, path: str) -> Draft | None:
+        """``agent``'s draft of ``path``, if it has one."""
+        return self.drafts.get((agent, path))
+
     def drafts_at(self, path: str) -> list[Draft]:
         """Every agent's draft of ``path``, looked up agent by agent (an agent
         with a draft has observed its path, so it is a key of ``observed``).

@@ -1,7 +1,7 @@
 """Listings of workspace directories, reused while a directory is unchanged.
 
 The kernel caches listings only while the mount watches the workspace
-(``fuse_ops.ListingCache``), and drops a cached listing at every change;
+(``libfuse.lowlevel.ListingCache``), and drops a cached listing at every change;
 every other ``getdents`` (the first listing after a change, a mount that
 cannot watch) comes to the view, and reading the workspace directory again
 (``openat2`` + ``getdents``) was most of what such a ``readdir`` cost.  :class:`Listings` keeps the last listing of each

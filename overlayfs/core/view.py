@@ -38,6 +38,7 @@ mount but not committed; ownership changes are not staged yet.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -49,12 +50,15 @@ from stepfs.store.workspace import Workspace
 from stepfs.store import xattrs as xattr_codec
 
 from stepfs.overlayfs.core.agents import DEFAULT
+from stepfs.overlayfs.core.crossing import move_to_unversioned
 from stepfs.overlayfs.core.committing import Commits, Failsafe, ViewCommit
 from stepfs.overlayfs.core.changes import HIDDEN_PREFIX, RENAME_EXCHANGE, RENAME_NOREPLACE, UTIME_NOW, UTIME_OMIT, Changes
 from stepfs.overlayfs.core.content import Content
 from stepfs.overlayfs.core.errors import Invalid, NameTooLong, NoAttribute, NotFound, ViewError
 from stepfs.overlayfs.core.links import Links
 from stepfs.overlayfs.core.namespace import Namespace, check_new_name
+from stepfs.overlayfs.core.passthrough import HANDLE_BASE, Passthrough
+from stepfs.overlayfs.core.unversioned import Rules, ignore_reader
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, MetaTree, is_meta
 from stepfs.overlayfs.core.rows import StagedRows
 from stepfs.overlayfs.core.runs import Runs
@@ -75,11 +79,12 @@ class Overlay:
     UTIME_NOW, UTIME_OMIT = UTIME_NOW, UTIME_OMIT  # as utimens takes them
 
     def __init__(self, ws: Workspace, mountpoint: str, agent: str = "", require_read: bool = False,
-                 row_delay: float | None = 0.0):
+                 row_delay: float | None = 0.0, excludes: list[str] = (), default_excludes: bool = True):
         """``row_delay``: seconds before recorded staged rows are written by a
         timer (the daemon passes :data:`ROW_DELAY`); 0, the default, writes
         each change at once; None leaves them to the other flush points
-        (tests that decide when the store is written)."""
+        (tests that decide when the store is written).  ``excludes`` and
+        ``default_excludes``: the unversioned paths (``unversioned.py``)."""
         self.ws = ws
         self.root = ws.root
         self.mountpoint = mountpoint
@@ -159,77 +164,184 @@ class Overlay:
                                rows=self.rows, links=self.links, scratch=self.scratch, failsafe=self.failsafe,
                                changed=self._changed,
                                first_link_group=max(groups, default=0) + 1)
+        # Unversioned paths: decided by the rules, served by the passthrough.
+        self.passthrough = Passthrough(self.root)
+        self.unversioned = Rules(excludes, default_excludes,
+                                 read_ignore=ignore_reader(self.lock, self.versions, self.content))
+
+    # -- unversioned paths (unversioned.py, passthrough.py) ----------------------
+
+    def _unv(self, path: str, is_dir) -> bool:
+        """Whether ``path`` goes to the passthrough: unversioned by the rules,
+        and the workspace holds the directory it is in (the top of an
+        unversioned tree in a directory that exists only in the open step,
+        or a name the open step already holds, is staged like any other)."""
+        rules = self.unversioned
+        if not rules.covers(path, is_dir):
+            return False
+        parent = path.rpartition("/")[0] or "/"
+        if parent != "/" and rules.dir_covered(parent):
+            # Inside an unversioned tree: the workspace decides, unless the
+            # open step holds the tree (staged before it was unversioned,
+            # or made in a directory only the step has).
+            return not self.upper.nodes or not self.ns.children_covered(parent)
+        with self.lock:
+            if path in self.upper.nodes or self.ns.children_covered(parent):
+                return False
+        return self.passthrough.parent_exists(path)
+
+    def _kind_is_dir(self, path: str):
+        """A callable: whether ``path`` is a directory in the view (asked only
+        when a pattern's answer depends on it)."""
+        def is_dir() -> bool:
+            try:
+                return self.getattr(path)["st_mode"] & 0o170000 == 0o040000
+            except (ViewError, OSError):
+                return False
+        return is_dir
+
+    def unversioned_state(self) -> dict:
+        """The rules and the unversioned trees that exist now (status)."""
+        out = self.unversioned.describe()
+        out["trees"] = [p for p in out["trees"] if self.passthrough.exists(p)]
+        return out
 
     # -- namespace and metadata changes (changes.py) ---------------------------
 
+    # Each edit goes to the passthrough when its path is unversioned (_unv).
+
     def chmod(self, path: str, mode: int) -> None:
+        if self._unv(path, self.passthrough_is_dir(path)):
+            return self.passthrough.chmod(path, mode)
         self.changes.chmod(path, mode)
 
     def chown(self, path: str, uid: int, gid: int) -> None:
+        if self._unv(path, self.passthrough_is_dir(path)):
+            return self.passthrough.chown(path, uid, gid)
         self.changes.chown(path, uid, gid)
 
     def setxattr(self, path: str, name: str, value: bytes, options: int = 0) -> None:
+        if self._unv(path, self.passthrough_is_dir(path)):
+            return self.passthrough.setxattr(path, name, value, options)
         self.changes.setxattr(path, name, value, options)
 
     def removexattr(self, path: str, name: str) -> None:
+        if self._unv(path, self.passthrough_is_dir(path)):
+            return self.passthrough.removexattr(path, name)
         self.changes.removexattr(path, name)
 
     def utimens(self, path: str, times: tuple[int, int] | None) -> None:
+        if self._unv(path, self.passthrough_is_dir(path)):
+            return self.passthrough.utimens(path, times)
         self.changes.utimens(path, times)
 
     def mkdir(self, path: str, mode: int, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        if self._unv(path, True):
+            return self.passthrough.mkdir(path, mode, owner)
         self.changes.mkdir(path, mode, owner, agent)
 
     def rmdir(self, path: str, agent: str = DEFAULT) -> None:
+        if self._unv(path, True):
+            return self.passthrough.rmdir(path)
         self.changes.rmdir(path, agent)
 
     def unlink(self, path: str, agent: str = DEFAULT) -> None:
+        if self._unv(path, False):
+            return self.passthrough.unlink(path)
         self.changes.unlink(path, agent)
 
     def symlink(self, path: str, target: str, owner: tuple[int, int] | None = None, agent: str = DEFAULT) -> None:
+        if self._unv(path, False):
+            return self.passthrough.symlink(path, target, owner)
         self.changes.symlink(path, target, owner, agent)
 
     def mknod(self, path: str, mode: int, dev: int = 0, owner: tuple[int, int] | None = None,
               agent: str = DEFAULT) -> None:
+        if self._unv(path, False):
+            return self.passthrough.mknod(path, mode, dev, owner)
         self.changes.mknod(path, mode, dev, owner, agent)
 
     def rename(self, old: str, new: str, flags: int = 0, agent: str = DEFAULT) -> None:
+        is_dir = self._kind_is_dir(old)
+        a, b = self._unv(old, is_dir), self._unv(new, is_dir)
+        if a and b:
+            return self.passthrough.rename(old, new, flags)
+        if b:
+            # A tree made next to its unversioned place and renamed in
+            # (crossing.py); the other way is EXDEV: mv copies, then removes.
+            return move_to_unversioned(self, old, new, flags, agent)
+        if a:
+            raise OSError(errno.EXDEV, "a rename from an unversioned path to a versioned one", new)
         self.changes.rename(old, new, flags, agent)
 
     def link(self, path: str, existing: str, agent: str = DEFAULT) -> None:
+        a, b = self._unv(path, False), self._unv(existing, False)
+        if a and b:
+            return self.passthrough.link(path, existing)
+        if a or b:
+            raise OSError(errno.EXDEV, "a link between versioned and unversioned paths", path)
         self.changes.link(path, existing, agent)
+
+    def passthrough_is_dir(self, path: str):
+        """Whether the workspace has a directory at ``path`` (asked only when
+        the rules' answer depends on it)."""
+        return lambda: self.passthrough.is_dir(path)
 
     # -- open files and tokens (content.py, versions.py) ----------------------
 
+    # A handle number from HANDLE_BASE up is the passthrough's.
+
     def open(self, path: str, flags: int, agent: str = DEFAULT) -> int:
+        if self._unv(path, False):
+            return self.passthrough.open(path, flags)
         return self.content.open(path, flags, agent)
 
     def create(self, path: str, mode: int, flags: int = os.O_RDWR, owner: tuple[int, int] | None = None,
                agent: str = DEFAULT) -> int:
+        if self._unv(path, False):
+            return self.passthrough.create(path, mode, flags, owner)
         return self.content.create(path, mode, flags, owner, agent)
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.read(fh, size, offset)
         return self.content.read(fh, size, offset)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.write(fh, data, offset)
         return self.content.write(fh, data, offset)
 
     def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
+        if fh is not None and fh >= HANDLE_BASE:
+            return self.passthrough.ftruncate(fh, length)
+        if fh is None and self._unv(path, False):
+            return self.passthrough.truncate(path, length)
         self.content.truncate(path, length, fh, agent)
 
     def fallocate(self, fh: int, mode: int, offset: int, length: int) -> None:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.fallocate(fh, mode, offset, length)
         self.content.fallocate(fh, mode, offset, length)
 
     def flush(self, fh: int, publish: bool = True) -> None:
+        if fh >= HANDLE_BASE:
+            return  # nothing to check or publish: the bytes are in the workspace file already
         self.content.flush(fh, publish)
 
     def fsync(self, fh: int, datasync: bool) -> None:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.fsync(fh, datasync)
         self.content.fsync(fh, datasync)
 
     def release(self, fh: int) -> None:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.release(fh)
         self.content.release(fh)
 
     def handle_direct_io(self, fh: int) -> bool:
+        if fh >= HANDLE_BASE:
+            return False  # one workspace file: the page cache is as true as for any local file
         return self.content.handle_direct_io(fh)
 
     def record_token(self, path: str) -> str:
@@ -271,6 +383,8 @@ class Overlay:
         """Attributes as the calling agent sees them.  ``agent`` may be a
         callable: it is only asked when the path has open drafts, keeping
         the hot path free of /proc reads."""
+        if fh is not None and fh >= HANDLE_BASE:
+            return self.ns.stat_lower(path, self.passthrough.fstat(fh))
         with self.lock:
             if fh is not None:
                 out = self.content.stat_handle(fh)
@@ -465,4 +579,5 @@ class Overlay:
         if listable is not None:
             staged = [(op, path) for op, path in staged if listable(path)]
         return status_text(self.mountpoint, self.ws.path, head, self.readonly_reason, self.content.last_errors,
-                           staged, warnings=self.warnings, runs=self.runs.status_lines())
+                           staged, warnings=self.warnings, runs=self.runs.status_lines(),
+                           unversioned=self.unversioned_state())

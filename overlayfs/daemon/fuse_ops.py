@@ -1,6 +1,7 @@
 """The FUSE adapter: mfusepy callbacks -> :class:`overlayfs.view.Overlay`.
 
-With ``fuse_main.py`` (the loop), the only module that imports mfusepy.  It translates paths, file
+With the ``libfuse`` package (what the high-level API lacks, behind
+version checks), the only module that imports mfusepy.  It translates paths, file
 info structs and stat dicts, and maps errors to errno in one table
 (:data:`ERRNO`).  No filesystem decision is made here.
 
@@ -38,9 +39,9 @@ Choices (measured or forced, see README "Architecture"):
   version token equals that of its previous read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
-* kernel-cached directory listings while the mount watches
-  (:class:`ListingCache`, which works around libfuse 3.14's high-level
-  ``opendir``); a warm ``git status`` then sends no READDIR at all.
+* kernel-cached directory listings while the mount watches, on a libfuse
+  whose private layout is verified (:class:`ListingCache`, which works
+  around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
   name that is not there): the VFS then repeats the lookup with
@@ -50,35 +51,33 @@ Choices (measured or forced, see README "Architecture"):
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
-import struct
-import threading
 
-os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
-
-import mfusepy  # noqa: E402  (needs the environment variable above)
+from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
 from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
 
 from stepfs.overlayfs.core import errors as view_errors  # noqa: E402
 from stepfs.overlayfs.core.agents import Agents  # noqa: E402
 from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
-from stepfs.overlayfs.daemon.fuse_main import hooked  # noqa: E402
+from stepfs.overlayfs.daemon.libfuse.highlevel import _FUSE
+from stepfs.overlayfs.daemon.libfuse.loop import hooked
+from stepfs.overlayfs.daemon.libfuse.lowlevel import ListingCache
+from stepfs.overlayfs.daemon.libfuse.notify import KernelCache
 from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
-from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta  # noqa: E402
+from stepfs.overlayfs.core.passthrough import HANDLE_BASE  # noqa: E402
 from stepfs.overlayfs.core.view import Overlay  # noqa: E402
 from stepfs.overlayfs.daemon.watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
 #: Bound of StepFS._page_tokens (cleared when full: only keep_cache is lost).
 PAGE_TOKENS_LIMIT = 100_000
-#: ``struct fuse_out_header`` of FUSE_NOTIFY_INC_EPOCH (len, code 8, unique 0).
-_INC_EPOCH = struct.pack("<IiQ", 16, 8, 0)
 #: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
 FUSE_CAP_POSIX_ACL = 1 << 19
+#: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
+HELD_LIMIT = 200_000
 
 #: View error class -> errno.  Looked up along the class's MRO, so a more
 #: specific class (NameTooLong) wins over its base (Invalid).
@@ -141,287 +140,6 @@ def _translating(method):
 
     wrapper.__name__ = method.__name__
     return wrapper
-
-
-class KernelCache:
-    """Invalidation of the kernel's caches for paths of one mount.
-
-    libfuse3's ``fuse_invalidate_path(struct fuse *, path)`` makes the kernel
-    forget the cached attributes and page cache of a path it knows (a path
-    the kernel never looked up is not cached: -ENOENT, ignored).  The
-    ``struct fuse *`` is only reachable from inside a callback, so ``init``
-    records it here.
-
-    Threading: call from any thread except the FUSE loop's, and never while
-    holding the view's lock: the kernel may have to wait for a request in
-    flight (a read holding a page lock) that the loop can only finish by
-    taking that lock.  Every libfuse call goes through a gate that
-    :meth:`detach` closes when the loop has returned, before libfuse tears
-    the session down (``fuse_main.py``): it also waits for the calls in
-    flight, so none runs on any thread once teardown starts.
-
-    Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
-    that only by node id, which the high-level API keeps to itself), so a
-    name whose file was removed or replaced is put in :attr:`gone` before
-    its attributes are dropped: the next GETATTR of it (the kernel's
-    question once the attributes are gone) answers ``ESTALE`` once, and the
-    VFS retries the lookup with revalidation, which drops or rebinds the
-    name (a kind change, file -> directory, included).  ``gone`` is a plain
-    set: added to by the control and watcher threads, consumed by the loop.
-
-    :meth:`new_epoch` is the one call that is safe on the loop thread and
-    under the view's lock: it only bumps a counter in the kernel.
-    """
-
-    def __init__(self) -> None:
-        self._fuse: int | None = None
-        lib = mfusepy._libfuse
-        self._call = lib.fuse_invalidate_path
-        self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        self._call.restype = ctypes.c_int
-        lib.fuse_get_session.argtypes = [ctypes.c_void_p]
-        lib.fuse_get_session.restype = ctypes.c_void_p
-        lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
-        lib.fuse_session_fd.restype = ctypes.c_int
-        self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
-        # The gate: _fuse (None once closed) and the libfuse calls in flight.
-        self._gate = threading.Condition()
-        self._inflight = 0
-        self.gone: set[str] = set()
-        #: Whether directory listings are being cached (ListingCache; for
-        #: the control channel's ``ping``, any thread).
-        self.listings_cached = False
-
-    def attach(self) -> None:
-        """Record the running ``struct fuse *`` (from inside a callback)."""
-        lib = mfusepy._libfuse
-        self._fuse = lib.fuse_get_context().contents.fuse
-        self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
-
-    def detach(self, wait: float = 10.0) -> bool:
-        """The session is ending: close the gate (later calls do nothing),
-        then wait at most ``wait`` seconds for the libfuse calls in flight;
-        False when one is still running (the kernel holds it until the
-        unmount aborts the connection: it has walked the node table
-        already, and only waits in its write).  On the loop thread: after
-        the loop returned (``fuse_main``), and again from ``destroy``."""
-        with self._gate:
-            self._fuse = None
-            self._dev_fd = -1  # new_epoch runs on this same thread: no race
-            done = self._gate.wait_for(lambda: self._inflight == 0, wait)
-        if not done:
-            log.warning("an invalidation is still running in the kernel at unmount")
-        return done
-
-    def new_epoch(self) -> bool:
-        """Make the kernel look up again every name it holds before it uses
-        the name or its cached attributes (FUSE_NOTIFY_INC_EPOCH, Linux
-        6.16+; libfuse 3.14 has no call for it, so the notification is
-        written to the session's descriptor as libfuse writes its own: a
-        bare ``fuse_out_header`` with ``unique`` 0).  Each name then costs
-        one lookup, once; pages are kept (the bytes did not change).
-
-        Unlike :meth:`forget` this is safe on the FUSE loop thread and under
-        the view's lock: the kernel only increments the connection's epoch
-        (no inode, page or dentry lock; dentries are checked at their next
-        walk), so it cannot wait for a request the loop has yet to answer.
-        A name reached only through an open descriptor (``fstat``) is not
-        walked and keeps its attributes until the timeout.  Returns False
-        when the kernel refused (older than 6.16: logged once; cached
-        attributes then last until the timeout, as before)."""
-        fd = self._dev_fd
-        if fd < 0:
-            return False
-        try:
-            os.write(fd, _INC_EPOCH)
-        except OSError as exc:
-            log.warning("the kernel refused FUSE_NOTIFY_INC_EPOCH (%s): other names of a workspace hard link "
-                        "show their old link count until the attribute timeout", os.strerror(exc.errno))
-            self._dev_fd = -1
-            return False
-        return True
-
-    def forget(self, path: str) -> bool:
-        """Invalidate one view path; True when the kernel had it cached."""
-        with self._gate:
-            fuse = self._fuse
-            if not fuse:
-                return False
-            self._inflight += 1
-        try:
-            rc = self._call(fuse, os.fsencode(path))
-        finally:
-            with self._gate:
-                self._inflight -= 1
-                if not self._inflight:
-                    self._gate.notify_all()
-        if rc != 0 and rc != -errno.ENOENT:
-            log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
-        return rc == 0
-
-    def invalidate(self, paths: list[str], gone: bool = False) -> int:
-        """Invalidate ``paths`` (view paths); returns how many the kernel had
-        cached.  ``gone``: their files were removed or replaced (see above)."""
-        if gone:
-            self.gone.update(paths)
-        return sum(1 for path in paths if self.forget(path))
-
-
-
-#: ``struct fuse_lowlevel_ops`` of libfuse 3.x (fuse_lowlevel.h), in order;
-#: the high-level API's table (``fuse_path_ops``) leaves ``write`` and
-#: ``retrieve_reply`` NULL, which :class:`ListingCache` uses as a fingerprint.
-_LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
-           "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
-           "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
-           "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
-           "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
-#: Offset of ``op`` in libfuse 3.12-3.15's private ``struct fuse_session``
-#: (lib/fuse_i.h: ``char *mountpoint; volatile int exited; int fd; struct
-#: fuse_custom_io *io; struct mount_opts *mo; int debug; int deny_others;``).
-_SE_OP_OFFSET = 40
-_SE_FD_OFFSET = 12
-_FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
-_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
-_LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
-_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
-
-
-def _libfuse_text() -> list[tuple[int, int]]:
-    """Address ranges of libfuse3's executable code in this process."""
-    out = []
-    with open("/proc/self/maps") as maps:
-        for line in maps:
-            fields = line.split()
-            if len(fields) >= 6 and "x" in fields[1] and "libfuse3.so" in fields[5]:
-                lo, hi = fields[0].split("-")
-                out.append((int(lo, 16), int(hi, 16)))
-    return out
-
-
-class ListingCache:
-    """Lets the kernel cache directory listings (``FOPEN_CACHE_DIR`` with
-    ``FOPEN_KEEP_CACHE`` on an opendir reply), which libfuse 3.14's
-    high-level API cannot ask for: its ``fuse_lib_opendir`` hands the
-    filesystem a private ``fuse_file_info`` and replies with its own, copying
-    only ``fh`` (3.16 copies ``cache_readdir`` and ``keep_cache`` too).
-
-    So the session's low-level ``opendir`` entry is wrapped: the wrapper
-    sets both flags on the reply's ``fuse_file_info``, then calls libfuse's
-    own ``opendir`` (which leaves them alone).  The wrapper sees a node id,
-    not a path; the directories that must not be cached (``MOUNT/.stepfs``
-    and below: generated from the store, they change with no event) are
-    learned by node id at their first uncached read, through wrapped
-    ``readdir``/``readdirplus`` entries (:attr:`dir_node` names the node
-    while ``_FUSE.readdir_fuse_3`` runs).  Caching on that first open is
-    harmless: it is filled by fresh reads, and every later open of the node
-    goes without ``keep_cache``, which drops it.  Node ids name one node
-    until libfuse reuses them after 2**32 others, so :attr:`uncached` is
-    never pruned (it holds the ``.stepfs`` directories visited).
-
-    The table is private to libfuse, so it is patched only when its layout
-    is proven: libfuse 3.12-3.15 (the versions with this ``struct
-    fuse_session`` prefix), the session's ``fd`` field equal to
-    ``fuse_session_fd()``, every handler of the high-level table inside
-    libfuse's code and exactly ``write`` and ``retrieve_reply`` NULL.
-    Otherwise nothing is patched and listings are simply not cached.  The
-    loop is single-threaded (``nothreads``), so plain attributes suffice.
-
-    What keeps a cached listing true (the kernel drops it when the
-    directory's mtime or change counter moved, or its pages are
-    invalidated): changes through the mount bump the directory's counter in
-    the kernel; outside edits reach :class:`KernelCache.invalidate` of the
-    parent directory through the watcher; rollback and discard invalidate
-    every ancestor of what they changed (``daemon.py``).  A change whose
-    event was lost stays hidden no longer than a name would: at the start
-    of a listing the kernel refreshes the directory's expired attributes
-    (libfuse asks for ``auto_inval_data``) and drops the cached listing when
-    its mtime moved.  Nothing is cached once the mount cannot watch (:attr:`enabled` cleared by
-    :meth:`StepFS.short_timeouts`): an opendir without ``keep_cache`` drops
-    the directory's cached listing."""
-
-    def __init__(self) -> None:
-        self.enabled = False  # set by StepFS once installed and watching
-        self.dir_node = 0  # node id of the directory whose readdir is in flight
-        self.uncached: set[int] = set()  # node ids of .stepfs directories
-        # A LOOKUP is being answered (the high-level API asks getattr for
-        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.
-        self.in_lookup = False
-        self.installed = False
-        self._slots: list[tuple[ctypes.c_void_p, int]] = []
-        self._orig: dict[str, object] = {}
-        # C callbacks, kept alive as long as the session.
-        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
-                       "readdirplus": _LL_READDIR(self._reading("readdirplus")), "lookup": _LL_LOOKUP(self._lookup)}
-
-    # The wrappers are C callbacks: whatever happens, libfuse's own handler
-    # must run, or the request would never be answered.
-    def _opendir(self, req, ino, llfi):
-        try:
-            if self.enabled and ino not in self.uncached:
-                fi = llfi.contents
-                fi.cache_readdir = 1
-                fi.keep_cache = 1
-        finally:
-            self._orig["opendir"](req, ino, llfi)
-
-    def _lookup(self, req, parent, name):
-        self.in_lookup = True
-        try:
-            self._orig["lookup"](req, parent, name)
-        finally:
-            self.in_lookup = False
-
-    def _reading(self, op: str):
-        """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
-        the directory (:attr:`dir_node`) while libfuse's handler runs."""
-        def wrapper(req, ino, size, off, llfi):
-            self.dir_node = ino
-            try:
-                self._orig[op](req, ino, size, off, llfi)
-            finally:
-                self.dir_node = 0
-        return wrapper
-
-    def install(self, fuse: int) -> bool:
-        """Wrap the session's low-level ``opendir``, ``readdir`` and
-        ``readdirplus`` (from ``init``, on the loop thread, before any of
-        them can arrive); returns whether listings can now be cached."""
-        if not (mfusepy.fuse_version_major == 3 and 12 <= mfusepy.fuse_version_minor <= 15):
-            return False
-        lib = mfusepy._libfuse
-        se = lib.fuse_get_session(fuse)
-        if not se:
-            return False
-        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
-            log.info("libfuse's session layout is not the known one: directory listings are not cached")
-            return False
-        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
-        text = _libfuse_text()
-        for i, name in enumerate(_LL_OPS):
-            addr = ops[i] or 0
-            if name in ("getlk", "setlk"):
-                continue  # NULL unless the filesystem has a lock handler
-            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
-                    addr and not any(lo <= addr < hi for lo, hi in text)):
-                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
-                return False
-        size = ctypes.sizeof(ctypes.c_void_p)
-        for name, hook in self._hooks.items():
-            i = _LL_OPS.index(name)
-            self._orig[name] = type(hook)(ops[i])
-            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
-            self._slots.append((slot, ops[i]))
-            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
-        self.installed = True
-        return True
-
-    def uninstall(self) -> None:
-        """Put libfuse's own handlers back (from ``destroy``)."""
-        self.enabled = self.in_lookup = self.installed = False
-        for slot, addr in self._slots:
-            slot.value = addr
-        self._slots.clear()
 
 
 def _owner() -> tuple[int, int]:
@@ -517,6 +235,7 @@ class StepFS(mfusepy.Operations):
             installed = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
+            self.kernel_cache.lookups_told = installed
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
@@ -541,7 +260,7 @@ class StepFS(mfusepy.Operations):
 
     def teardown(self) -> None:
         """The loop has returned; libfuse has torn nothing down yet
-        (``fuse_main``): from here on no thread calls into libfuse or
+        (``libfuse.loop``): from here on no thread calls into libfuse or
         touches its structures.  The gate first, so that a watcher busy
         with invalidations stops at once; then the watcher itself.
         Idempotent (``destroy`` repeats it, for libfuse before 3.12)."""
@@ -661,7 +380,7 @@ class StepFS(mfusepy.Operations):
     @_translating
     def truncate(self, path, length, fh=None):
         self._page_tokens.pop(path, None)
-        if fh is not None:
+        if fh is not None and fh.fh < HANDLE_BASE:
             self.writers.wrote(fh.fh, self._caller())
         self.view.truncate(path, length, fh.fh if fh is not None else None, agent=self._agent())
 
@@ -669,7 +388,7 @@ class StepFS(mfusepy.Operations):
     def open(self, path, fi):
         try:
             fi.fh = self.view.open(path, fi.flags, agent=self._agent())
-            if fi.flags & os.O_TRUNC:
+            if fi.flags & os.O_TRUNC and fi.fh < HANDLE_BASE:  # (unversioned handles publish nothing)
                 self.writers.wrote(fi.fh, self._caller())  # truncating is writing
         except view_errors.NotFound:
             # The kernel sends OPEN only for a name it holds as existing: its
@@ -683,8 +402,8 @@ class StepFS(mfusepy.Operations):
         # returns at once for it; POSIX locks are the kernel's own here), so
         # the kernel is told not to send FLUSH for it: one request less per
         # close(2) of every file read.
-        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY:
-            fi.noflush = 1
+        if fi.flags & (os.O_ACCMODE | os.O_TRUNC) == os.O_RDONLY or fi.fh >= HANDLE_BASE:
+            fi.noflush = 1  # (an unversioned file's close has nothing to decide either)
         self._keep_pages(path, fi)
         return 0
 
@@ -710,7 +429,10 @@ class StepFS(mfusepy.Operations):
     def create(self, path, mode, fi):
         self._page_tokens.pop(path, None)
         fi.fh = self.view.create(path, mode, fi.flags, owner=_owner(), agent=self._agent())
-        self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())  # a created file is a change even if nothing is written
+        else:
+            fi.noflush = 1  # an unversioned file: its close has nothing to check or publish
         fi.direct_io = 1 if self.view.handle_direct_io(fi.fh) else 0
         return 0
 
@@ -720,7 +442,8 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def write(self, path, data, offset, fi):
-        self.writers.wrote(fi.fh, self._caller())
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
 
     @_translating
@@ -730,6 +453,8 @@ class StepFS(mfusepy.Operations):
         # own last one publishes (closers.py); the others only report the
         # last decision, and the bytes wait for that close or RELEASE.
         fh = fi.fh
+        if fh >= HANDLE_BASE:
+            return 0  # an unversioned file: nothing to check or publish
         writers_close = self.writers.is_writers_close(fh, self._caller(), lambda: self._handle_ino(path, fh), path)
         self.view.flush(fh, publish=writers_close)
         return 0
@@ -764,7 +489,8 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def fallocate(self, path, mode, offset, size, fi):
-        self.writers.wrote(fi.fh, self._caller())
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())
         self.view.fallocate(fi.fh, mode, offset, size)
         return 0
 
@@ -791,269 +517,6 @@ class StepFS(mfusepy.Operations):
         return 0
 
 
-_STAT_SIZE = ctypes.sizeof(mfusepy.c_stat)
-_STAT_KEYS = {"st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_atime", "st_mtime", "st_ctime",
-              "st_blocks", "st_blksize"}
-#: ... and with the device number (every workspace file's attributes carry it).
-_STAT_KEYS_RDEV = _STAT_KEYS | {"st_rdev"}
-#: The name of ``MOUNT/.stepfs`` in the root's listing.
-META_NAME = META_ROOT[1:]
-#: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
-HELD_LIMIT = 200_000
-#: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
-FUSE_READDIR_PLUS = 1
-FUSE_FILL_DIR_PLUS = 2
-#: ``offsetof(struct fuse_direntplus, dirent.name)``: a READDIRPLUS entry
-#: takes this plus its name's length, rounded up to 8 bytes.
-_DIRENTPLUS_NAME_OFFSET = 128 + 24
-#: Bytes of entries put in one READDIRPLUS reply: the kernel asks with a
-#: buffer of at least one page (fs/fuse/readdir.c); a smaller reply is
-#: fine, the kernel asks again from the last offset.
-_RDPLUS_BUDGET = 4096
-
-
-#: ``struct stat`` of Linux x86-64 and arm64-compatible layouts as one
-#: ``struct`` pack: dev, ino, nlink, mode, uid, gid, (pad), rdev, size,
-#: blksize, blocks, then atime, mtime and ctime as (sec, nsec), then the
-#: reserved tail.  Used only when mfusepy's ``c_stat`` has exactly these
-#: offsets (:data:`_STAT_PACKED`); one ``pack_into`` costs about a third
-#: of setting the fields one by one through ctypes (0.4 against 1.4 µs,
-#: once per lookup and per listed entry).
-_STAT_LAYOUT = struct.Struct("=QQQIIIiQqqqqqqqqq")
-_STAT_OFFSETS = (("st_dev", 0), ("st_ino", 8), ("st_nlink", 16), ("st_mode", 24), ("st_uid", 28), ("st_gid", 32),
-                 ("st_rdev", 40), ("st_size", 48), ("st_blksize", 56), ("st_blocks", 64), ("st_atimespec", 72),
-                 ("st_mtimespec", 88), ("st_ctimespec", 104))
-_STAT_PACKED = (_STAT_LAYOUT.size <= _STAT_SIZE
-                and all(hasattr(mfusepy.c_stat, name) and getattr(mfusepy.c_stat, name).offset == off
-                        for name, off in _STAT_OFFSETS))
-#: The zeroed bytes after the packed fields (``reserved``).
-_STAT_TAIL = _STAT_SIZE - _STAT_LAYOUT.size
-#: The layout with the tail as pad bytes, which ``pack_into`` writes as zeros.
-_STAT_FULL = struct.Struct(_STAT_LAYOUT.format + f"{max(_STAT_TAIL, 0)}x")
-
-
-def _fill_stat(st, a: dict) -> None:
-    """Set the ``c_stat`` ``st`` from the attribute dict ``a`` (every field
-    not in ``a`` zero).  mfusepy's set_st_attrs looks every key up by name
-    (about twice the cost); the view's attribute dicts have the eleven
-    :data:`_STAT_KEYS`, and st_rdev (tests/test_mount_warm.py keeps it so).
-
-    Which of the two key sets ``a`` has is told by its length and the
-    ``KeyError`` of a missing key (comparing the key sets cost a third of
-    this function); the reserved tail is zeroed by the pack's pad bytes."""
-    n = len(a)
-    try:
-        if n == 12 and "st_rdev" in a:
-            rdev = a["st_rdev"]
-        elif n == 11:
-            rdev = 0
-        else:
-            raise KeyError
-        if _STAT_PACKED:
-            asec, ansec = divmod(a["st_atime"], 1_000_000_000)
-            msec, mnsec = divmod(a["st_mtime"], 1_000_000_000)
-            csec, cnsec = divmod(a["st_ctime"], 1_000_000_000)
-            try:
-                _STAT_FULL.pack_into(st, 0, 0, a["st_ino"], a["st_nlink"], a["st_mode"], a["st_uid"], a["st_gid"], 0,
-                                     rdev, a["st_size"], a["st_blksize"], a["st_blocks"], asec, ansec, msec, mnsec,
-                                     csec, cnsec)
-            except struct.error:
-                pass  # a value out of its field's range: ctypes below truncates it as it always did
-            else:
-                return
-        mode, ino, nlink, size = a["st_mode"], a["st_ino"], a["st_nlink"], a["st_size"]
-        uid, gid, blocks, blksize = a["st_uid"], a["st_gid"], a["st_blocks"], a["st_blksize"]
-        atime, mtime, ctime = a["st_atime"], a["st_mtime"], a["st_ctime"]
-    except KeyError:  # another key set
-        ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
-        mfusepy.set_st_attrs(st, a, use_ns=True)
-        return
-    ctypes.memset(ctypes.byref(st), 0, _STAT_SIZE)
-    st.st_rdev = rdev
-    st.st_mode = mode
-    st.st_ino = ino
-    st.st_nlink = nlink
-    st.st_size = size
-    st.st_uid = uid
-    st.st_gid = gid
-    st.st_blocks = blocks
-    st.st_blksize = blksize
-    ts = st.st_atimespec
-    ts.tv_sec, ts.tv_nsec = divmod(atime, 1_000_000_000)
-    ts = st.st_mtimespec
-    ts.tv_sec, ts.tv_nsec = divmod(mtime, 1_000_000_000)
-    ts = st.st_ctimespec
-    ts.tv_sec, ts.tv_nsec = divmod(ctime, 1_000_000_000)
-
-
-class _FUSE(mfusepy.FUSE):
-    """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
-    them, which would turn RENAME_NOREPLACE into a silent overwrite), and
-    ``getxattr`` answering the names the view never holds without going
-    through it (``ls -l`` asks every file for two of them).
-
-    Its ``readdir`` also tells :class:`ListingCache` which directories are
-    generated (``MOUNT/.stepfs``) and must not be cached."""
-
-    #: ``(path, offset, entries)``: the rest of a READDIRPLUS listing that
-    #: did not fit its reply (see _readdir_plus; loop thread only).
-    _rdplus_resume = None
-
-    def rename_fuse_3(self, old, new, flags):
-        return self.operations.rename(old.decode(self.encoding, self.errors),
-                                      new.decode(self.encoding, self.errors), flags)
-
-    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
-        # mfusepy builds a dict per entry and sets its fields by name; a
-        # listing of a large directory is thousands of these.
-        st = mfusepy.c_stat()
-        enc, errs = self.encoding, self.errors
-        path = path.decode(enc, errs)
-        if is_meta(path):  # generated from the store: never cached (ListingCache)
-            listings = self.operations.listings
-            if listings.dir_node:
-                listings.uncached.add(listings.dir_node)
-        elif flags & FUSE_READDIR_PLUS:
-            return self._readdir_plus(path, buf, filler, st, offset)
-        elif offset:
-            return self._readdir_on(path, buf, filler, st, offset)
-        for name, kind, ino in self.operations.readdir_entries(path):
-            st.st_mode = kind
-            st.st_ino = ino
-            if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
-                break
-        return 0
-
-    def _listing(self, path: str, offset: int) -> list:
-        """The listing a request at ``offset`` continues: the one kept by
-        the previous request of ``path`` if it stopped at ``offset``, else
-        read anew.  Entry ``i`` has offset ``i + 1`` in every mode (libfuse
-        numbers the list it keeps itself the same way)."""
-        resume = self._rdplus_resume
-        self._rdplus_resume = None
-        if offset and resume is not None and resume[0] == path and resume[1] == offset:
-            return resume[2]
-        return self.operations.readdir_entries(path)
-
-    def _readdir_on(self, path, buf, filler, st, offset):
-        """A plain READDIR at a nonzero offset: libfuse asks the filesystem
-        only when it keeps no list of its own, i.e. after a READDIRPLUS
-        listing in offset mode (the kernel continues a listing begun with
-        attributes without them).  So it continues in offset mode, from the
-        listing that READDIRPLUS kept: typically the request after the
-        last entry, whose empty reply ends the listing, without reading
-        the directory again."""
-        enc, errs = self.encoding, self.errors
-        entries = self._listing(path, offset)
-        i = offset
-        n = len(entries)
-        while i < n:
-            name, kind, ino = entries[i]
-            st.st_mode = kind
-            st.st_ino = ino
-            i += 1
-            if filler(buf, name.encode(enc, errs), st, i, 0) != 0:
-                self._rdplus_resume = (path, i - 1, entries)  # that entry did not fit: the next request's
-                return 0
-        self._rdplus_resume = (path, n, entries)
-        return 0
-
-    def _readdir_plus(self, path, buf, filler, st, offset):
-        """A READDIRPLUS listing: every entry but ``.``/``..`` carries the
-        attributes :meth:`StepFS.getattr` answers for its path, with
-        ``FUSE_FILL_DIR_PLUS``, so the kernel needs no LOOKUP per entry.
-
-        libfuse 3.14 uses such attributes only in its offset mode (a
-        nonzero offset to the filler; with offset 0 it stores the entry
-        and replies without attributes), where each request fills one
-        reply buffer and the next one resumes at the offset of the last
-        entry sent: entry ``i`` of the listing has offset ``i + 1``.  Its
-        ``fill_dir_plus`` looks an entry up (nlookup+1) BEFORE it checks
-        that the entry fits, and a lookup the kernel never receives is
-        never forgotten; so entries are counted against
-        :data:`_RDPLUS_BUDGET` here and the filler never sees one that
-        does not fit.  The listing is kept for the next request of the same
-        directory at the next offset (:meth:`_listing`; one at a time:
-        interleaved listings of two directories list again), also after
-        its last entry, for the request whose empty reply ends it.
-
-        The attributes of one reply's entries come from one
-        ``StepFS.listed_attrs`` call, which keeps ``getattr``'s invariants:
-        a directory is watched before the kernel holds it, a name of a
-        multi-link workspace file is recorded (``links.Links.shown_name``).
-        A name in the kernel-cache ``gone`` set, or whose attributes fail,
-        is listed as a plain entry: the kernel then looks it up as before
-        (a LOOKUP, which gets the truth and ends the gone mark).  ``MOUNT/.stepfs`` in the root's
-        listing too, and a name the kernel was already given attributes
-        for (``StepFS._held``): a plain entry leaves the kernel's binding
-        as it is, and costs at most a lookup if the kernel dropped it
-        since."""
-        enc, errs = self.encoding, self.errors
-        ops = self.operations
-        gone = ops._gone
-        held = ops._held
-        entries = self._listing(path, offset)
-        prefix = path if path.endswith("/") else path + "/"
-        budget = _RDPLUS_BUDGET
-        i = offset
-        n = len(entries)
-        batch = []  # (bname, kind, ino, name or None: plain)
-        ask = []
-        # The one name of a listing that is .stepfs (``path`` itself never
-        # is: readdir_fuse_3 lists those plainly).
-        meta = META_NAME if path == "/" else None
-        while i < n:
-            name, kind, ino = entries[i]
-            bname = name.encode(enc, errs)
-            need = (_DIRENTPLUS_NAME_OFFSET + len(bname) + 7) & ~7
-            if need > budget:
-                break
-            budget -= need
-            i += 1
-            if name != "." and name != ".." and name != meta:
-                full = prefix + name
-                if full not in held and not (gone and full in gone):
-                    ask.append(name)
-                    batch.append((bname, kind, ino, name))
-                    continue
-            batch.append((bname, kind, ino, None))
-        self._rdplus_resume = (path, i, entries)
-        attrs = dict(zip(ask, ops.listed_attrs(path, ask))) if ask else {}
-        plain = mfusepy.c_stat()  # only its type and inode are ever set: no zeroing per entry
-        off = offset
-        for bname, kind, ino, name in batch:
-            a = attrs.get(name) if name is not None else None
-            if a is None:
-                plain.st_mode = kind
-                plain.st_ino = ino
-                out, fill = plain, 0
-            else:
-                _fill_stat(st, a)
-                out, fill = st, FUSE_FILL_DIR_PLUS
-            off += 1
-            if filler(buf, bname, out, off, fill) != 0:
-                self._rdplus_resume = (path, off - 1, entries)
-                break  # not expected: the budget keeps every entry within the buffer
-        return 0
-
-    def fgetattr(self, path, buf, fip):
-        a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
-                                    fip.contents if fip else None)
-        _fill_stat(buf.contents, a)
-        return 0
-
-    # mfusepy's getattr_fuse_3 only calls fgetattr: registered directly, one
-    # Python frame less for every LOOKUP and GETATTR.
-    getattr_fuse_3 = fgetattr
-
-    def getxattr(self, path, name, value, size, *args):
-        # Only user.* attributes exist in the view (store/xattrs.py); ls -l
-        # asks every file for security.selinux and system.posix_acl_access.
-        if not name.startswith(b"user."):
-            return -errno.ENODATA
-        return super().getxattr(path, name, value, size, *args)
-
-
 def _escape_option(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,")
 
@@ -1071,10 +534,10 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
     ops = StepFS(view, on_ready, kernel_cache)
     if watch:
         ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts, own=view.own_publishes,
-                              quiet=view.commit_idle)
+                              quiet=view.commit_idle, ignore=view.unversioned.dir_covered)
         ops._watch = ops.watcher.watch
     long_cache = watch
-    # The loop, with the teardown hook (fuse_main.py): no libfuse call on
+    # The loop, with the teardown hook (libfuse/loop.py): no libfuse call on
     # any thread once libfuse starts tearing the session down.
     with hooked(ops.teardown):
         _FUSE(

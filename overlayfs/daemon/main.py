@@ -35,7 +35,7 @@ log = logging.getLogger("stepfs.daemon")
 
 def ancestors(paths: list[str]) -> set[str]:
     """Every directory above the view paths ``paths``, up to ``/``.  Their
-    cached listings (fuse_ops.ListingCache) and attributes are invalidated
+    cached listings (libfuse.lowlevel.ListingCache) and attributes are invalidated
     when something changes below them without going through the kernel."""
     out: set[str] = set()
     for path in paths:
@@ -86,7 +86,8 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
         op = req.get("op")
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
-                    "listings_cached": kernel_cache.listings_cached, "runs": view.runs.live()}
+                    "listings_cached": kernel_cache.listings_cached, "runs": view.runs.live(),
+                    "unversioned": view.unversioned_state()}
         if op == "run":  # a command started in this mount, and its confinement (runs.py)
             confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}
             return {"recorded": view.runs.add(int(req["pid"]), list(req.get("command") or []), confinement)}
@@ -151,7 +152,7 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
                          for p in req["user_paths"] if isinstance(p, str)]
             dropped = view.discard(paths)
             # Gone: the workspace's file shows through again, maybe of
-            # another kind than the staged one (fuse_ops.KernelCache).
+            # another kind than the staged one (libfuse.notify.KernelCache).
             kernel_cache.invalidate(sorted(set(dropped)), gone=True)
             kernel_cache.invalidate(sorted(ancestors(dropped) - set(dropped)))
             return {"discarded": dropped}
@@ -175,7 +176,8 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
 
 def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: bool = False,
           require_read: bool = False, auto_step: str = "manual", allow_other: bool = False,
-          keep_last: int | None = None, warn_size: int | None = None) -> int:
+          keep_last: int | None = None, warn_size: int | None = None, excludes: list[str] = (),
+          default_excludes: bool = True) -> int:
     from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
 
     mountpoint = os.path.abspath(mountpoint)
@@ -190,7 +192,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
 
     view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
-                   row_delay=ROW_DELAY)
+                   row_delay=ROW_DELAY, excludes=excludes, default_excludes=default_excludes)
     kernel_cache = fuse_ops.KernelCache()
     # Empty files made ahead, so a commit renames them into place instead
     # of allocating inodes (store.spares): refilled after every commit
@@ -254,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-other", action="store_true")
     parser.add_argument("--keep-last", type=int)
     parser.add_argument("--warn-size", type=int)
+    parser.add_argument("--exclude", action="append", default=[])
+    parser.add_argument("--no-default-excludes", action="store_true")
     args = parser.parse_args(argv)
     # A crash (a signal, a fatal error) leaves its traceback, every
     # thread's, in the log (stderr is the log file: manage.mount); the
@@ -263,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return serve(args.workspace, args.mountpoint, args.ready_fd, args.debug, args.require_read, args.auto_step,
-                     args.allow_other, keep_last=args.keep_last, warn_size=args.warn_size)
+                     args.allow_other, keep_last=args.keep_last, warn_size=args.warn_size, excludes=args.exclude,
+                     default_excludes=not args.no_default_excludes)
     except Exception as exc:  # reported to the parent through the log file
         log.exception("daemon failed")
         print(f"stepfs: the mount daemon failed: {exc}", file=sys.stderr)

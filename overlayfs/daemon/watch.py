@@ -182,7 +182,7 @@ class Watcher:
 
     ``root``: the workspace's :class:`store.contained.Root` (directories are
     opened beneath it, never through a symlink, and watched through
-    ``/proc/self/fd``).  ``kernel``: a :class:`overlayfs.fuse_ops.KernelCache`
+    ``/proc/self/fd``).  ``kernel``: a :class:`overlayfs.daemon.libfuse.notify.KernelCache`
     (``forget(path) -> bool`` makes the kernel forget a view path's
     attributes and pages, True when it knew the path; ``gone`` is the set of
     gone paths the FUSE adapter consumes).  ``fallback()``: return the mount
@@ -190,8 +190,12 @@ class Watcher:
     """
 
     def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None,
-                 quiet: threading.Event | None = None):
+                 quiet: threading.Event | None = None, ignore: Callable[[str], bool] | None = None):
         self.root = root
+        # Unversioned directories are never watched (unversioned.Rules):
+        # inotify on a tree an installer fills costs as much as the
+        # installer's own work, and what changes there is not versioned.
+        self._ignore = ignore
         # Set except while the mount commits: events are handled once it is
         # (waiting holds no lock, so the commit never waits for this thread).
         self._quiet = quiet
@@ -258,6 +262,8 @@ class Watcher:
         no directory there: an upper-layer-only directory, the ``.stepfs``
         tree)."""
         if path in self._wd_of or self._fd < 0 or self.degraded:
+            return
+        if self._ignore is not None and self._ignore(path):
             return
         try:
             dfd = self.root.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -360,6 +366,8 @@ class Watcher:
             path = todo.pop()
             if not self._invalidate(path):
                 continue  # the kernel caches nothing there or below
+            if self._ignore is not None and self._ignore(path):
+                continue  # unversioned: not watched, and not walked (it may hold an installer's 20,000 files)
             self.watch(path)
             for name, kind, _ino in self._list(path):
                 sub = child(path, name)

@@ -6,7 +6,7 @@ libfuse 3.14's ``fuse_main_real`` runs the loop, then ``fuse_unmount``
 (frees the node table and its lock, then calls the filesystem's
 ``destroy``).  Other threads of the daemon call into libfuse:
 ``fuse_invalidate_path`` (the watcher thread on outside edits, the control
-thread on rollback and discard; ``fuse_ops.KernelCache``), which walks the
+thread on rollback and discard; ``notify.KernelCache``), which walks the
 node table under its lock and writes to that descriptor.  libfuse's own
 example of it (``example/invalidate_path.c``) calls it from a thread of its
 own, which is what makes it safe off the loop thread while the session

@@ -1,0 +1,193 @@
+"""mfusepy's ``FUSE`` with some replies re-done (daemon side, libfuse
+internals: READDIR/READDIRPLUS through libfuse 3.14's filler, rename
+flags, getattr packed by :mod:`statbuf`)."""
+
+from __future__ import annotations
+
+import errno
+
+from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta
+from stepfs.overlayfs.daemon.libfuse import mfusepy
+from stepfs.overlayfs.daemon.libfuse.statbuf import _fill_stat
+
+
+#: The name of ``MOUNT/.stepfs`` in the root's listing.
+META_NAME = META_ROOT[1:]
+#: libfuse3's ``FUSE_READDIR_PLUS`` (readdir flags) and ``FUSE_FILL_DIR_PLUS`` (filler flags).
+FUSE_READDIR_PLUS = 1
+FUSE_FILL_DIR_PLUS = 2
+#: ``offsetof(struct fuse_direntplus, dirent.name)``: a READDIRPLUS entry
+#: takes this plus its name's length, rounded up to 8 bytes.
+_DIRENTPLUS_NAME_OFFSET = 128 + 24
+#: Bytes of entries put in one READDIRPLUS reply: the kernel asks with a
+#: buffer of at least one page (fs/fuse/readdir.c); a smaller reply is
+#: fine, the kernel asks again from the last offset.
+_RDPLUS_BUDGET = 4096
+
+
+class _FUSE(mfusepy.FUSE):
+    """mfusepy's FUSE with rename flags passed through (mfusepy 3.1 drops
+    them, which would turn RENAME_NOREPLACE into a silent overwrite), and
+    ``getxattr`` answering the names the view never holds without going
+    through it (``ls -l`` asks every file for two of them).
+
+    Its ``readdir`` also tells :class:`ListingCache` which directories are
+    generated (``MOUNT/.stepfs``) and must not be cached."""
+
+    #: ``(path, offset, entries)``: the rest of a READDIRPLUS listing that
+    #: did not fit its reply (see _readdir_plus; loop thread only).
+    _rdplus_resume = None
+
+    def rename_fuse_3(self, old, new, flags):
+        return self.operations.rename(old.decode(self.encoding, self.errors),
+                                      new.decode(self.encoding, self.errors), flags)
+
+    def readdir_fuse_3(self, path, buf, filler, offset, fip, flags):
+        # mfusepy builds a dict per entry and sets its fields by name; a
+        # listing of a large directory is thousands of these.
+        st = mfusepy.c_stat()
+        enc, errs = self.encoding, self.errors
+        path = path.decode(enc, errs)
+        if is_meta(path):  # generated from the store: never cached (ListingCache)
+            listings = self.operations.listings
+            if listings.dir_node:
+                listings.uncached.add(listings.dir_node)
+        elif flags & FUSE_READDIR_PLUS:
+            return self._readdir_plus(path, buf, filler, st, offset)
+        elif offset:
+            return self._readdir_on(path, buf, filler, st, offset)
+        for name, kind, ino in self.operations.readdir_entries(path):
+            st.st_mode = kind
+            st.st_ino = ino
+            if filler(buf, name.encode(enc, errs), st, 0, 0) != 0:
+                break
+        return 0
+
+    def _listing(self, path: str, offset: int) -> list:
+        """The listing a request at ``offset`` continues: the one kept by
+        the previous request of ``path`` if it stopped at ``offset``, else
+        read anew.  Entry ``i`` has offset ``i + 1`` in every mode (libfuse
+        numbers the list it keeps itself the same way)."""
+        resume = self._rdplus_resume
+        self._rdplus_resume = None
+        if offset and resume is not None and resume[0] == path and resume[1] == offset:
+            return resume[2]
+        return self.operations.readdir_entries(path)
+
+    def _readdir_on(self, path, buf, filler, st, offset):
+        """A plain READDIR at a nonzero offset: libfuse asks the filesystem
+        only when it keeps no list of its own, i.e. after a READDIRPLUS
+        listing in offset mode (the kernel continues a listing begun with
+        attributes without them).  So it continues in offset mode, from the
+        listing that READDIRPLUS kept: typically the request after the
+        last entry, whose empty reply ends the listing, without reading
+        the directory again."""
+        enc, errs = self.encoding, self.errors
+        entries = self._listing(path, offset)
+        i = offset
+        n = len(entries)
+        while i < n:
+            name, kind, ino = entries[i]
+            st.st_mode = kind
+            st.st_ino = ino
+            i += 1
+            if filler(buf, name.encode(enc, errs), st, i, 0) != 0:
+                self._rdplus_resume = (path, i - 1, entries)  # that entry did not fit: the next request's
+                return 0
+        self._rdplus_resume = (path, n, entries)
+        return 0
+
+    def _readdir_plus(self, path, buf, filler, st, offset):
+        """A READDIRPLUS listing: every entry but ``.``/``..`` carries the
+        attributes :meth:`StepFS.getattr` answers for its path, with
+        ``FUSE_FILL_DIR_PLUS``, so the kernel needs no LOOKUP per entry.
+
+        libfuse 3.14 uses such attributes only in its offset mode (a
+        nonzero offset to the filler; with offset 0 it stores the entry
+        and replies without attributes), where each request fills one
+        reply buffer and the next one resumes at the offset of the last
+        entry sent: entry ``i`` of the listing has offset ``i + 1``.  Its
+        ``fill_dir_plus`` looks an entry up (nlookup+1) BEFORE it checks
+        that the entry fits, and a lookup the kernel never receives is
+        never forgotten; so entries are counted against
+        :data:`_RDPLUS_BUDGET` here and the filler never sees one that
+        does not fit.  The listing is kept for the next request of the same
+        directory at the next offset (:meth:`_listing`; one at a time:
+        interleaved listings of two directories list again), also after
+        its last entry, for the request whose empty reply ends it.
+
+        The attributes of one reply's entries come from one
+        ``StepFS.listed_attrs`` call, which keeps ``getattr``'s invariants:
+        a directory is watched before the kernel holds it, a name of a
+        multi-link workspace file is recorded (``links.Links.shown_name``).
+        A name in the kernel-cache ``gone`` set, or whose attributes fail,
+        is listed as a plain entry: the kernel then looks it up as before
+        (a LOOKUP, which gets the truth and ends the gone mark).  ``MOUNT/.stepfs`` in the root's
+        listing too, and a name the kernel was already given attributes
+        for (``StepFS._held``): a plain entry leaves the kernel's binding
+        as it is, and costs at most a lookup if the kernel dropped it
+        since."""
+        enc, errs = self.encoding, self.errors
+        ops = self.operations
+        gone = ops._gone
+        held = ops._held
+        entries = self._listing(path, offset)
+        prefix = path if path.endswith("/") else path + "/"
+        budget = _RDPLUS_BUDGET
+        i = offset
+        n = len(entries)
+        batch = []  # (bname, kind, ino, name or None: plain)
+        ask = []
+        # The one name of a listing that is .stepfs (``path`` itself never
+        # is: readdir_fuse_3 lists those plainly).
+        meta = META_NAME if path == "/" else None
+        while i < n:
+            name, kind, ino = entries[i]
+            bname = name.encode(enc, errs)
+            need = (_DIRENTPLUS_NAME_OFFSET + len(bname) + 7) & ~7
+            if need > budget:
+                break
+            budget -= need
+            i += 1
+            if name != "." and name != ".." and name != meta:
+                full = prefix + name
+                if full not in held and not (gone and full in gone):
+                    ask.append(name)
+                    batch.append((bname, kind, ino, name))
+                    continue
+            batch.append((bname, kind, ino, None))
+        self._rdplus_resume = (path, i, entries)
+        attrs = dict(zip(ask, ops.listed_attrs(path, ask))) if ask else {}
+        plain = mfusepy.c_stat()  # only its type and inode are ever set: no zeroing per entry
+        off = offset
+        for bname, kind, ino, name in batch:
+            a = attrs.get(name) if name is not None else None
+            if a is None:
+                plain.st_mode = kind
+                plain.st_ino = ino
+                out, fill = plain, 0
+            else:
+                _fill_stat(st, a)
+                out, fill = st, FUSE_FILL_DIR_PLUS
+            off += 1
+            if filler(buf, bname, out, off, fill) != 0:
+                self._rdplus_resume = (path, off - 1, entries)
+                break  # not expected: the budget keeps every entry within the buffer
+        return 0
+
+    def fgetattr(self, path, buf, fip):
+        a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
+                                    fip.contents if fip else None)
+        _fill_stat(buf.contents, a)
+        return 0
+
+    # mfusepy's getattr_fuse_3 only calls fgetattr: registered directly, one
+    # Python frame less for every LOOKUP and GETATTR.
+    getattr_fuse_3 = fgetattr
+
+    def getxattr(self, path, name, value, size, *args):
+        # Only user.* attributes exist in the view (store/xattrs.py); ls -l
+        # asks every file for security.selinux and system.posix_acl_access.
+        if not name.startswith(b"user."):
+            return -errno.ENODATA
+        return super().getxattr(path, name, value, size, *args)

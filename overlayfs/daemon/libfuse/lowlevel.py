@@ -1,0 +1,172 @@
+"""Kernel-cached directory listings through libfuse's low-level operation
+table (daemon side, libfuse internals: the private ``struct fuse_session``)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+from stepfs.overlayfs.daemon.libfuse import mfusepy, private_layout_known
+
+log = logging.getLogger("stepfs.fuse")
+
+
+#: ``struct fuse_lowlevel_ops`` of libfuse 3.x (fuse_lowlevel.h), in order;
+#: the high-level API's table (``fuse_path_ops``) leaves ``write`` and
+#: ``retrieve_reply`` NULL, which :class:`ListingCache` uses as a fingerprint.
+_LL_OPS = ("init", "destroy", "lookup", "forget", "getattr", "setattr", "readlink", "mknod", "mkdir", "unlink",
+           "rmdir", "symlink", "rename", "link", "open", "read", "write", "flush", "release", "fsync", "opendir",
+           "readdir", "releasedir", "fsyncdir", "statfs", "setxattr", "getxattr", "listxattr", "removexattr",
+           "access", "create", "getlk", "setlk", "bmap", "ioctl", "poll", "write_buf", "retrieve_reply",
+           "forget_multi", "flock", "fallocate", "readdirplus", "copy_file_range", "lseek")
+#: Offset of ``op`` in the private ``struct fuse_session`` of the releases
+#: in ``PRIVATE_LAYOUTS`` (lib/fuse_i.h: ``char *mountpoint; volatile int
+#: exited; int fd; struct fuse_custom_io *io; struct mount_opts *mo; int
+#: debug; int deny_others;``).
+_SE_OP_OFFSET = 40
+_SE_FD_OFFSET = 12
+_FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
+_LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
+_LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
+_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
+
+
+def _libfuse_text() -> list[tuple[int, int]]:
+    """Address ranges of libfuse3's executable code in this process."""
+    out = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and "x" in fields[1] and "libfuse3.so" in fields[5]:
+                lo, hi = fields[0].split("-")
+                out.append((int(lo, 16), int(hi, 16)))
+    return out
+
+
+class ListingCache:
+    """Lets the kernel cache directory listings (``FOPEN_CACHE_DIR`` with
+    ``FOPEN_KEEP_CACHE`` on an opendir reply), which libfuse 3.14's
+    high-level API cannot ask for: its ``fuse_lib_opendir`` hands the
+    filesystem a private ``fuse_file_info`` and replies with its own, copying
+    only ``fh`` (3.16 copies ``cache_readdir`` and ``keep_cache`` too).
+
+    So the session's low-level ``opendir`` entry is wrapped: the wrapper
+    sets both flags on the reply's ``fuse_file_info``, then calls libfuse's
+    own ``opendir`` (which leaves them alone).  The wrapper sees a node id,
+    not a path; the directories that must not be cached (``MOUNT/.stepfs``
+    and below: generated from the store, they change with no event) are
+    learned by node id at their first uncached read, through wrapped
+    ``readdir``/``readdirplus`` entries (:attr:`dir_node` names the node
+    while ``_FUSE.readdir_fuse_3`` runs).  Caching on that first open is
+    harmless: it is filled by fresh reads, and every later open of the node
+    goes without ``keep_cache``, which drops it.  Node ids name one node
+    until libfuse reuses them after 2**32 others, so :attr:`uncached` is
+    never pruned (it holds the ``.stepfs`` directories visited).
+
+    The table is private to libfuse, so it is patched only when its layout
+    is proven: a release whose ``struct fuse_session`` prefix was verified
+    (:func:`private_layout_known`, asked of the loaded library), the
+    session's ``fd`` field equal to
+    ``fuse_session_fd()``, every handler of the high-level table inside
+    libfuse's code and exactly ``write`` and ``retrieve_reply`` NULL.
+    Otherwise nothing is patched and listings are simply not cached.  The
+    loop is single-threaded (``nothreads``), so plain attributes suffice.
+
+    What keeps a cached listing true (the kernel drops it when the
+    directory's mtime or change counter moved, or its pages are
+    invalidated): changes through the mount bump the directory's counter in
+    the kernel; outside edits reach :class:`KernelCache.invalidate` of the
+    parent directory through the watcher; rollback and discard invalidate
+    every ancestor of what they changed (``daemon.py``).  A change whose
+    event was lost stays hidden no longer than a name would: at the start
+    of a listing the kernel refreshes the directory's expired attributes
+    (libfuse asks for ``auto_inval_data``) and drops the cached listing when
+    its mtime moved.  Nothing is cached once the mount cannot watch (:attr:`enabled` cleared by
+    :meth:`StepFS.short_timeouts`): an opendir without ``keep_cache`` drops
+    the directory's cached listing."""
+
+    def __init__(self) -> None:
+        self.enabled = False  # set by StepFS once installed and watching
+        self.dir_node = 0  # node id of the directory whose readdir is in flight
+        self.uncached: set[int] = set()  # node ids of .stepfs directories
+        # A LOOKUP is being answered (the high-level API asks getattr for
+        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.  True
+        # while the hook is not installed: a request that may be a LOOKUP
+        # must get the truth, never ESTALE (issue 18 item 6).
+        self.in_lookup = True
+        self.installed = False
+        self._slots: list[tuple[ctypes.c_void_p, int]] = []
+        self._orig: dict[str, object] = {}
+        # C callbacks, kept alive as long as the session.
+        self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
+                       "readdirplus": _LL_READDIR(self._reading("readdirplus")), "lookup": _LL_LOOKUP(self._lookup)}
+
+    # The wrappers are C callbacks: whatever happens, libfuse's own handler
+    # must run, or the request would never be answered.
+    def _opendir(self, req, ino, llfi):
+        try:
+            if self.enabled and ino not in self.uncached:
+                fi = llfi.contents
+                fi.cache_readdir = 1
+                fi.keep_cache = 1
+        finally:
+            self._orig["opendir"](req, ino, llfi)
+
+    def _lookup(self, req, parent, name):
+        self.in_lookup = True
+        try:
+            self._orig["lookup"](req, parent, name)
+        finally:
+            self.in_lookup = False
+
+    def _reading(self, op: str):
+        """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
+        the directory (:attr:`dir_node`) while libfuse's handler runs."""
+        def wrapper(req, ino, size, off, llfi):
+            self.dir_node = ino
+            try:
+                self._orig[op](req, ino, size, off, llfi)
+            finally:
+                self.dir_node = 0
+        return wrapper
+
+    def install(self, fuse: int) -> bool:
+        """Wrap the session's low-level ``opendir``, ``readdir`` and
+        ``readdirplus`` (from ``init``, on the loop thread, before any of
+        them can arrive); returns whether listings can now be cached."""
+        if not private_layout_known():
+            return False
+        lib = mfusepy._libfuse
+        se = lib.fuse_get_session(fuse)
+        if not se:
+            return False
+        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
+            log.info("libfuse's session layout is not the known one: directory listings are not cached")
+            return False
+        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
+        text = _libfuse_text()
+        for i, name in enumerate(_LL_OPS):
+            addr = ops[i] or 0
+            if name in ("getlk", "setlk"):
+                continue  # NULL unless the filesystem has a lock handler
+            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
+                    addr and not any(lo <= addr < hi for lo, hi in text)):
+                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
+                return False
+        size = ctypes.sizeof(ctypes.c_void_p)
+        for name, hook in self._hooks.items():
+            i = _LL_OPS.index(name)
+            self._orig[name] = type(hook)(ops[i])
+            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
+            self._slots.append((slot, ops[i]))
+            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+        self.installed = True
+        self.in_lookup = False
+        return True
+
+    def uninstall(self) -> None:
+        """Put libfuse's own handlers back (from ``destroy``)."""
+        self.enabled = self.in_lookup = self.installed = False
+        for slot, addr in self._slots:
+            slot.value = addr
+        self._slots.clear()

@@ -1,0 +1,159 @@
+"""Invalidation of the kernel's caches of one mount (daemon side, libfuse
+internals: ``fuse_invalidate_path`` and a raw notification on ``/dev/fuse``)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import struct
+import threading
+
+from stepfs.overlayfs.daemon.libfuse import mfusepy
+
+log = logging.getLogger("stepfs.fuse")
+
+#: ``struct fuse_out_header`` of FUSE_NOTIFY_INC_EPOCH (len, code 8, unique 0).
+_INC_EPOCH = struct.pack("<IiQ", 16, 8, 0)
+
+
+class KernelCache:
+    """Invalidation of the kernel's caches for paths of one mount.
+
+    libfuse3's ``fuse_invalidate_path(struct fuse *, path)`` makes the kernel
+    forget the cached attributes and page cache of a path it knows (a path
+    the kernel never looked up is not cached: -ENOENT, ignored).  The
+    ``struct fuse *`` is only reachable from inside a callback, so ``init``
+    records it here.
+
+    Threading: call from any thread except the FUSE loop's, and never while
+    holding the view's lock: the kernel may have to wait for a request in
+    flight (a read holding a page lock) that the loop can only finish by
+    taking that lock.  Every libfuse call goes through a gate that
+    :meth:`detach` closes when the loop has returned, before libfuse tears
+    the session down (``loop.py``): it also waits for the calls in
+    flight, so none runs on any thread once teardown starts.
+
+    Names (dentries) cannot be invalidated this way (libfuse3 3.14 offers
+    that only by node id, which the high-level API keeps to itself), so a
+    name whose file was removed or replaced is put in :attr:`gone` before
+    its attributes are dropped: the next GETATTR of it (the kernel's
+    question once the attributes are gone) answers ``ESTALE`` once, and the
+    VFS retries the lookup with revalidation, which drops or rebinds the
+    name (a kind change, file -> directory, included).  ``gone`` is a plain
+    set: added to by the control and watcher threads, consumed by the loop.
+    Without ``lowlevel``'s lookup hook (:attr:`lookups_told` False) a
+    LOOKUP cannot be told from a GETATTR, and an ESTALE to a LOOKUP fails
+    the system call (``mkdir`` of a name removed outside); those mounts
+    renew every name instead (:meth:`new_epoch`, Linux 6.16+; on an older
+    kernel a name whose kind changed outside answers EIO once).  One race
+    stays there: an ``open(O_CREAT)`` through the mount of a name removed
+    outside at that very moment can fail with ENOENT, when the permission
+    check's GETATTR lands between the walk and the renewal.
+
+    :meth:`new_epoch` is the one call that is safe on the loop thread and
+    under the view's lock: it only bumps a counter in the kernel.
+    """
+
+    def __init__(self) -> None:
+        self._fuse: int | None = None
+        lib = mfusepy._libfuse
+        self._call = lib.fuse_invalidate_path
+        self._call.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        self._call.restype = ctypes.c_int
+        lib.fuse_get_session.argtypes = [ctypes.c_void_p]
+        lib.fuse_get_session.restype = ctypes.c_void_p
+        lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
+        lib.fuse_session_fd.restype = ctypes.c_int
+        self._dev_fd = -1  # the session's /dev/fuse descriptor (libfuse's own)
+        # The gate: _fuse (None once closed) and the libfuse calls in flight.
+        self._gate = threading.Condition()
+        self._inflight = 0
+        self.gone: set[str] = set()
+        #: Whether directory listings are being cached (ListingCache; for
+        #: the control channel's ``ping``, any thread).
+        self.listings_cached = False
+        #: Whether a LOOKUP can be told from a GETATTR (ListingCache's hook
+        #: installed).  When not, gone names never get ESTALE and
+        #: :meth:`invalidate` renews every name instead.
+        self.lookups_told = True
+
+    def attach(self) -> None:
+        """Record the running ``struct fuse *`` (from inside a callback)."""
+        lib = mfusepy._libfuse
+        self._fuse = lib.fuse_get_context().contents.fuse
+        self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
+
+    def detach(self, wait: float = 10.0) -> bool:
+        """The session is ending: close the gate (later calls do nothing),
+        then wait at most ``wait`` seconds for the libfuse calls in flight;
+        False when one is still running (the kernel holds it until the
+        unmount aborts the connection: it has walked the node table
+        already, and only waits in its write).  On the loop thread: after
+        the loop returned (``loop.py``), and again from ``destroy``."""
+        with self._gate:
+            self._fuse = None
+            self._dev_fd = -1  # new_epoch runs on this same thread: no race
+            done = self._gate.wait_for(lambda: self._inflight == 0, wait)
+        if not done:
+            log.warning("an invalidation is still running in the kernel at unmount")
+        return done
+
+    def new_epoch(self) -> bool:
+        """Make the kernel look up again every name it holds before it uses
+        the name or its cached attributes (FUSE_NOTIFY_INC_EPOCH, Linux
+        6.16+; libfuse 3.14 has no call for it, so the notification is
+        written to the session's descriptor as libfuse writes its own: a
+        bare ``fuse_out_header`` with ``unique`` 0).  Each name then costs
+        one lookup, once; pages are kept (the bytes did not change).
+
+        Unlike :meth:`forget` this is safe on the FUSE loop thread and under
+        the view's lock: the kernel only increments the connection's epoch
+        (no inode, page or dentry lock; dentries are checked at their next
+        walk), so it cannot wait for a request the loop has yet to answer.
+        A name reached only through an open descriptor (``fstat``) is not
+        walked and keeps its attributes until the timeout.  Returns False
+        when the kernel refused (older than 6.16: logged once; cached
+        attributes then last until the timeout, as before)."""
+        fd = self._dev_fd
+        if fd < 0:
+            return False
+        try:
+            os.write(fd, _INC_EPOCH)
+        except OSError as exc:
+            log.warning("the kernel refused FUSE_NOTIFY_INC_EPOCH (%s): other names of a workspace hard link "
+                        "show their old link count until the attribute timeout", os.strerror(exc.errno))
+            self._dev_fd = -1
+            return False
+        return True
+
+    def forget(self, path: str) -> bool:
+        """Invalidate one view path; True when the kernel had it cached."""
+        with self._gate:
+            fuse = self._fuse
+            if not fuse:
+                return False
+            self._inflight += 1
+        try:
+            rc = self._call(fuse, os.fsencode(path))
+        finally:
+            with self._gate:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._gate.notify_all()
+        if rc != 0 and rc != -errno.ENOENT:
+            log.warning("fuse_invalidate_path(%r) failed: %s", path, os.strerror(-rc))
+        return rc == 0
+
+    def invalidate(self, paths: list[str], gone: bool = False) -> int:
+        """Invalidate ``paths`` (view paths); returns how many the kernel had
+        cached.  ``gone``: their files were removed or replaced (see above)."""
+        if gone:
+            self.gone.update(paths)
+        if gone and not self.lookups_told:
+            # The kernel then looks every name up again before using it, and
+            # a name whose kind changed gets the truth from that LOOKUP
+            # instead of an EIO from a GETATTR of the old kind.
+            self.new_epoch()
+        return sum(1 for path in paths if self.forget(path))

@@ -51,13 +51,13 @@ def _b(v) -> bytes | None:
 
 def _key(v) -> str | None:
     """A stored key as hex (format 7: keys are bytes in the database)."""
-    from stepfs.store.keys import from_db  # noqa: PLC0415  (keys imports SQLAlchemy's type; only its functions here)
+    from stepfs.store.keytext import from_db  # noqa: PLC0415
 
     return from_db(v)
 
 
 def _db(key: str):
-    from stepfs.store.keys import to_db  # noqa: PLC0415
+    from stepfs.store.keytext import to_db  # noqa: PLC0415
 
     return to_db(key)
 

@@ -5,7 +5,7 @@ only those paths and what lies below them) equal to its state as of N
 (``store.history``), and records that as a new layer of kind ``rollback``
 with the message ``rollback to N``.  It goes through the step commit
 protocol (``publish.write_layer``: intent, apply, committed), so a crash
-leaves either the old workspace or, after ``publish.recover``, the
+leaves either the old workspace or, after ``recovery.recover``, the
 rolled-back one.  History is never deleted: rolling back to the head before
 a rollback undoes it.
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import cards, diff, publish, schema
+from stepfs.store import cards, diff, publish, recovery, schema
 from stepfs.store.contained import DEVICE_KINDS, kind_of
 from stepfs.store.errors import CommitConflict, HeadMoved, LayerPruned, NothingToRollBack
 from stepfs.store.history import committed_rows, require_layer, state_from_rows
@@ -306,7 +306,7 @@ def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dr
     same and returns the card it would commit, writing nothing.
     """
     with ws.commit_lock():
-        publish._recover_locked(ws)
+        recovery._recover_locked(ws)
         with ws.db.read() as conn:
             if expect_head is not None and head_of(conn) != expect_head:
                 now = head_of(conn)

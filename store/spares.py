@@ -8,7 +8,7 @@ the dearest call of a commit: on the ext4 of the benchmark machine a
 file, ``rename`` and ``link`` cost a few microseconds.  So a long-lived
 process (the mount daemon) keeps a pool of empty files in
 ``.stepfs/spare/``, refilled in a background thread between commits, and
-``publish._prepare`` renames one to its temporary name
+``switch._prepare`` renames one to its temporary name
 (``.stepfs/tmp/L<layer>-<seq>``) and opens it with ``O_TRUNC`` instead of
 creating that name.  Nothing else changes: the file gets its content,
 owner, mode, attributes and mtime and is fsynced exactly as a created one

@@ -12,7 +12,7 @@ Layout of ``WORKSPACE/.stepfs/`` (see FORMAT.md):
                     (``store.spares``)
 * ``commit.lock``   held (flock) for the whole of every commit and recovery
 
-Opening a workspace runs recovery first (``publish.recover``): nothing else
+Opening a workspace runs recovery first (``recovery.recover``): nothing else
 touches a store that has a half-published layer.
 """
 
@@ -38,6 +38,10 @@ from stepfs.store.paths import DB_NAME, HISTORY_TRACES, STORE_DIR, SUBDIRS, chec
 from stepfs.store.paths import lost_database_message
 
 
+#: Store directories held open for as long as the workspace is.
+HELD_SUBDIRS = ("tmp", "spare", "retired")
+
+
 class Workspace:
     """An opened workspace.  Threading: methods may be called from several
     threads; the database serialises writers, :meth:`commit_lock` serialises
@@ -52,17 +56,24 @@ class Workspace:
     a look-alike tree, while it is open changes nothing this object
     touches; :attr:`store_path` is the name for messages only."""
 
-    def __init__(self, path: str, db: Database, root: Root, store: Root):
+    def __init__(self, path: str, db: Database, root: Root, store: Root, held: dict[str, Root]):
         self.path = path
         self.root = root
         self.store = store
+        #: ``.stepfs/tmp``, ``spare`` and ``retired`` (:data:`HELD_SUBDIRS`),
+        #: opened once beneath ``store``: a commit makes, links, renames and
+        #: removes its files relative to these handles (``tmp.fd``, or names
+        #: under ``/proc/self/fd/N``), so a symlink swapped in for one of
+        #: them later redirects nothing.
+        self._held = held
+        self.tmp = held["tmp"]
         self.store_path = os.path.join(path, STORE_DIR)
         self.store_dir = store.handle_path
         self.db = db
         self.objects = ObjectStore()
-        self.tmp_dir = os.path.join(self.store_dir, "tmp")
+        self.tmp_dir = self.tmp.handle_path  # through the held handle, for listing
         self.run_dir = os.path.join(self.store_dir, "run")
-        self.spares = Spares(os.path.join(self.store_dir, "spare"), os.path.join(self.store_dir, "retired"))
+        self.spares = Spares(held["spare"].handle_path, held["retired"].handle_path)
 
     @classmethod
     def open(cls, path: str, create: bool = False, recover: bool = True, new_history: bool = False) -> "Workspace":
@@ -85,13 +96,20 @@ class Workspace:
             # leaves a store, not directories that look like a lost one.
             db = Database.open(os.path.join(store.handle_path, DB_NAME), create=create,
                                label=os.path.join(real, STORE_DIR, DB_NAME))
+            held: dict[str, Root] = {}
             try:
                 for sub in SUBDIRS:
                     try:
-                        store.subdir(sub, create=True).close()  # a real directory, not a symlink planted there
+                        handle = store.subdir(sub, create=True)  # a real directory, not a symlink planted there
                     except OSError as exc:
                         raise _store_os_error(exc, os.path.join(real, STORE_DIR, sub)) from None
+                    if sub in HELD_SUBDIRS:
+                        held[sub] = handle  # every commit goes through it: a later swap redirects nothing
+                    else:
+                        handle.close()
             except BaseException:
+                for handle in held.values():
+                    handle.close()
                 db.close()
                 raise
         except BaseException:
@@ -99,11 +117,11 @@ class Workspace:
                 store.close()
             root.close()
             raise
-        ws = cls(real, db, root, store)
+        ws = cls(real, db, root, store, held)
         try:
             ws._ensure_baseline()
             if recover:
-                from stepfs.store.publish import recover as _recover
+                from stepfs.store.recovery import recover as _recover
 
                 _recover(ws)
         except BaseException:
@@ -114,6 +132,8 @@ class Workspace:
     def close(self) -> None:
         self.spares.stop()
         self.db.close()  # before the store handle its file names go through
+        for handle in self._held.values():
+            handle.close()
         self.store.close()
         self.root.close()
 

@@ -49,8 +49,9 @@ class DirFsyncs:
     """A ``store.durable`` hook that holds (``release``) or fails (``fail``)
     every fsync of a directory, the switch's last durability calls."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, hold: bool | None = None):
         self.fail = fail
+        self.hold = not fail if hold is None else hold  # fail=True, hold=True: held, then failed
         self.entered = threading.Event()
         self.release = threading.Event()
         self.calls = 0
@@ -60,9 +61,10 @@ class DirFsyncs:
             return
         self.calls += 1
         self.entered.set()
+        if self.hold:
+            assert self.release.wait(30), "the test never released the directory fsync"
         if self.fail:
             raise OSError(errno.EIO, "injected EIO on a directory fsync")
-        assert self.release.wait(30), "the test never released the directory fsync"
 
     def after(self, op: str, args: tuple) -> None:
         pass
@@ -172,3 +174,34 @@ def test_a_failure_after_the_answer_leaves_the_layer_pending_and_the_mount_read_
         with again.db.read() as conn:
             assert staging.load(conn, view.step) == []
     assert open(os.path.join(ws.path, "new.txt"), "rb").read() == b"new\n"
+
+
+@pytest.mark.timeout(60)
+def test_a_change_made_while_a_completion_fails_is_refused_not_dropped(served):
+    """A namespace or metadata change made between the answer and a failed
+    completion would be recorded in the step the pending layer consumes at
+    recovery: it waits for the completion and is refused (EROFS) once the
+    mount turned read-only, instead of succeeding and being lost."""
+    ws, view, mountpoint = served
+    mode = stat_mod.S_IMODE(view.getattr("/old.txt")["st_mode"])
+    hook = DirFsyncs(fail=True, hold=True)
+    with durable.installed(hook):
+        assert control.request(mountpoint, {"op": "commit", "message": "fails late"}, timeout=30) == \
+            {"ok": True, "number": 1}
+        assert hook.entered.wait(10)  # the completion is waiting for the disk
+        changer, changed = _in_thread(lambda: view.chmod("/old.txt", 0o600))
+        maker, made = _in_thread(lambda: view.mkdir("/made", 0o755))
+        changer.join(0.5)
+        assert changer.is_alive(), f"a chmod went through while layer 1 was completing: {changed}"
+        hook.release.set()
+        changer.join(10)
+        maker.join(10)
+        assert not changer.is_alive() and not maker.is_alive()
+    assert isinstance(changed.get("error"), ReadOnly), changed
+    assert isinstance(made.get("error"), ReadOnly), made
+    # Nothing the view shows was lost by the store: the old mode, no directory.
+    assert stat_mod.S_IMODE(view.getattr("/old.txt")["st_mode"]) == mode
+    assert "made" not in [name for name, *_ in view.readdir("/")[2:]]
+    with Workspace.open(ws.path) as again:
+        assert _states(again) == {0: "committed", 1: "committed"}
+    assert stat_mod.S_IMODE(os.stat(os.path.join(ws.path, "old.txt")).st_mode) == mode

@@ -404,7 +404,7 @@ def test_a_commit_removes_the_temp_files_a_killed_commit_left(ws):
     assert tmp_files(ws) == [] and manifest(ws.path) == expected_manifest(AFTER)
 
 
-def die_before_completion(*args):
+def die_before_completion(*args, **kwargs):
     raise Crash("killed before the layer was marked committed")
 
 

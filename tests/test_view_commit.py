@@ -163,15 +163,15 @@ def _before_bytes(ws, layer: int, path: bytes) -> bytes:
 
 
 def test_a_staged_workspace_file_is_captured_ahead_and_the_commit_only_checks_its_token(ws_view, monkeypatch):
-    from stepfs.store import publish, tokens
+    from stepfs.store import plan, tokens
 
     ws, view = ws_view
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)  # the fixture's files are older than the racy window
     write_file(view, "/keep", b"changed\n")
     assert b"keep" in view.precaptured
     captured = []
-    real_capture = publish.capture
-    monkeypatch.setattr(publish, "capture", lambda ws_, conn, path: captured.append(path) or real_capture(ws_, conn, path))
+    real_capture = plan.capture
+    monkeypatch.setattr(plan, "capture", lambda ws_, conn, path: captured.append(path) or real_capture(ws_, conn, path))
     assert view.commit(message="reuses the capture") == 1
     assert captured == []  # not read again at the commit
     assert _before_bytes(ws, 1, b"keep") == b"keep\n"
@@ -197,7 +197,7 @@ def test_a_file_changed_outside_after_its_capture_ahead_is_captured_again(ws_vie
 
 
 def test_files_inside_the_racy_window_or_too_big_are_not_captured_ahead(ws_view, monkeypatch):
-    from stepfs.store import publish
+    from stepfs.store import plan
 
     ws, view = ws_view
     write_file(view, "/keep", b"changed\n")  # written by the fixture just now: racy
@@ -205,7 +205,7 @@ def test_files_inside_the_racy_window_or_too_big_are_not_captured_ahead(ws_view,
     from stepfs.store import tokens
 
     monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 0)
-    monkeypatch.setattr(publish, "PRECAPTURE_MAX", len(b"x\n"))
+    monkeypatch.setattr(plan, "PRECAPTURE_MAX", len(b"x\n"))
     write_file(view, "/a/x.txt", b"bigger now\n")
     assert view.precaptured == {}
     assert view.commit(message="captured at the commit") == 1

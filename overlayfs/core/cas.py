@@ -111,6 +111,9 @@ class CompareAndSwap:
                 return
             if d.mem >= 0 and node is not None and node.kind == "file" and node.ref is None \
                     and self._room(st.st_size):
+                # As below: a row recorded while an answered commit completes
+                # would be lost with the step if that completion fails.
+                self._await_settled(writing=True)
                 same = self._record(d, node, fd, st)
                 if same is not None:
                     self._published(d, node, same, node.scratch)

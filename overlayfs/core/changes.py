@@ -57,6 +57,18 @@ UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 
 
+#: ``CLOCK_REALTIME_COARSE`` (linux/time.h; Python names no constant for it).
+_COARSE_CLOCK = 5
+
+
+def removal_time() -> int:
+    """When a path is removed, as a whiteout's ``mtime_ns``: read from the
+    clock the kernel stamps ``ctime`` from, so a workspace name changed
+    outside after the removal has a ``ctime`` no earlier than this (a commit
+    leaves such a name alone, ``store.plan``)."""
+    return time.clock_gettime_ns(_COARSE_CLOCK)
+
+
 class Changes:
     """Edits of the upper layer.  Receives the view's ``lock``, the
     collaborators it changes or reads (``ns``, ``versions``, ``content``,
@@ -162,7 +174,7 @@ class Changes:
             self._detach(child, self.ns.upper.pop(child))
         self._detach(path, self.ns.upper.pop(path))
         if self.ns.lower_stat(path) is not None:
-            self.ns.upper.set(path, Node("whiteout", 0, base=base, ino=0))
+            self.ns.upper.set(path, Node("whiteout", 0, base=base, ino=0, mtime_ns=removal_time()))
             self.persist(puts=[path], trees=[path] if below else [])
         else:
             self.persist(trees=[path])
@@ -437,7 +449,7 @@ class Changes:
             node.name_bases[new] = new_base
         old_lower = self.ns.lower_stat(old) is not None
         if old_lower:
-            self.ns.upper.set(old, Node("whiteout", 0, base=node.base, ino=0))
+            self.ns.upper.set(old, Node("whiteout", 0, base=node.base, ino=0, mtime_ns=removal_time()))
         node.base = new_base
         node.ctime_ns = time.time_ns()
         self.versions.bump(node)

@@ -20,7 +20,9 @@ for it (a row written before the "committed" record would be consumed with
 the layer it is not part of: that record deletes the step's rows), and so
 do reads of history.  A completion that fails turns the view read-only
 before ``settled`` is set, and is raised from ``complete``: the caller was
-answered already.
+answered already.  Namespace and metadata changes wait for ``settled`` too
+(:meth:`Failsafe.check_writable`), so one made in that window is refused
+with EROFS if the completion fails, never accepted and then dropped.
 """
 
 from __future__ import annotations
@@ -46,12 +48,21 @@ class Failsafe:
     def __init__(self, mountpoint: str):
         self.mountpoint = mountpoint
         self.reason: str | None = None
+        #: :attr:`Commits.settled` of the view, once it has one.
+        self.settled: threading.Event | None = None
 
     def check_writable(self, path: str) -> None:
         """Refuse a change of ``path``: the ``.stepfs`` tree is read-only,
-        and so is everything once the failsafe tripped."""
+        and so is everything once the failsafe tripped.  Called under the
+        view's lock before a change is made; while a commit that answered
+        already completes, it waits for the completion first (which never
+        takes the view's lock): a change made meanwhile would be consumed
+        with that layer's step if the completion fails and recovery
+        finishes the layer, so it is refused then instead of lost."""
         if is_meta(path):
             raise ReadOnly(path)
+        if self.settled is not None and not self.settled.is_set():
+            self.settled.wait()
         if self.reason is not None:
             raise ReadOnly(self.reason)
 
@@ -74,6 +85,7 @@ class Commits:
         #: caller) completes without the view's lock.
         self.settled = threading.Event()
         self.settled.set()
+        failsafe.settled = self.settled
         #: Clear while a commit runs: the watcher holds its handling of
         #: workspace events (mostly this commit's own renames) until it ends.
         self.commit_idle = threading.Event()

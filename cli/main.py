@@ -186,7 +186,7 @@ def cmd_discard(args) -> int:
         ws_arg, values = values[0], values[1:]
     dropped = manage.discard(manage.resolve(ws_arg), values)
     _emit(args, {"message_type": "discard", "discarded": dropped},
-          "\n".join(f"discarded {quote(p)} (its bytes are kept as a conflict)" for p in dropped)
+          "\n".join(f"discarded {quote(p)}" for p in dropped)
           or "nothing staged at those paths")
     return 0
 

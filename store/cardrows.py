@@ -30,7 +30,7 @@ from stepfs.store.records import Entry, Layer, State
 
 #: Store formats whose tables these queries were written for: a store of
 #: another format is read through ``Workspace.open`` (which upgrades or refuses it).
-FORMATS = frozenset({6})
+FORMATS = frozenset({7})
 HASH_ALGORITHM = "xxh3_128"
 #: Object ids per ``IN`` list (SQLite bounds the variables of one statement).
 BATCH = 5000
@@ -49,12 +49,29 @@ def _b(v) -> bytes | None:
     return bytes(v) if v is not None else None
 
 
+def _key(v) -> str | None:
+    """A stored key as hex (format 7: keys are bytes in the database)."""
+    from stepfs.store.keytext import from_db  # noqa: PLC0415
+
+    return from_db(v)
+
+
+def _db(key: str):
+    from stepfs.store.keytext import to_db  # noqa: PLC0415
+
+    return to_db(key)
+
+
+#: Prefix of an inline object's id among the pieces :meth:`Rows.stored` counts.
+INLINE = "inline:"
+
+
 def entry_from_tuple(r) -> Entry:
     """An :class:`Entry` from a row of :data:`_ENTRY_COLUMNS`."""
     return Entry(
         path=bytes(r[0]),
-        before=State(r[1], r[2], r[3], _b(r[4]), r[5], r[6], _b(r[7])),
-        after=State(r[8], r[9], r[10], _b(r[11]), r[12], r[13], _b(r[14])),
+        before=State(r[1], r[2], _key(r[3]), _b(r[4]), r[5], r[6], _b(r[7])),
+        after=State(r[8], r[9], _key(r[10]), _b(r[11]), r[12], r[13], _b(r[14])),
         after_mtime_ns=r[15], after_link=_b(r[16]),
     )
 
@@ -181,19 +198,35 @@ class Rows:
     # -- objects -----------------------------------------------------------------
 
     def size(self, oid: str) -> int:
-        rows = self.fetch("SELECT size FROM objects WHERE oid = ?", (oid,))
+        rows = self.fetch("SELECT size FROM objects WHERE oid = ?", (_db(oid),))
         if len(rows) != 1:
             raise CorruptObject(f"object {oid} is missing; run 'stepfs verify' for a full report.")
         return rows[0][0]
 
     def _chunk_row(self, cid: str) -> tuple | None:
-        rows = self.fetch("SELECT data, codec, size, base FROM chunks WHERE cid = ?", (cid,))
-        return tuple(rows[0]) if rows else None
+        rows = self.fetch("SELECT data, codec, size, base FROM chunks WHERE cid = ?", (_db(cid),))
+        return (*rows[0][:3], _key(rows[0][3])) if rows else None
 
     def read_all(self, oid: str) -> bytes:
         """An object's bytes, every chunk verified."""
-        rows = self.fetch('SELECT oc.cid, oc."offset", c.data, c.codec, c.size, c.base FROM object_chunks oc '
-                          "LEFT JOIN chunks c ON c.cid = oc.cid WHERE oc.oid = ? ORDER BY oc.seq", (oid,))
+        from stepfs.store import codec  # noqa: PLC0415
+
+        inline = self.fetch("SELECT o.data, o.codec, o.size, b.data, b.codec, b.size FROM objects o "
+                            "LEFT JOIN objects b ON b.oid = o.base WHERE o.oid = ?", (_db(oid),))
+        if inline and inline[0][0] is not None:  # stored in its row (format 7)
+            stored, how, size, bdata, bhow, bsize = inline[0]
+            try:
+                base = codec.decode(bhow or codec.RAW, bdata, bsize) if how == codec.DELTA and bdata is not None else None
+                data = codec.decode(how or codec.RAW, stored, size, base)
+            except ValueError as exc:
+                raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
+                                    f"run 'stepfs verify' for a full report.") from None
+            if self.hasher(data) != oid.split(".", 1)[0]:
+                raise CorruptObject(f"object {oid} is corrupt; run 'stepfs verify' for a full report.")
+            return data
+        rows = [(_key(r[0]), r[1], r[2], r[3], r[4], _key(r[5])) for r in self.fetch(
+            'SELECT oc.cid, oc."offset", c.data, c.codec, c.size, c.base FROM object_chunks oc '
+            "LEFT JOIN chunks c ON c.cid = oc.cid WHERE oc.oid = ? ORDER BY oc.seq", (_db(oid),))]
         return b"".join(object_chunks(rows, oid, self._chunk_row, self.hasher))
 
     # -- what each layer added to the store (store/du.py) -------------------------
@@ -205,17 +238,26 @@ class Rows:
         rows = []
         for i in range(0, len(ordered), BATCH):
             part = ordered[i:i + BATCH]
+            keys = tuple(_db(o) for o in part)
             rows += self.fetch("SELECT oc.oid, oc.cid, c.base FROM object_chunks oc JOIN chunks c ON c.cid = oc.cid "
-                               f"WHERE oc.oid IN ({', '.join('?' * len(part))})", tuple(part))
+                               f"WHERE oc.oid IN ({', '.join('?' * len(part))})", keys)
+            # An object stored inline (format 7) is its own piece (and its base's).
+            for oid, base in self.fetch("SELECT oid, base FROM objects WHERE data IS NOT NULL AND "
+                                        f"oid IN ({', '.join('?' * len(part))})", keys):
+                out[_key(oid)] = [INLINE + _key(oid)] + ([INLINE + _key(base)] if base is not None else [])
         for oid, cid, base in rows:
-            out.setdefault(oid, []).append(cid)
+            oid = _key(oid)
+            out.setdefault(oid, []).append(_key(cid))
             if base is not None:
-                out[oid].append(base)
+                out[oid].append(_key(base))
         return out
 
     def stored(self) -> dict[str, int]:
         """Stored bytes of every chunk."""
-        return dict(self.fetch("SELECT cid, length(data) FROM chunks", ()))
+        sizes = {_key(cid): n for cid, n in self.fetch("SELECT cid, length(data) FROM chunks", ())}
+        sizes.update((INLINE + _key(oid), n) for oid, n in
+                     self.fetch("SELECT oid, length(data) FROM objects WHERE data IS NOT NULL", ()))
+        return sizes
 
     def added_bytes(self, numbers: list[int] | None = None) -> dict[int, int]:
         """Stored bytes each committed layer added (the first layer to
@@ -228,7 +270,7 @@ class Rows:
             rows = [r for r in rows if r[0] <= top]
         by_layer: dict[int, set[str]] = {}
         for layer, b, a in rows:
-            by_layer.setdefault(layer, set()).update(x for x in (b, a) if x)
+            by_layer.setdefault(layer, set()).update(_key(x) for x in (b, a) if x)
         chunks = self.chunks_of(set().union(*by_layer.values()) if by_layer else set())
         sizes = self.stored()
         seen: set[str] = set()

@@ -34,7 +34,7 @@ from sqlalchemy.exc import DatabaseError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from stepfs.store import durable as durable_calls
-from stepfs.store import schema
+from stepfs.store import keys, schema
 from stepfs.store.errors import StepfsError, StoreDamaged, StoreFormatError, StoreFull, StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
@@ -237,12 +237,17 @@ class Database:
         """Bring an older store to this format: each step and the new version
         number in one durable transaction (under the write lock, looking at
         the version again: another process may have just upgraded it)."""
-        with self.write(durable=True) as conn:
+        # Version 7 rebuilds tables that others refer to: without foreign-key
+        # checks for that transaction (SQLite's recipe for a table rebuild).
+        with self.write(durable=True, foreign_keys=version >= 7 or schema.FORMAT_VERSION < 7) as conn:
             row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar()
             current = int(row)
             for target in range(current + 1, schema.FORMAT_VERSION + 1):
                 for statement in UPGRADES[target]:
-                    conn.exec_driver_sql(statement)
+                    if callable(statement):
+                        statement(conn)
+                    else:
+                        conn.exec_driver_sql(statement)
             if current < schema.FORMAT_VERSION:
                 conn.execute(
                     schema.meta.update().where(schema.meta.c.key == "format_version")
@@ -269,7 +274,16 @@ UPGRADES: dict[int, list[str]] = {
         "ALTER TABLE chunks ADD COLUMN base VARCHAR(48) REFERENCES chunks (cid)",
         "ALTER TABLE objects ADD COLUMN gen INTEGER NOT NULL DEFAULT 0",
         "CREATE INDEX IF NOT EXISTS chunks_base ON chunks (base)"],
+    # Binary keys, inline objects, tables without rowid: every table that
+    # holds a key is rebuilt (store/upgrade7.py).
+    7: [lambda conn: _upgrade7(conn)],
 }
+
+
+def _upgrade7(conn) -> None:
+    from stepfs.store import upgrade7  # imports schema's tables; only an old store needs it
+
+    upgrade7.upgrade(conn)
 
 
 def _orig(exc: Exception) -> str:
@@ -439,14 +453,34 @@ class Prepared:
         compiled = self.stmt.compile(dialect=dialect, column_keys=self.columns)
         entry = None
         if compiled.positional and dialect.paramstyle == "qmark":
-            entry = (compiled.string, list(compiled.positiontup))
+            names = list(compiled.positiontup)
+            # Key columns are bytes in the database, hex in Python (format 7,
+            # store/keys.py): the two conversions SQLAlchemy would apply.
+            to_db = {n for n in names if keys.is_key(compiled.binds[n].type)}
+            selected = getattr(self.stmt, "selected_columns", None)
+            from_db = [i for i, c in enumerate(selected or ()) if keys.is_key(c.type)]
+            entry = (compiled.string, names, to_db, from_db)
         self._by_dialect[dialect.name] = entry
         return entry
 
-    def _sql(self, sql: str, names: list[str], params: dict) -> tuple[str, list]:
+    @staticmethod
+    def _rows(rows: list, from_db: list[int]) -> list:
+        if not from_db or not rows:
+            return rows
+        out = []
+        for row in rows:
+            row = list(row)
+            for i in from_db:
+                row[i] = keys.from_db(row[i])
+            out.append(tuple(row))
+        return out
+
+    def _sql(self, sql: str, names: list[str], params: dict, to_db=()) -> tuple[str, list]:
         values: list = []
         for name in names:
             value = params[name]
+            if name in to_db:
+                value = [keys.to_db(v) for v in value] if isinstance(value, (list, tuple)) else keys.to_db(value)
             if isinstance(value, (list, tuple)):  # an expanding IN list
                 key = (name, len(value))
                 text = self._expanded.get(key)
@@ -465,11 +499,11 @@ class Prepared:
         entry = self._compiled(conn.dialect)
         if entry is None:
             return [tuple(r) for r in conn.execute(self.stmt, params)]
-        sql, values = self._sql(entry[0], entry[1], params)
+        sql, values = self._sql(entry[0], entry[1], params, entry[2])
         cur = conn.connection.dbapi_connection.cursor()
         try:
             cur.execute(sql, values)
-            return cur.fetchall()
+            return self._rows(cur.fetchall(), entry[3])
         except conn.dialect.loaded_dbapi.Error as exc:
             raise DBAPIError.instance(sql, values, exc, conn.dialect.loaded_dbapi.Error,
                                       dialect=conn.dialect) from None
@@ -485,13 +519,13 @@ class Prepared:
         if entry is None:
             yield from (tuple(r) for r in conn.execute(self.stmt, params))
             return
-        sql, values = self._sql(entry[0], entry[1], params)
+        sql, values = self._sql(entry[0], entry[1], params, entry[2])
         cur = conn.connection.dbapi_connection.cursor()
         try:
             try:
                 cur.execute(sql, values)
                 while rows := cur.fetchmany(batch):
-                    yield from rows
+                    yield from self._rows(rows, entry[3])
             except conn.dialect.loaded_dbapi.Error as exc:
                 raise DBAPIError.instance(sql, values, exc, conn.dialect.loaded_dbapi.Error,
                                           dialect=conn.dialect) from None
@@ -506,8 +540,8 @@ class Prepared:
         if entry is None:
             conn.execute(self.stmt, rows)
             return
-        sql, names = entry
-        values = [[row[name] for name in names] for row in rows]
+        sql, names, to_db = entry[0], entry[1], entry[2]
+        values = [[keys.to_db(row[name]) if name in to_db else row[name] for name in names] for row in rows]
         cur = conn.connection.dbapi_connection.cursor()
         try:
             cur.executemany(sql, values)

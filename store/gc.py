@@ -110,6 +110,11 @@ def _garbage(conn, gen: int) -> None:
     conn.exec_driver_sql("DROP TABLE IF EXISTS temp.gc_chunks")
     conn.execute(text(f"CREATE TEMP TABLE gc_objects AS {_UNREFERENCED}"), {"gen": gen})
     conn.exec_driver_sql("CREATE INDEX temp.gc_objects_oid ON gc_objects (oid)")
+    # An object that is the base of a delta object that stays, stays too (a
+    # base is never a delta: one pass is enough; format 7).
+    conn.exec_driver_sql("""
+        DELETE FROM gc_objects WHERE oid IN (SELECT base FROM objects WHERE base IS NOT NULL
+                                              AND oid NOT IN (SELECT oid FROM gc_objects))""")
     # Chunks that only collected objects list (or none at all) ...
     conn.exec_driver_sql("""
         CREATE TEMP TABLE gc_chunks AS SELECT c.cid AS cid, length(c.data) AS stored FROM chunks c
@@ -123,10 +128,12 @@ def _garbage(conn, gen: int) -> None:
                                              AND cid NOT IN (SELECT cid FROM gc_chunks))""")
     # ... and a plain key while a suffixed key of its family stays: the put
     # path takes a free plain key for bytes never seen (objects.py).
+    # (Keys are bytes, format 7: a plain key is the 16-byte hash, a family
+    # member the same 16 bytes and a suffix; store/keys.py.)
     conn.exec_driver_sql("""
-        DELETE FROM gc_chunks WHERE instr(cid, '.') = 0 AND EXISTS (
-            SELECT 1 FROM chunks c WHERE c.cid > gc_chunks.cid || '.' AND c.cid < gc_chunks.cid || '/'
-               AND c.cid NOT IN (SELECT cid FROM gc_chunks))""")
+        DELETE FROM gc_chunks WHERE length(cid) = 16 AND EXISTS (
+            SELECT 1 FROM chunks c WHERE c.cid > gc_chunks.cid AND substr(c.cid, 1, 16) = gc_chunks.cid
+               AND length(c.cid) > 16 AND c.cid NOT IN (SELECT cid FROM gc_chunks))""")
 
 
 def _count(conn, report: Report) -> None:
@@ -135,6 +142,9 @@ def _count(conn, report: Report) -> None:
     ).one()
     report.chunks, report.chunk_bytes = conn.exec_driver_sql(
         "SELECT count(*), coalesce(sum(stored), 0) FROM gc_chunks").one()
+    # The bytes of collected objects stored inline (format 7) count as stored bytes freed too.
+    report.chunk_bytes += conn.exec_driver_sql(
+        "SELECT coalesce(sum(length(data)), 0) FROM objects WHERE oid IN (SELECT oid FROM gc_objects)").scalar()
     report.conflict_objects, report.conflict_bytes = conn.exec_driver_sql(_CONFLICT_ONLY).one()
 
 

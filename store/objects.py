@@ -13,6 +13,11 @@ its chunk list is identical (chunks being verified, equal chunk lists mean
 equal bytes) or, cut otherwise, its bytes are.  A genuine collision gets a
 suffixed key (``<hash>.1``), so different bytes are never merged.
 
+Content of at most :data:`INLINE_MAX` bytes is stored in its object row
+(format 7: ``objects.data`` and ``objects.codec``, no chunk rows): most
+files of a source tree are that small, and a chunk row, its object_chunks
+row and their index entries cost more than their bytes.
+
 A put reads the content in bounded windows and handles each run of chunks
 with one lookup of their keys and one multi-row insert of the new ones.
 
@@ -86,6 +91,17 @@ _OBJECT_READ = Prepared(
 )
 _OBJECT_CHUNKS_INSERT = Prepared(_OC.insert(), ["oid", "seq", "offset", "cid"])
 _OBJECT_SIZE = Prepared(select(_O.c.size).where(_O.c.oid == bindparam("oid")))
+_OBJECT_INLINE = Prepared(select(_O.c.data, _O.c.codec, _O.c.size, _O.c.base).where(_O.c.oid == bindparam("oid")))
+_B = _O.alias("b")
+# An object's inline row with its delta base's row: one query per read.
+_OBJECT_INLINE_BASE = Prepared(
+    select(_O.c.data, _O.c.codec, _O.c.size, _B.c.data, _B.c.codec, _B.c.size)
+    .select_from(_O.outerjoin(_B, _B.c.oid == _O.c.base)).where(_O.c.oid == bindparam("oid")))
+_OBJECT_FAMILY_INLINE = Prepared(select(_O.c.oid, _O.c.size, _O.c.data, _O.c.codec, _O.c.base)
+                                 .where(_key_family(_O.c.oid)))
+_OBJECT_INSERT_INLINE = Prepared(_O.insert(), ["oid", "size", "gen", "data", "codec", "base"])
+#: Content up to this many bytes is stored inline in its object row (format 7).
+INLINE_MAX = 2048
 
 
 def _free_key(digest: str, taken: list[str]) -> str:
@@ -112,6 +128,24 @@ def chunk_bytes(conn: Connection, cid: str, data, codec_: int, size: int, base: 
 def _chunk_row(conn: Connection, cid: str) -> tuple | None:
     rows = _CHUNK_ROW.execute(conn, {"cid": cid})
     return tuple(rows[0]) if rows else None
+
+
+def inline_bytes(conn: Connection, oid: str, data, codec_: int | None, size: int, base: str | None) -> bytes:
+    """The decoded bytes of inline object ``oid`` from its row's fields (a
+    delta's base object read too).  Raises :class:`CorruptObject`."""
+    base_raw = None
+    if codec_ == codec.DELTA:
+        rows = _OBJECT_INLINE.execute(conn, {"oid": base}) if base is not None else []
+        if not rows or rows[0][0] is None or rows[0][1] == codec.DELTA:
+            raise CorruptObject(f"object {oid} is a delta whose base object {base} is missing; "
+                                f"run 'stepfs verify' for a full report.")
+        bdata, bcodec, bsize, _bbase = rows[0]
+        base_raw = inline_bytes(conn, base, bdata, bcodec, bsize, None)
+    try:
+        return codec.decode(codec_ or codec.RAW, data, size, base_raw)
+    except ValueError as exc:
+        raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
+                            f"run 'stepfs verify' for a full report.") from None
 
 
 def _new_chunk_row(cid: str, piece) -> dict:
@@ -142,8 +176,14 @@ class ObjectStore:
     ``chunk_size`` asks for fixed-size chunks (version-1 writers; tests).
     """
 
-    def __init__(self, hasher: Hasher = xxh3_hex, chunk_size: int | None = None, chunker=None):
+    def __init__(self, hasher: Hasher = xxh3_hex, chunk_size: int | None = None, chunker=None,
+                 inline_max: int | None = None):
         self.hasher = hasher
+        # A store cut by a chunker of its own (tests of chunking) inlines
+        # nothing unless asked: its small contents are there to be chunked.
+        if inline_max is None:
+            inline_max = INLINE_MAX if chunk_size is None and chunker is None else -1
+        self.inline_max = inline_max
         if chunker is None:
             chunker = chunking.FixedChunker(chunk_size) if chunk_size else chunking.ContentChunker()
         self.chunker = chunker
@@ -176,6 +216,10 @@ class ObjectStore:
         """Chunk, dedupe and store the content ``read(offset, n)`` returns;
         ``reread()`` streams the same bytes again (only needed when an object
         of the same hash and size but another chunk list exists)."""
+        if self.inline_max >= 0:
+            head = bytes(read(0, self.inline_max + 1))
+            if len(head) <= self.inline_max:
+                return self._put_inline(conn, head), len(head)
         streaming = self.hasher is xxh3_hex
         whole = xxhash.xxh3_128() if streaming else None
         pieces: list[bytes] = []
@@ -267,6 +311,54 @@ class ObjectStore:
         _OBJECT_CHUNKS_INSERT.executemany(conn, rows)
         return oid
 
+    def _put_inline(self, conn: Connection, data: bytes) -> str:
+        """Store small content in its object row (or find it stored, inline
+        or, put before format 7, as chunks: compared byte for byte)."""
+        digest = self.hasher(data)
+        taken = _OBJECT_FAMILY_INLINE.execute(conn, _family_params(digest))
+        for oid, size, stored, how, base in taken:
+            if size != len(data):
+                continue
+            if stored is not None:
+                try:
+                    same = inline_bytes(conn, oid, stored, how, size, base) == data
+                except CorruptObject:
+                    same = False  # damaged: never a match (verify reports it)
+            else:
+                same = _equal_streams(self.iter_chunks(conn, oid), iter((data,)))
+            if same:
+                return self._touch(conn, oid)
+        oid = _free_key(digest, [row[0] for row in taken])
+        how, encoded = codec.compress(data)
+        _OBJECT_INSERT_INLINE.executemany(conn, [{"oid": oid, "size": len(data), "gen": generation(conn),
+                                                  "data": bytes(encoded), "codec": how, "base": None}])
+        return oid
+
+    def _inline(self, conn: Connection, oid: str, verify: bool = True) -> tuple[bool, bytes | None]:
+        """``(object exists, its bytes if stored inline)``; raises
+        :class:`CorruptObject` for inline bytes that do not decode or (with
+        ``verify``) do not hash to the key."""
+        rows = _OBJECT_INLINE_BASE.execute(conn, {"oid": oid})
+        if not rows:
+            return False, None
+        stored, how, size, bdata, bhow, bsize = rows[0]
+        if stored is None:
+            return True, None
+        try:
+            base_raw = None
+            if how == codec.DELTA:
+                if bdata is None or bhow == codec.DELTA:
+                    raise CorruptObject(f"object {oid} is a delta whose base object is missing; "
+                                        f"run 'stepfs verify' for a full report.")
+                base_raw = codec.decode(bhow or codec.RAW, bdata, bsize)
+            data = codec.decode(how or codec.RAW, stored, size, base_raw)
+        except ValueError as exc:
+            raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
+                                f"run 'stepfs verify' for a full report.") from None
+        if len(data) != size or (verify and self.hasher(data) != oid.split(".", 1)[0]):
+            raise CorruptObject(f"object {oid} is corrupt; run 'stepfs verify' for a full report.")
+        return True, data
+
     @staticmethod
     def _touch(conn: Connection, oid: str) -> str:
         """An existing object put again: it belongs to the current gc
@@ -304,8 +396,13 @@ class ObjectStore:
         corrupt bytes are never served.  A missing chunk row or a gap in the
         offsets raises too (even without ``verify``): a short read would
         otherwise pass for the file's content."""
-        return cardrows.object_chunks(_OBJECT_READ.iterate(conn, {"oid": oid}), oid, lambda c: _chunk_row(conn, c),
-                                      self.hasher, verify)
+        _exists, inline = self._inline(conn, oid, verify)
+        if inline is not None:
+            if inline:
+                yield inline
+            return
+        yield from cardrows.object_chunks(_OBJECT_READ.iterate(conn, {"oid": oid}), oid,
+                                          lambda c: _chunk_row(conn, c), self.hasher, verify)
 
     def read_range(self, conn: Connection, oid: str, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes of the object from ``offset``; only the chunks
@@ -313,6 +410,11 @@ class ObjectStore:
         if size <= 0:
             return b""
         end = offset + size
+        exists, inline = self._inline(conn, oid)
+        if not exists:
+            raise CorruptObject(f"object {oid} is missing; run 'stepfs verify' for a full report.")
+        if inline is not None:
+            return inline[offset:end]
         oc, ch = schema.object_chunks, schema.chunks
         rows = conn.execute(
             select(oc.c.offset, ch.c.cid, ch.c.data, ch.c.codec, ch.c.size, ch.c.base)
@@ -327,9 +429,6 @@ class ObjectStore:
                 raise CorruptObject(f"chunk {row.cid} of object {oid} is corrupt; run 'stepfs verify' for a full report.")
             lo = max(offset - row.offset, 0)
             out.append(data[lo:end - row.offset])
-        if not out and not _OBJECT_SIZE.execute(conn, {"oid": oid}):
-            # Past the end, or no such object (collected by gc): never a silent EOF.
-            raise CorruptObject(f"object {oid} is missing; run 'stepfs verify' for a full report.")
         return b"".join(out)
 
     def read_all(self, conn: Connection, oid: str) -> bytes:

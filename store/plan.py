@@ -248,11 +248,10 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
 
 def _changed_since(ws: WorkspaceParts, path: bytes, since_ns: int) -> bool:
     """Whether ``path`` was made or changed after ``since_ns``, a removal
-    time the view read from the kernel's coarse clock (the one ``ctime`` is
-    stamped from).  A change in the removal's own clock tick counts as
-    before it: a commit published just before the removal (an agent that
-    steps, then deletes) is that far more often than a program outside
-    racing the removal within a few milliseconds."""
+    time the view read from the fine realtime clock, which no earlier
+    ``ctime`` passes.  A change in the removal's own coarse clock tick may
+    be stamped earlier and count as before it: at worst a name made outside
+    within a few milliseconds of the removal is removed with it."""
     st = _lstat(ws, path)
     return st is not None and st.st_ctime_ns > since_ns
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import schema
+from stepfs.store import keys, schema
 from stepfs.store.errors import InputError
 from stepfs.store.layers import Entry, entry_from_row
 from stepfs.store.workspace import Workspace
@@ -106,14 +106,20 @@ def referenced_bytes(conn, keep_from: int) -> int:
     if not oids:
         return 0
     conn.exec_driver_sql("DROP TABLE IF EXISTS temp.prune_oids")
-    conn.exec_driver_sql("CREATE TEMP TABLE prune_oids (oid TEXT PRIMARY KEY)")
-    conn.exec_driver_sql("INSERT INTO prune_oids VALUES (?)", [(o,) for o in oids])
+    conn.exec_driver_sql("CREATE TEMP TABLE prune_oids (oid BLOB PRIMARY KEY)")
+    conn.exec_driver_sql("INSERT INTO prune_oids VALUES (?)", [(keys.to_db(o),) for o in oids])
     total = conn.exec_driver_sql("""
         WITH live AS (SELECT DISTINCT cid FROM object_chunks WHERE oid IN (SELECT oid FROM prune_oids)),
              bases AS (SELECT DISTINCT base AS cid FROM chunks WHERE cid IN (SELECT cid FROM live)
                         AND base IS NOT NULL)
         SELECT coalesce(sum(length(data)), 0) FROM chunks
          WHERE cid IN (SELECT cid FROM live) OR cid IN (SELECT cid FROM bases)""").scalar()
+    # Objects stored inline (format 7) hold their own bytes.
+    total += conn.exec_driver_sql("""
+        SELECT coalesce(sum(length(data)), 0) FROM objects
+         WHERE data IS NOT NULL AND (oid IN (SELECT oid FROM prune_oids)
+               OR oid IN (SELECT base FROM objects WHERE base IS NOT NULL
+                           AND oid IN (SELECT oid FROM prune_oids)))""").scalar()
     conn.exec_driver_sql("DROP TABLE temp.prune_oids")
     return int(total)
 
@@ -124,21 +130,31 @@ def _fold(conn, keep_from: int) -> list[Entry]:
     committed = select(L.c.number).where(L.c.state == "committed", L.c.number <= keep_from)
     rows = conn.execute(select(E).where(E.c.layer.in_(committed)).order_by(E.c.path, E.c.layer)).all()
     out: list[Entry] = []
+    newest: dict[bytes, int] = {}  # path -> the layer of its newest entry up to keep_from
+    linked: dict[bytes, int] = {}  # path of a folded link -> the layer that made the link
     i = 0
     while i < len(rows):
         j = i
         while j + 1 < len(rows) and rows[j + 1].path == rows[i].path:
             j += 1
         first, last = entry_from_row(rows[i]), entry_from_row(rows[j])
+        newest[first.path] = rows[j].layer
         if first.before != last.after:
             out.append(Entry(path=first.path, before=first.before, after=last.after,
-                             after_mtime_ns=last.after_mtime_ns,
-                             after_link=last.after_link if rows[j].layer == keep_from else None))
+                             after_mtime_ns=last.after_mtime_ns, after_link=last.after_link))
+            if last.after_link is not None:
+                linked[first.path] = rows[j].layer
         i = j + 1
     paths = {e.path for e in out}
     for e in out:
-        if e.after_link is not None and e.after_link not in paths:
-            e.after_link = None  # its partner ended where it began: published alone
+        if e.after_link is None:
+            continue
+        # A link survives the fold as rollback reads it (rollback._restore_links):
+        # its partner was not replaced after the layer that made the link, and
+        # the partner has an entry of its own in the folded layer.
+        partner = bytes(e.after_link)
+        if partner not in paths or newest.get(partner, -1) > linked[e.path]:
+            e.after_link = None  # its partner ended where it began, or was replaced later
     return out
 
 

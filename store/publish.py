@@ -245,6 +245,9 @@ class Commit:
             raise _pending_failure(self.number, exc) from None
         finally:
             self._dir_sync.close()
+        from stepfs.store import delta  # noqa: PLC0415  (delta imports objects; publish stays light)
+
+        delta.after_commit(self.ws, self.number)  # format 7: deltas when the layer is written
 
     def _plan(self, conn) -> bool:
         """Step 1 at the start of the intent's transaction: sets

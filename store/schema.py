@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
 )
 
+from stepfs.store.keys import HexKey
 from stepfs.store.version import FORMAT_VERSION  # noqa: F401  (alone there, so --version reads it cheaply)
 
 # FORMAT_VERSION: the one integer format version of a store.  A store whose
@@ -50,6 +51,9 @@ meta = Table(
     Column("value", Text, nullable=False),
 )
 
+# Key columns (oids, cids) are ``HexKey``: hex strings in Python, 16 bytes
+# (plus a collision suffix) in the database (format 7, store/keys.py).
+#
 # Content-addressed chunks.  ``cid`` is the hex XXH3-128 of ``data``; when two
 # different byte strings share a hash (only crafted input does this) the later
 # one gets the suffix ``.1``, ``.2`` … so keys stay unique and nothing is
@@ -57,14 +61,14 @@ meta = Table(
 chunks = Table(
     "chunks",
     metadata,
-    Column("cid", String(48), primary_key=True),
+    Column("cid", HexKey, primary_key=True),
     Column("size", Integer, nullable=False),  # length of the chunk's bytes (decoded)
     Column("data", LargeBinary, nullable=False),
     # How ``data`` holds the bytes (format 6, store/codec.py): 0 as they
     # are, 1 zstd, 2 zstd with the bytes of chunk ``base`` as dictionary
     # (a delta against an earlier version of the same file).
     Column("codec", Integer, nullable=False, server_default="0"),
-    Column("base", String(48), ForeignKey("chunks.cid")),
+    Column("base", HexKey, ForeignKey("chunks.cid")),
 )
 # Which chunks a base chunk is the dictionary of: gc keeps a base while a
 # delta names it.
@@ -76,22 +80,40 @@ Index("chunks_base", chunks.c.base)
 objects = Table(
     "objects",
     metadata,
-    Column("oid", String(48), primary_key=True),
+    Column("oid", HexKey, primary_key=True),
     Column("size", BigInteger, nullable=False),
     # The gc generation (meta ``gc_generation``) in which the object was
     # last put, new or found again (format 6, store/gc.py): gc never
     # collects an object of the generation it started.
     Column("gen", Integer, nullable=False, server_default="0"),
+    # A small object's bytes inline (format 7): ``data`` encoded as
+    # ``codec`` says (0 raw, 1 zstd; store/codec.py) and no object_chunks
+    # rows; NULL for an object made of chunks.
+    Column("data", LargeBinary),
+    Column("codec", Integer),
+    # With codec 2: the inline object whose bytes are the zstd dictionary
+    # (a delta against an earlier version of the same path, made when the
+    # layer is written; store/delta.py).  Never itself a delta.
+    Column("base", HexKey, ForeignKey("objects.oid")),
+    # Set (1) on an object once a delta names it as base, never cleared: such
+    # an object is never made a delta (chains stay one link long).  A flag
+    # in the row, not an index on ``base`` (which took about 10 % of a
+    # session store: 32 bytes a delta).
+    Column("is_base", Boolean),
+    # Rows are small (a key, two integers, at most INLINE_MAX bytes): kept
+    # in the primary key's B-tree, with no rowid and no second index.
+    sqlite_with_rowid=False,
 )
 
 object_chunks = Table(
     "object_chunks",
     metadata,
-    Column("oid", String(48), ForeignKey("objects.oid"), nullable=False),
+    Column("oid", HexKey, ForeignKey("objects.oid"), nullable=False),
     Column("seq", Integer, nullable=False),
     Column("offset", BigInteger, nullable=False),
-    Column("cid", String(48), ForeignKey("chunks.cid"), nullable=False),
+    Column("cid", HexKey, ForeignKey("chunks.cid"), nullable=False),
     PrimaryKeyConstraint("oid", "seq"),
+    sqlite_with_rowid=False,
 )
 Index("object_chunks_cid", object_chunks.c.cid)
 
@@ -133,11 +155,11 @@ entries = Table(
     Column("path", LargeBinary, nullable=False),
     Column("before_kind", String(8)),
     Column("before_mode", Integer),
-    Column("before_oid", String(48), ForeignKey("objects.oid")),
+    Column("before_oid", HexKey, ForeignKey("objects.oid")),
     Column("before_target", LargeBinary),
     Column("after_kind", String(8)),
     Column("after_mode", Integer),
-    Column("after_oid", String(48), ForeignKey("objects.oid")),
+    Column("after_oid", HexKey, ForeignKey("objects.oid")),
     Column("after_target", LargeBinary),
     Column("after_mtime_ns", BigInteger),
     # Owner (recorded so a commit or rollback restores it when run as root)
@@ -152,6 +174,9 @@ entries = Table(
     # (the group's first path in byte order); NULL otherwise.
     Column("after_link", LargeBinary),
     PrimaryKeyConstraint("layer", "path"),
+    # Format 7: the rows live in the primary key's B-tree (no rowid, no
+    # second copy of (layer, path) in an automatic index).
+    sqlite_with_rowid=False,
 )
 # History of one path, and of everything below a directory (a prefix range on
 # ``path``): state-as-of-layer lookups, the ``.stepfs/layers`` tree and
@@ -183,7 +208,7 @@ staged = Table(
     Column("path", LargeBinary, nullable=False),
     Column("kind", String(8), nullable=False),
     Column("mode", Integer, nullable=False, default=0),
-    Column("oid", String(48), ForeignKey("objects.oid")),
+    Column("oid", HexKey, ForeignKey("objects.oid")),
     Column("target", LargeBinary),
     Column("size", BigInteger, nullable=False, default=0),
     Column("mtime_ns", BigInteger, nullable=False, default=0),
@@ -214,7 +239,7 @@ conflicts = Table(
     Column("mount", Text, nullable=False, default=""),
     Column("agent", Text, nullable=False, default=""),
     Column("reason", String(32), nullable=False),  # discarded | stale-close | …
-    Column("oid", String(48), ForeignKey("objects.oid")),
+    Column("oid", HexKey, ForeignKey("objects.oid")),
     Column("mode", Integer),
     Column("token_mine", Text, nullable=False, default=""),
     Column("token_theirs", Text, nullable=False, default=""),

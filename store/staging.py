@@ -14,13 +14,14 @@ transaction each; it never reads them on a hot path.
 from __future__ import annotations
 
 import time
+from typing import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, delete, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from stepfs.store import schema
+from stepfs.store import schema, tokens
 from stepfs.store.db import Prepared
 
 S = schema.staged
@@ -160,18 +161,24 @@ def remove_tree(conn: Connection, step: int, path: bytes) -> None:
     conn.execute(_DELETE_TREE, {"b_step": step, "b_path": path, "b_lo": prefix, "b_hi": prefix[:-1] + b"0"})
 
 
-def discard(conn: Connection, step: int, path: bytes, mount: str = "", agent: str = "") -> list[bytes]:
-    """Drop the staged rows of ``path`` and below from ``step``; every staged
-    file's bytes are kept as a ``discarded`` conflict row first, so nothing a
-    user wrote is lost (files staged by reference must have been imported
-    first: ``refs.import_refs`` in the same transaction).  Returns the
-    dropped paths."""
+def discard(conn: Connection, step: int, path: bytes, mount: str = "", agent: str = "",
+            token_now: Callable[[bytes], str] | None = None) -> list[bytes]:
+    """Drop the staged rows of ``path`` and below from ``step``.  A staged
+    file whose workspace path changed since it was staged (``token_now(p)``
+    no longer matches the row's base) lost a race: its bytes are kept as a
+    ``discarded`` conflict row first.  Any other staged file is a draft the
+    user threw away: nothing keeps its bytes, the next gc collects them.
+    Without ``token_now`` every staged file is kept as a conflict.  (Files
+    staged by reference must have been imported first: ``refs.import_refs``
+    in the same transaction.)  Returns the dropped paths."""
     prefix = path.rstrip(b"/") + b"/"
     rows = [r for r in load(conn, step) if r.path == path or r.path.startswith(prefix)]
     for r in rows:
         if r.scratch is not None:
             raise ValueError("discard of a row staged by reference: import it first (store/refs.py)")
-        if r.kind == "file" and r.oid is not None:
+        # A racy base (one with a content hash) counts as changed: when in doubt, keep.
+        lost = token_now is None or not tokens.same(r.base, token_now(r.path), lambda: None)
+        if r.kind == "file" and r.oid is not None and lost:
             conn.execute(schema.conflicts.insert().values(
                 created_ns=time.time_ns(), path=r.path, mount=mount, agent=agent, reason="discarded",
                 oid=r.oid, mode=r.mode & 0o7777, token_mine="", token_theirs=r.base,

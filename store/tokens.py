@@ -64,3 +64,12 @@ def same(recorded: str, current: str, current_digest) -> bool:
     if rec_stat != cur_stat:
         return False
     return not sep or current_digest() == rec_digest
+
+
+def of_workspace(ws, path: bytes) -> str:
+    """The token workspace path ``path`` has now (no hash), read inside the
+    workspace's contained root (``ws``: a ``store.workspace.Workspace``)."""
+    st = ws.root.lstat_or_none(path)
+    if st is None:
+        return ABSENT
+    return from_stat(st, ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None)

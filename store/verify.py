@@ -24,10 +24,10 @@ import xxhash
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from stepfs.store import refs, schema
+from stepfs.store import codec, refs, schema
 from stepfs.store.errors import CorruptObject
 from stepfs.store.layers import entries as load_entries
-from stepfs.store.objects import chunk_bytes, xxh3_hex
+from stepfs.store.objects import chunk_bytes, inline_bytes, xxh3_hex
 from stepfs.store.workspace import Workspace
 
 C, O, OC = schema.chunks, schema.objects, schema.object_chunks
@@ -132,11 +132,23 @@ def _objects(conn, report: Report, hasher, state: dict) -> None:
     ):
         lists.setdefault(oid, []).append((seq, offset, cid))
     n = 0
-    for oid, size in conn.execute(select(O.c.oid, O.c.size)):
+    bases: set[str] = set()
+    marked: set[str] = set()
+    for oid, size, inline, how, base, is_base in conn.execute(
+            select(O.c.oid, O.c.size, O.c.data, O.c.codec, O.c.base, O.c.is_base)):
         n += 1
         _tick(state)
         state["objects"].add(oid)
+        if base is not None:
+            bases.add(base)
+        if is_base:
+            marked.add(oid)
+        if inline is not None:
+            _check_inline(conn, report, hasher, oid, size, (inline, how, base), lists.get(oid, []))
+            continue
         _check_object(conn, report, hasher, oid, size, lists.get(oid, []), state["chunk_sizes"], state["bad_chunks"])
+    for base in sorted(bases - marked):  # it could be made a delta itself: a chain of two
+        report.add("object", f"object {base} is a delta's base but not marked is_base")
     report.counts["objects"] = n
 
 
@@ -183,6 +195,27 @@ def _references(conn, report: Report, _hasher, state: dict) -> None:
         if oid is not None and oid not in objects:
             report.add("reference", f"conflict #{cid_} ({bytes(path)!r}): object {oid} is missing")
     report.counts["staged"] = conn.execute(select(func.count()).select_from(schema.staged)).scalar_one()
+
+
+def _check_inline(conn, report: Report, hasher, oid: str, size: int, row, chunk_list) -> None:
+    """An object stored in its row (format 7): decodes (a delta with its
+    base, which must be an inline object that is no delta), has its size,
+    hashes to its key, and lists no chunks."""
+    stored, how, base = row
+    if chunk_list:
+        report.add("object", f"object {oid} is stored inline and also lists chunks")
+    if (how == codec.DELTA) != (base is not None):
+        report.add("object", f"object {oid} has codec {how} and base {base}: a base belongs to a delta alone")
+        return
+    try:
+        data = inline_bytes(conn, oid, stored, how, size, base)
+    except CorruptObject as exc:
+        report.add("object", str(exc))
+        return
+    if len(data) != size:
+        report.add("object", f"object {oid} holds {len(data)} bytes inline, {size} recorded")
+    elif hasher(data) != oid.split(".", 1)[0]:
+        report.add("object", f"object {oid} is corrupt: its content no longer hashes to its key")
 
 
 def _check_object(conn, report: Report, hasher, oid: str, size: int, chunk_list: list[tuple[int, int, str]],

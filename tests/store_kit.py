@@ -127,6 +127,67 @@ def object_to_file(db, objects, oid: str, out: Path) -> os.stat_result:
         os.close(fd)
 
 
+#: The version-6 tables that format 7 rebuilt (text keys, every table with
+#: a rowid), as a version-6 stepfs created them.
+V6_TABLES = {
+    "chunks": """CREATE TABLE chunks (cid VARCHAR(48) NOT NULL, size INTEGER NOT NULL, data BLOB NOT NULL,
+        codec INTEGER DEFAULT '0' NOT NULL, base VARCHAR(48), PRIMARY KEY (cid),
+        FOREIGN KEY(base) REFERENCES chunks (cid))""",
+    "objects": """CREATE TABLE objects (oid VARCHAR(48) NOT NULL, size BIGINT NOT NULL,
+        gen INTEGER DEFAULT '0' NOT NULL, PRIMARY KEY (oid))""",
+    "object_chunks": """CREATE TABLE object_chunks (oid VARCHAR(48) NOT NULL, seq INTEGER NOT NULL,
+        "offset" BIGINT NOT NULL, cid VARCHAR(48) NOT NULL, PRIMARY KEY (oid, seq),
+        FOREIGN KEY(oid) REFERENCES objects (oid), FOREIGN KEY(cid) REFERENCES chunks (cid))""",
+    "entries": """CREATE TABLE entries (layer INTEGER NOT NULL, path BLOB NOT NULL, before_kind VARCHAR(8),
+        before_mode INTEGER, before_oid VARCHAR(48), before_target BLOB, after_kind VARCHAR(8), after_mode INTEGER,
+        after_oid VARCHAR(48), after_target BLOB, after_mtime_ns BIGINT, before_uid INTEGER, before_gid INTEGER,
+        before_xattrs BLOB, after_uid INTEGER, after_gid INTEGER, after_xattrs BLOB, after_link BLOB,
+        PRIMARY KEY (layer, path), FOREIGN KEY(layer) REFERENCES layers (number),
+        FOREIGN KEY(before_oid) REFERENCES objects (oid), FOREIGN KEY(after_oid) REFERENCES objects (oid))""",
+    "staged": """CREATE TABLE staged (step INTEGER NOT NULL, path BLOB NOT NULL, kind VARCHAR(8) NOT NULL,
+        mode INTEGER NOT NULL, oid VARCHAR(48), target BLOB, size BIGINT NOT NULL, mtime_ns BIGINT NOT NULL,
+        opaque BOOLEAN NOT NULL, base TEXT NOT NULL, uid INTEGER, gid INTEGER, xattrs BLOB, link_group INTEGER,
+        scratch TEXT, scratch_sum VARCHAR(48), PRIMARY KEY (step, path), FOREIGN KEY(step) REFERENCES steps (id),
+        FOREIGN KEY(oid) REFERENCES objects (oid))""",
+    "conflicts": """CREATE TABLE conflicts (id INTEGER NOT NULL, created_ns BIGINT NOT NULL, path BLOB NOT NULL,
+        mount TEXT NOT NULL, agent TEXT NOT NULL, reason VARCHAR(32) NOT NULL, oid VARCHAR(48), mode INTEGER,
+        token_mine TEXT NOT NULL, token_theirs TEXT NOT NULL, PRIMARY KEY (id),
+        FOREIGN KEY(oid) REFERENCES objects (oid))""",
+}
+V6_INDEXES = ["CREATE INDEX chunks_base ON chunks (base)", "CREATE INDEX object_chunks_cid ON object_chunks (cid)",
+              "CREATE INDEX entries_path_layer ON entries (path, layer)"]
+
+
+def drop_format_7(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: rebuild the tables
+    format 7 changed as a version-6 writer made them (hex text keys, a
+    rowid everywhere; an object stored inline becomes one chunk).  The caller
+    sets the version and commits."""
+    from stepfs.store import keys, schema
+
+    raw.execute("PRAGMA foreign_keys=OFF")
+    raw.create_function("hexkey", 1, keys.from_db)
+    for name in ("chunks_base", "object_chunks_cid", "entries_path_layer"):
+        raw.execute(f"DROP INDEX IF EXISTS {name}")
+    for name, ddl in V6_TABLES.items():
+        raw.execute(f"ALTER TABLE {name} RENAME TO v7_{name}")
+        raw.execute(ddl)
+        cols = [r[1] for r in raw.execute(f"PRAGMA table_info({name})")]
+        table = schema.metadata.tables[name]
+        values = ", ".join(f'hexkey("{c}")' if keys.is_key(table.c[c].type) else f'"{c}"' for c in cols)
+        names = ", ".join(f'"{c}"' for c in cols)
+        raw.execute(f"INSERT INTO {name} ({names}) SELECT {values} FROM v7_{name}")
+    # An object stored inline becomes one chunk keyed by its own id.
+    raw.execute("""INSERT OR IGNORE INTO chunks (cid, size, data, codec, base)
+                   SELECT hexkey(oid), size, data, codec, NULL FROM v7_objects WHERE data IS NOT NULL AND size > 0""")
+    raw.execute("""INSERT INTO object_chunks (oid, seq, "offset", cid)
+                   SELECT hexkey(oid), 0, 0, hexkey(oid) FROM v7_objects WHERE data IS NOT NULL AND size > 0""")
+    for name in reversed(list(V6_TABLES)):
+        raw.execute(f"DROP TABLE v7_{name}")
+    for ddl in V6_INDEXES:
+        raw.execute(ddl)
+
+
 def drop_format_6(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: undo what format 6
     added (chunks.codec and chunks.base, objects.gen), so the file looks as
@@ -135,7 +196,7 @@ def drop_format_6(raw) -> None:
     dropped.  The caller sets the version and commits."""
     import zstandard
 
-    raw.execute("PRAGMA foreign_keys=OFF")
+    drop_format_7(raw)
     rows = raw.execute("SELECT cid, size, data, codec FROM chunks").fetchall()
     raw.execute("DROP INDEX IF EXISTS chunks_base")
     raw.execute("DROP TABLE chunks")

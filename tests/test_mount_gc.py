@@ -11,7 +11,9 @@ import pytest
 
 from stepfs.cli.retention import run_gc
 from conftest import manifest, stepfs
-from stepfs.store import verify
+from sqlalchemy import select
+
+from stepfs.store import schema, verify
 from stepfs.store.workspace import Workspace
 
 pytestmark = pytest.mark.mount
@@ -86,8 +88,8 @@ def test_gc_racing_staged_writes_copy_ups_and_commits(workspace, mount):
         assert result.ok, result.problems
         # No temp file's bytes survived its step and the last gc.
         with ws.db.read() as conn:
-            live = {bytes(ws.objects.read_all(conn, oid)) for (oid,) in conn.exec_driver_sql(
-                "SELECT oid FROM objects").all()}
+            live = {bytes(ws.objects.read_all(conn, oid)) for oid in conn.execute(
+                select(schema.objects.c.oid)).scalars()}
     never_kept = {temp(i) for i in range(1, 30, 2)}  # odd rounds' temp files never reached a layer
     assert not never_kept & live
     assert temp(28) in live  # keep3.txt holds it (round 29)

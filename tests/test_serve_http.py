@@ -436,7 +436,8 @@ def test_a_conflict_shows_the_losing_bytes_next_to_the_winner(own):
         st.file("src/app.py", b"def greet(name):\n    return 'the loser wrote this'\n")
     finally:
         ws.close()
-    assert manage.discard(manage.Target(str(root)), ["src/app.py"]) == ["src/app.py"]  # kept as a conflict
+    os.utime(root / "src" / "app.py", ns=(1_500_000_000_000_000_000,) * 2)  # touched meanwhile: the stage lost
+    assert manage.discard(manage.Target(str(root)), ["src/app.py"]) == ["src/app.py"]  # lost: a conflict
     live = c.get("/live").text
     number = re.search(r'<a href="/conflict/(\d+)">src/app.py</a>', live).group(1)
     assert "discarded" in live

@@ -116,9 +116,9 @@ def test_a_corrupt_chunk_is_counted_as_unreadable_either_way(tmp_path):
     w.close()
     db = sqlite3.connect(tmp_path / "ws" / STORE_DIR / DB_NAME)
     with db:
-        (cid,) = db.execute("SELECT oc.cid FROM object_chunks oc JOIN entries e ON e.after_oid = oc.oid "
-                            "WHERE e.layer = 1 AND e.path = ?", (b"text",)).fetchone()
-        db.execute("UPDATE chunks SET data = ? WHERE cid = ?", (b"a\nX\nc\nd\n", cid))
+        # The file is small: its bytes are inline in its object's row (format 7).
+        db.execute("UPDATE objects SET data = ?, codec = 0 WHERE oid = "
+                   "(SELECT after_oid FROM entries WHERE layer = 1 AND path = ?)", (b"a\nX\nc\nd\n", b"text"))
     db.close()
     from stepfs.store.workspace import Workspace
 

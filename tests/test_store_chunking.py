@@ -208,7 +208,7 @@ def test_collisions_inside_one_run_of_chunks_never_merge_different_bytes():
     with db.read() as conn:
         stored = [bytes(d) for (d,) in conn.execute(select(schema.chunks.c.data))]
         assert len(stored) == len(set(stored)), "identical chunk bytes stored twice"
-        assert conn.execute(select(func.count()).where(schema.chunks.c.cid.like("%.%"))).scalar_one() > 10
+        assert sum("." in cid for cid in conn.execute(select(schema.chunks.c.cid)).scalars()) > 10
         for blob, oid in oid_of.items():
             assert objects.read_all(conn, oid) == blob
             assert objects.verify(conn, oid) == []

@@ -178,3 +178,64 @@ def test_prune_without_a_rule_is_refused(tmp_path):
     with pytest.raises(InputError, match="say what to keep"):
         prune.prune(ws)
     ws.close()
+
+
+def links_manifest(root) -> dict:
+    """``manifest`` plus, for every file, the other names of its inode."""
+    tree = manifest(root)
+    by_inode: dict[tuple, list[bytes]] = {}
+    for rel, (kind, _mode, _data) in tree.items():
+        if kind == "file":
+            st = os.lstat(os.path.join(os.fsencode(str(root)), rel))
+            by_inode.setdefault((st.st_dev, st.st_ino), []).append(rel)
+    names = {rel: tuple(sorted(set(group) - {rel})) for group in by_inode.values() for rel in group}
+    return {rel: (*entry, names.get(rel, ())) for rel, entry in tree.items()}
+
+
+@pytest.mark.parametrize("keep_last", [2, 3])
+def test_prune_keeps_hard_links_for_every_kept_layer(tmp_path, keep_last):
+    """A hard-linked pair made in a layer that prune folds away comes back
+    as one inode when rolling back to every kept layer (the folded layer
+    keeps its ``after_link``); a pair whose partner was replaced later
+    does not."""
+    from stepfs.store import staging
+
+    path = tmp_path / "ws"
+    ws = open_workspace(path, {"a.txt": ("file", 0o644, body(0))})
+    trees = {0: links_manifest(path)}
+
+    def linked(s: Stager, names: list[str], data: bytes, group: int) -> None:
+        with ws.db.write() as conn:
+            oid = ws.objects.put_bytes(conn, data)
+            for name in names:
+                staging.put(conn, s.step, staging.StagedRow(
+                    os.fsencode(name), "file", 0o100644, oid, None, len(data), 1_600_000_000_000_000_000,
+                    False, "absent", link_group=group))
+
+    for i in range(1, 6):
+        s = Stager(ws)
+        s.file("a.txt", body(i))
+        if i == 1:
+            linked(s, ["h1", "h2"], b"one inode, two names\n" * 100, 1)
+            linked(s, ["p1", "p2"], b"a pair split later\n" * 100, 2)
+        if i == 2:
+            s.file("p2", b"p2 on its own\n")  # replaces one name: the pair is split from here on
+        if i == 5:
+            s.whiteout("h1")
+            s.whiteout("h2")
+        assert publish.commit_step(ws, s.step, message=f"step {i}", overwrite={r.path for r in s.rows()}) == i
+        trees[i] = links_manifest(path)
+    assert trees[1][b"h1"][3] == (b"h2",) and trees[1][b"p1"][3] == (b"p2",)
+    assert trees[4][b"h1"][3] == (b"h2",) and trees[4][b"p1"][3] == ()
+    keep_from = 6 - keep_last
+    prune.prune(ws, keep_last=keep_last)
+    gc.collect(ws)
+    check(ws)
+    for n in sorted(range(keep_from, 6), reverse=True):
+        try:
+            rollback.rollback(ws, n)
+        except NothingToRollBack:
+            pass
+        assert links_manifest(path) == trees[n], n
+        check(ws)
+    ws.close()

@@ -123,12 +123,13 @@ TEAR = {
         update(schema.layers).where(schema.layers.c.number == 1).values(intent_sum="garbage")),
     "empty checksum": lambda conn: conn.execute(
         update(schema.layers).where(schema.layers.c.number == 1).values(intent_sum="")),
+    # (entries has no rowid since format 7: rows are named by their path.)
     "truncated entries": lambda conn: conn.exec_driver_sql(
-        "DELETE FROM entries WHERE layer = 1 AND rowid IN "
-        "(SELECT rowid FROM entries WHERE layer = 1 ORDER BY path DESC LIMIT 3)"),
+        "DELETE FROM entries WHERE layer = 1 AND path IN "
+        "(SELECT path FROM entries WHERE layer = 1 ORDER BY path DESC LIMIT 3)"),
     "torn entry": lambda conn: conn.exec_driver_sql(
-        "UPDATE entries SET after_mode = 511 WHERE layer = 1 AND rowid = "
-        "(SELECT min(rowid) FROM entries WHERE layer = 1 AND after_kind = 'file')"),
+        "UPDATE entries SET after_mode = 511 WHERE layer = 1 AND path = "
+        "(SELECT min(path) FROM entries WHERE layer = 1 AND after_kind = 'file')"),
     "foreign entry": lambda conn: conn.exec_driver_sql(
         "INSERT INTO entries (layer, path, after_kind, after_mode) VALUES (1, x'7a7a', 'dir', 493)"),
     "other step": lambda conn: conn.execute(
@@ -267,7 +268,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
 
     assert check_recovered(run / "ws", t) == "NEW"  # opens: upgrade, then recovery
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("6",)
+    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("7",)
     assert raw.execute("SELECT number, state, step FROM layers ORDER BY number").fetchall() == [
         (0, "committed", None), (1, "committed", None)]
     raw.close()

@@ -11,7 +11,7 @@ from sqlalchemy import update
 
 from conftest import stepfs
 from stepfs.overlayfs.core.view import Overlay
-from stepfs.store import schema, verify
+from stepfs.store import keys, schema, verify
 from stepfs.store.objects import xxh3_hex
 from stepfs.store.workspace import Workspace
 
@@ -37,6 +37,8 @@ def store(workspace):
 
 def damage(ws_path, sql: str, *params) -> None:
     """Change the store's rows behind stepfs's back (foreign keys off)."""
+    # Keys are stored as bytes (format 7, store/keys.py).
+    params = tuple(keys.to_db(p) if isinstance(p, str) else p for p in params)
     conn = sqlite3.connect(ws_path / ".stepfs" / "store.db")
     conn.execute(sql, params)
     conn.commit()
@@ -86,7 +88,8 @@ def test_a_rewritten_committed_layer_is_named(store):
 def test_a_wrong_object_size_is_named(store):
     oid = xxh3_hex(b"staged\n")
     damage(store, "UPDATE objects SET size = 3 WHERE oid = ?", oid)
-    assert any(f"object {oid} has 7 bytes in its chunks, 3 recorded" in p for p in report(store).problems)
+    # Seven bytes are stored inline in the object's row (format 7).
+    assert any(f"object {oid} holds 7 bytes inline, 3 recorded" in p for p in report(store).problems)
 
 
 def test_a_damaged_database_page_is_reported_by_sqlite(store):

@@ -129,15 +129,30 @@ def test_an_unlinked_reference_goes_only_once_its_row_is_gone(tmp_path):
     assert ref not in os.listdir(reborn.scratch_dir)
 
 
-def test_a_discard_keeps_the_bytes_as_a_conflict_object(tmp_path):
+def test_a_discard_keeps_the_bytes_of_a_version_that_lost_as_a_conflict_object(tmp_path):
     ws, view = open_view(tmp_path)
     data = big(23)
     write_file(view, "/f", data)
     ref = rows(view)[b"f"].scratch
+    (tmp_path / "ws" / "f").write_bytes(b"written outside meanwhile\n")  # the staged version lost
     assert view.discard(["/f"]) == ["/f"]
     with ws.db.read() as conn:
         [oid] = [r.oid for r in conn.execute(select(schema.conflicts))]
         assert ws.objects.read_all(conn, oid) == data
+    assert ref not in scratch_files(view)
+    assert (tmp_path / "ws" / "f").read_bytes() == b"written outside meanwhile\n"
+    view.close()
+
+
+def test_a_discarded_draft_leaves_no_conflict(tmp_path):
+    """Issue 20: the path is unchanged in the workspace, so the staged file
+    is a draft the user threw away; gc collects its bytes."""
+    ws, view = open_view(tmp_path)
+    write_file(view, "/f", big(24))
+    ref = rows(view)[b"f"].scratch
+    assert view.discard(["/f"]) == ["/f"]
+    with ws.db.read() as conn:
+        assert conn.execute(select(schema.conflicts)).all() == []
     assert ref not in scratch_files(view)
     assert not os.path.exists(tmp_path / "ws" / "f")
     view.close()

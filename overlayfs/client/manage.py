@@ -366,15 +366,16 @@ def unmount(mountpoint: str, force: bool = False) -> None:
 
 def discard(target: Target, paths: list[str]) -> list[str]:
     """Drop staged paths from open steps (the mount's own with a mountpoint
-    target, every open step with a workspace target), keeping their bytes
-    as ``discarded`` conflicts.  Returns the dropped paths (workspace-relative).
+    target, every open step with a workspace target), keeping the bytes of
+    those whose workspace path changed since they were staged as
+    ``discarded`` conflicts (``store.staging.discard``).  Returns the dropped paths (workspace-relative).
     A path that is not staged is simply not in the result."""
     if target.mountpoint is not None and daemon_for(target) is not None:
         # The daemon checks the paths as below (history.user_path) against
         # the store it has open: nothing to import or open here.
         answer = control.request(target.mountpoint, {"op": "discard", "user_paths": list(paths)})
         return sorted({p.lstrip("/") for p in answer["discarded"]})
-    from stepfs.store import refs, staging
+    from stepfs.store import refs, staging, tokens
     from stepfs.store.workspace import Workspace
 
     from stepfs.store import history
@@ -396,7 +397,8 @@ def discard(target: Target, paths: list[str]) -> list[str]:
                 with ws.commit_lock(), ws.db.write() as conn:
                     refs.import_refs(ws, conn, st["id"])  # discarded bytes are kept as objects
                     for r in rels:
-                        dropped.update(os.fsdecode(p) for p in staging.discard(conn, st["id"], r, mount=mp))
+                        dropped.update(os.fsdecode(p) for p in staging.discard(
+                            conn, st["id"], r, mount=mp, token_now=lambda p: tokens.of_workspace(ws, p)))
     return sorted(dropped)
 
 

@@ -57,16 +57,15 @@ UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 
 
-#: ``CLOCK_REALTIME_COARSE`` (linux/time.h; Python names no constant for it).
-_COARSE_CLOCK = 5
-
-
 def removal_time() -> int:
-    """When a path is removed, as a whiteout's ``mtime_ns``: read from the
-    clock the kernel stamps ``ctime`` from, so a workspace name changed
-    outside after the removal has a ``ctime`` no earlier than this (a commit
-    leaves such a name alone, ``store.plan``)."""
-    return time.clock_gettime_ns(_COARSE_CLOCK)
+    """When a path is removed, as a whiteout's ``mtime_ns``: the fine
+    ``CLOCK_REALTIME``, never earlier than any ``ctime`` the kernel stamped
+    before the removal (since Linux 6.13 a ``ctime`` may be fine-grained, so
+    the coarse clock could read earlier than a change it followed and make
+    the commit's own earlier publish look like an outside change).  A name
+    changed outside after the removal has a ``ctime`` later than this,
+    except within the removal's own coarse clock tick (``store.plan``)."""
+    return time.time_ns()
 
 
 class Changes:

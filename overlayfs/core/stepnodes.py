@@ -113,8 +113,10 @@ class StepNodes:
     def discard(self, paths: list[str]) -> list[str]:
         """Drop staged paths (and everything below them) from the open step:
         the workspace shows through again.  Staged file bytes are kept as
-        ``discarded`` conflict rows (``store.staging.discard``).  Drafts in
-        use keep working and lose at their close (their version is gone)."""
+        ``discarded`` conflict rows only where the workspace path changed
+        since they were staged (``store.staging.discard``); other drafts go
+        with the next gc.  Drafts in use keep working and lose at their
+        close (their version is gone)."""
         with self.lock:
             self._await_settled(writing=True)
             dropped: list[str] = []
@@ -122,8 +124,9 @@ class StepNodes:
                 self.rows.write(conn)  # staging.discard reads the rows it drops
                 oids = refs.import_refs(self.ws, conn, self.step)  # discarded bytes are kept as objects
                 for path in paths:
-                    dropped += [view_path(p) for p in staging.discard(conn, self.step, rel(path),
-                                                                      mount=self.mountpoint)]
+                    dropped += [view_path(p) for p in staging.discard(
+                        conn, self.step, rel(path), mount=self.mountpoint,
+                        token_now=lambda p: tokens.of_workspace(self.ws, p))]
             self.imported(oids)
             self.rows.written()
             for path in dropped:

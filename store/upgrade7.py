@@ -1,0 +1,41 @@
+"""The upgrade of a version-6 store to format 7 (binary keys, inline
+objects, tables without rowid), run by ``db.Database._upgrade`` inside its
+one durable transaction, with SQLite's foreign-key checks off for it.
+
+SQLite cannot change a column's type in place, so every table that holds a
+key is rebuilt: the old one is renamed ``v6_<name>``, the format-7 table
+created from ``store/schema.py``, the rows copied with each key converted
+by the same function the code uses (``keys.to_db``, registered as the SQL
+function ``stepfs_key``), and the old table dropped.  Objects keep their
+chunks (only objects put from now on are stored inline).  The pages the
+old tables took become free pages, given back by the next ``stepfs gc``.
+"""
+
+from __future__ import annotations
+
+from stepfs.store import keys, schema
+
+#: Tables with a key column, in the order their rows are copied (a table
+#: before the ones that refer to it).
+TABLES = ("chunks", "objects", "object_chunks", "entries", "staged", "conflicts")
+#: Indexes of those tables in version 6 (their names are taken again).
+OLD_INDEXES = ("chunks_base", "object_chunks_cid", "entries_path_layer")
+
+
+def upgrade(conn) -> None:
+    raw = conn.connection.dbapi_connection
+    raw.create_function("stepfs_key", 1, keys.to_db, deterministic=True)
+    for index in OLD_INDEXES:
+        conn.exec_driver_sql(f'DROP INDEX IF EXISTS "{index}"')
+    for name in TABLES:
+        conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "v6_{name}"')
+    tables = [schema.metadata.tables[name] for name in TABLES]
+    schema.metadata.create_all(conn, tables=tables)
+    for table in tables:
+        old = {row[1] for row in conn.exec_driver_sql(f'PRAGMA table_info("v6_{table.name}")')}
+        cols = [c for c in table.c if c.name in old]
+        names = ", ".join(f'"{c.name}"' for c in cols)
+        values = ", ".join(f'stepfs_key("{c.name}")' if keys.is_key(c.type) else f'"{c.name}"' for c in cols)
+        conn.exec_driver_sql(f'INSERT INTO "{table.name}" ({names}) SELECT {values} FROM "v6_{table.name}"')
+    for name in reversed(TABLES):
+        conn.exec_driver_sql(f'DROP TABLE "v6_{name}"')

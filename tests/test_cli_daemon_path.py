@@ -44,7 +44,8 @@ def test_reads_answer_alike_through_the_daemon_and_from_the_store(mount, workspa
     os.symlink("kept.txt", mp / "link")
     (mp / "staged.txt").write_text("staged\n")
     (mp / "dropped.txt").write_text("dropped\n")
-    assert stepfs("discard", mp, "dropped.txt").returncode == 0  # a conflict to list
+    (ws / "dropped.txt").write_text("made outside\n")  # so the staged version lost: a conflict to list
+    assert stepfs("discard", mp, "dropped.txt").returncode == 0
 
     for target in (mp, ws):
         for extra in ((), ("--json",)):

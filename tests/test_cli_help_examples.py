@@ -97,9 +97,10 @@ def test_every_help_example_runs(tmp_path, private_tmp):
         elif name == "discard":  # something staged to drop, and something to keep (layer 4)
             (mnt / "src" / "generated.py").write_text("generated\n")
             (mnt / "src" / "keep.py").write_text("keep\n")
-        elif name == "conflicts":  # conflicts 3 and 4 to drop (the discard example made #1)
-            for i in (2, 3, 4):
+        elif name == "conflicts":  # conflicts 3 and 4 to drop: staged versions that lost to outside edits
+            for i in (1, 2, 3, 4):
                 (mnt / "src" / f"draft{i}.py").write_text(f"draft {i}\n")
+                (ws / "src" / f"draft{i}.py").write_text(f"outside {i}\n")
                 run(f"stepfs discard {mnt} src/draft{i}.py")
         elif name == "hook-commit":  # the payload the example reads, and a tool call's edit (layer 5)
             run(f"stepfs step {mnt} -m 'keep'")

@@ -92,7 +92,7 @@ def classify(ws: WorkspaceParts, conn, entries: list[Entry]) -> dict[bytes, str]
     for e in sorted(entries, key=lambda e: -_depth(e.path)):
         st = _lstat(ws, e.path)
         kind = None if st is None else kind_of(st.st_mode)
-        if _holds(ws, conn, e.path, st, e.before):
+        if holds(ws, conn, e.path, st, e.before):
             if kind == "dir" and e.after.kind != "dir":
                 strays = [name for name, _k, _i in ws.root.listdir(e.path)
                           if _child(e.path, name) not in paths or _child(e.path, name) in left]
@@ -100,7 +100,7 @@ def classify(ws: WorkspaceParts, conn, entries: list[Entry]) -> dict[bytes, str]
                     left[e.path] = (f"it is a directory the layer removes, and holds {len(strays)} name(s) the "
                                     f"layer does not remove ({os.fsdecode(sorted(strays)[0])}, ...)")
             continue  # published as in any run
-        if _holds(ws, conn, e.path, st, e.after):
+        if holds(ws, conn, e.path, st, e.after):
             pass  # published again
         elif kind is None and e.before.kind is not None and e.before.kind != e.after.kind:
             pass  # removed by the switch, not yet made again as the other kind
@@ -130,9 +130,10 @@ def _neither(st: os.stat_result | None, kind: str | None) -> str:
     return f"it holds a {kind} that is neither the layer's before nor its after state (changed outside stepfs)"
 
 
-def _holds(ws: WorkspaceParts, conn, path: bytes, st: os.stat_result | None, s: State) -> bool:
+def holds(ws: WorkspaceParts, conn, path: bytes, st: os.stat_result | None, s: State) -> bool:
     """Whether the workspace path (``st``: its ``lstat``, None if absent)
-    is in state ``s`` by kind, mode and content."""
+    is in state ``s`` by kind, mode and content (bytes compared in full,
+    never by hash; also the shared history's pull, ``store.shared.sync``)."""
     if st is None or s.kind is None:
         return st is None and s.kind is None
     kind = kind_of(st.st_mode)
@@ -145,7 +146,8 @@ def _holds(ws: WorkspaceParts, conn, path: bytes, st: os.stat_result | None, s: 
     if stat_mod.S_IMODE(st.st_mode) != s.mode:
         return False
     if kind == "file":
-        fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a file swapped for a FIFO since the lstat must not hang us.
+        fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         try:
             return ws.objects.holds(conn, s.oid, fd)
         finally:

@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from stepfs.store import layers as local_layers, publish, schema, staging
-from stepfs.store.contained import kind_of
 from stepfs.store.errors import HistoryError, NoSuchLayer, SharedConflict, WorkspaceError
 from stepfs.store.layers import Entry, State
+from stepfs.store.recovery import holds
 from stepfs.store.shared import attachment
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.remote import LayerRecord, Remote
@@ -226,25 +226,7 @@ def _unapplied(ws, entries: list[Entry]) -> list[Entry]:
 
 
 def _holds(ws, conn, path: bytes, s: State) -> bool:
-    """Whether the workspace path holds state ``s`` (kind, mode, bytes or
-    target; bytes compared in full, never by hash)."""
-    st = ws.root.lstat_or_none(path)
-    if st is None or s.kind is None:
-        return st is None and s.kind is None
-    kind = kind_of(st.st_mode)
-    if kind != s.kind:
-        return False
-    if kind == "symlink":
-        return ws.root.readlink(path) == s.target
-    if stat_mod.S_IMODE(st.st_mode) != s.mode:
-        return False
-    if kind != "file":
-        return True
-    fd = ws.root.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    try:
-        return ws.objects.holds(conn, s.oid, fd)
-    finally:
-        os.close(fd)
+    return holds(ws, conn, path, ws.root.lstat_or_none(path), s)
 
 
 # -- push --------------------------------------------------------------------------------------

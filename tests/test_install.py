@@ -31,14 +31,17 @@ def _run(cmd, cwd, timeout=600, env=None) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Path:
     """The project's files (tracked and new, as git sees them) copied to a
-    fresh directory: no .venv, no build output, nothing of this machine.
-    Removed after the module: its virtualenv is hundreds of MB, and a copy
-    of the sources left in the temp dir reads like daemon logs to a search
-    for "Fatal Python error" (the crash check's own pattern is in them)."""
+    fresh directory: no .venv, no build output, nothing of this machine,
+    and no tests/ (neither the wheel nor `make demo` needs them, and a copy
+    of the crash check's sources, left behind by a run killed before the
+    cleanup, reads like daemon logs to a search for "Fatal Python error").
+    Removed after the module: its virtualenv is hundreds of MB."""
     files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, check=True).stdout.split(b"\0")
     dest = tmp_path_factory.mktemp("checkout") / "stepfs"
     for rel in filter(None, files):
+        if rel.startswith(b"tests/"):
+            continue
         src = ROOT / os.fsdecode(rel)
         if src.is_file():
             target = dest / os.fsdecode(rel)

@@ -31,7 +31,10 @@ def test_a_daemon_killed_right_after_a_directory_move_keeps_every_file(workspace
     files["sub/deeper/g.txt"] = b"deeper\n"
     sh("mkdir -p d/sub/deeper w/new && " + " && ".join(
         f"printf '{data.decode()[:-1]}\\n' > d/{name}" for name, data in files.items()
-    ) + " && printf 'in w\\n' > w/new/h.txt && sync", cwd=m.mountpoint)
+    ) + " && printf 'in w\\n' > w/new/h.txt && sync d/sub/deeper/g.txt", cwd=m.mountpoint)
+    # `sync FILE` fsyncs the file, which writes every recorded staged row
+    # (a bare `sync` never reaches a FUSE daemon: the kernel sends SYNCFS to
+    # virtiofs only), so the store holds every file before the moves.
     files = {f"d/{k}": v for k, v in files.items()}
     files["w/new/h.txt"] = b"in w\n"
     files["w/old.txt"] = b"from the workspace\n"

@@ -22,7 +22,7 @@ from stepfs.store.contained import Root
 DIRS = {1: "/", 2: "/src", 3: "/src/pkg"}
 
 
-def eventually(cond, deadline_s: float = 5.0) -> bool:
+def eventually(cond, deadline_s: float = 30.0) -> bool:
     """Poll ``cond`` until true or the deadline (the watcher thread acts
     asynchronously; there is no event to wait on from outside)."""
     end = time.monotonic() + deadline_s
@@ -108,7 +108,7 @@ class FakeKernel:
             self.changed.notify_all()
         return path in self.known
 
-    def wait_for(self, path: str, deadline_s: float = 5.0) -> bool:
+    def wait_for(self, path: str, deadline_s: float = 30.0) -> bool:
         end = time.monotonic() + deadline_s
         with self.changed:
             while path not in self.forgot:

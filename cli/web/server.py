@@ -56,8 +56,8 @@ def bind(host: str, port: int) -> socket.socket:
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server, calling ``on_ready`` once it serves: from then on
     its own Ctrl-C handler is in place, so a signal sent by a client that
-    waited for the announcement stops it cleanly (sent before, during the
-    start-up, one was lost now and then on a loaded machine and the server
+    waited for the announcement stops it cleanly (before, a process started
+    with SIGINT ignored, as a script's background job is, ignored it and
     never stopped)."""
 
     on_ready: Callable[[], None] | None = None

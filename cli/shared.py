@@ -41,6 +41,22 @@ def attach_if_asked(args) -> None:
         shared.attach(args.workspace, args.history)
 
 
+def attach_for_run(args) -> None:
+    """``stepfs run --history URL`` (or STEPFS_HISTORY): attach the
+    workspace the command runs in before it is mounted."""
+    if not wanted(args):
+        return
+    from stepfs.overlayfs.client import manage, shared
+    from stepfs.store.errors import WorkspaceError
+
+    where = args.workspace if args.workspace is not None else os.getcwd()
+    try:
+        where = manage.resolve(where).workspace
+    except WorkspaceError:
+        pass  # a plain directory: attaching makes it a workspace and the history
+    shared.attach(where, args.history)
+
+
 def step_attached(args, target) -> bool:
     """Whether ``stepfs step`` goes through the shared history."""
     from stepfs.store.shared.attachment import attached  # light: no database layer on a step's fast path

@@ -127,8 +127,10 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
             except HistoryUnreachable as exc:
                 if not numbers:
                     raise
-                raise HistoryUnreachable(
-                    f"layer {numbers[-1]} is committed in this workspace but not published: {exc}") from None
+                late = HistoryUnreachable(
+                    f"layer {numbers[-1]} is committed in this workspace but not published: {exc}")
+                late.committed = numbers  # the caller's step is done (stepfs run says so)
+                raise late from None
             if nothing is not None and not pushed:
                 raise nothing
             return {"numbers": numbers, "history": url.display, "pulled": _pulled(pulled),

@@ -161,6 +161,46 @@ def cmd_show_shared(args, number: int) -> int:
     return 0
 
 
+def cmd_cat_shared(args, number: int, path: str) -> bytes:
+    from stepfs.store.shared import reads
+
+    with _remote(args) as remote:
+        return reads.file_bytes(remote, number, path)
+
+
+def cmd_diff_shared(args, old: int, new: int) -> dict:
+    """The changes and patch between two shared layers, as ``cmd_diff`` prints them."""
+    from stepfs.store.shared import reads
+
+    rels = [reads.history_path(p, allow_root=True) for p in args.paths] or None
+    with _remote(args) as remote:
+        return reads.read_changes(remote, old, new, rels)
+
+
+def cmd_rollback_shared(args, target, number: int) -> int:
+    from stepfs.overlayfs.client import shared
+    from stepfs.store.errors import InputError
+
+    if args.skip_conflicts:
+        raise InputError("--skip-conflicts is for a workspace's own layers; a rollback to a layer of the shared "
+                         "history is refused as a whole when a path conflicts.")
+    res = shared.rollback(target, args.history, number, paths=args.path or [], dry_run=args.dry_run)
+    if res["dry_run"]:
+        lines = [f"dry run: rolling back to layer {number} of {res['history']} (head: {res['head_before']}) would "
+                 f"change {len(res['paths'])} path(s) (nothing was changed):"]
+    else:
+        lines = []
+        if res["committed_first"]:
+            lines.append("committed staged changes first as layer(s) " + ", ".join(map(str, res["committed_first"])))
+        lines += _published_text({**res, "published": [p for p in res["published"] if p["local"] != res["layer"]]})
+        shared_as = f"shared layer {res['shared']}" if res["shared"] is not None else "not published yet"
+        lines.append(f"rolled back to layer {number} of {res['history']} as layer {res['layer']} ({shared_as}; "
+                     f"undo with 'stepfs rollback --history URL {res['head_before']}')")
+    lines += [f"  {quote(p)}" for p in res["paths"]]
+    _emit(args, {"message_type": "rollback", **res}, "\n".join(lines))
+    return 0
+
+
 def cmd_verify_history(args) -> int:
     from stepfs.store.errors import StoreDamaged
 

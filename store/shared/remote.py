@@ -357,6 +357,16 @@ class Remote:
                 T.layers.c.origin.is_not(None))).all()
         return {int(o): int(n) for o, n in rows}
 
+    def path_at(self, path: bytes, number: int) -> dict | None:
+        """The entry that defines ``path``'s state as of layer ``number``
+        (the newest at or below it; one indexed query), or None."""
+        with self.tx() as conn:
+            r = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
+                             .where(T.entries.c.history == self.name, T.entries.c.path == path,
+                                    T.entries.c.layer <= number)
+                             .order_by(T.entries.c.layer.desc()).limit(1)).first()
+        return None if r is None else _entry_dict(r)
+
     def state_at(self, number: int) -> dict[bytes, dict]:
         """Every path's entry that defines its state as of layer ``number``
         (the newest entry at or below it), by path."""

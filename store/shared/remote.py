@@ -37,8 +37,8 @@ from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
 #: Seconds a statement (or a wait for the history's lock) may take.
 STATEMENT_TIMEOUT = 120
-#: Bind parameters in one multi-row INSERT (PostgreSQL's limit is 65,535).
-INSERT_PARAMS = 30000
+#: Rows up to which an INSERT is one statement with many VALUES.
+MULTI_VALUES_ROWS = 200
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
 
 
@@ -378,14 +378,14 @@ class Remote:
                                                          for e in entries])
 
     def _insert_rows(self, conn: Connection, stmt, rows: list[dict]) -> None:
-        """PostgreSQL: one INSERT with many VALUES per slice (one statement
-        for the server to parse and plan, not one per row); SQLite: executemany."""
-        if self.url.dialect != "postgresql":
+        """A small step's rows on PostgreSQL: one INSERT with many VALUES
+        (one statement for the server, not one per row).  More rows:
+        executemany, which psycopg pipelines (SQLAlchemy's compiling of a
+        statement with thousands of VALUES costs more than it saves)."""
+        if self.url.dialect != "postgresql" or len(rows) > MULTI_VALUES_ROWS:
             conn.execute(stmt, rows)
-            return
-        per = max(1, INSERT_PARAMS // max(1, len(rows[0])))
-        for i in range(0, len(rows), per):
-            conn.execute(stmt.values(rows[i:i + per]))
+        else:
+            conn.execute(stmt.values(rows))
 
     def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
                newest_first: bool = False) -> list[LayerRecord]:

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +40,11 @@ from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
 #: Seconds a statement (or a wait for the history's lock) may take.
 STATEMENT_TIMEOUT = 120
+#: Seconds the client waits for any one answer of the server before it cuts
+#: the connection (the server's own timeouts cannot fire when the server is
+#: stopped, and a Unix socket has no keepalive); the lock's wait gets longer.
+STALL_TIMEOUT = 60
+LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
 #: Rows up to which an INSERT is one statement with many VALUES.
 MULTI_VALUES_ROWS = 200
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
@@ -96,6 +104,13 @@ class Remote:
             def _begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
         self.engine = engine
+        self.stall_timeout = STALL_TIMEOUT
+        self._stalled: float | None = None  # the bound a cut connection overran
+        self._timer: threading.Timer | None = None
+        if url.dialect == "postgresql":
+            event.listen(engine, "before_cursor_execute", self._arm)
+            event.listen(engine, "after_cursor_execute", self._disarm)
+            event.listen(engine, "handle_error", self._disarm)
         self._conn: Connection | None = None  # PostgreSQL: the command's one connection (see _pinned)
         # While the history's lock is held no other workspace publishes, so the
         # head and this workspace's published layers read once stay true
@@ -103,6 +118,33 @@ class Remote:
         self._locked = False
         self._head: int | None = None
         self._origins: dict[str, dict[int, int]] = {}
+
+    # -- every answer bounded (PostgreSQL) --------------------------------------
+
+    def _arm(self, conn, _cursor, statement, *_rest) -> None:
+        bound = LOCK_STALL_TIMEOUT if "pg_advisory_lock(" in statement else self.stall_timeout
+        fd = conn.connection.driver_connection.pgconn.socket
+        self._timer = threading.Timer(bound, self._cut, (fd, bound))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _disarm(self, *_args) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cut(self, fd: int, bound: float) -> None:
+        """Shut the connection's socket down: the waiting call fails at once
+        (a dropped connection: HistoryUnreachable) instead of hanging."""
+        self._stalled = bound
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
+        except OSError:
+            pass  # closed meanwhile: nothing waits on it any more
 
     @classmethod
     def open(cls, url: HistoryURL) -> "Remote":
@@ -185,6 +227,8 @@ class Remote:
 
     def unreachable(self, exc: BaseException) -> HistoryUnreachable:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else type(exc).__name__
+        if self._stalled is not None:
+            first = f"the server did not answer for {self._stalled:g} s"
         return HistoryUnreachable(f"the shared history {self.url.display} cannot be reached ({first}); "
                                   f"nothing was published: start or reach the server, then run 'stepfs sync'.")
 

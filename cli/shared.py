@@ -14,6 +14,8 @@ from stepfs.cli.render import quote
 HISTORY_HELP = "a shared history: postgresql://USER@HOST/DATABASE?name=NAME (default: STEPFS_HISTORY)"
 SYNC_HELP = "Bring a workspace attached to a shared history to its head, and publish its layers not yet published."
 CLONE_HELP = "Make a new workspace in DIR holding a shared history as of layer N (default: its head), attached to it."
+GC_HELP = ("Delete the objects and chunks no layer of a shared history's database names (left by steps cut off "
+           "between their upload and their layer); waits for the steps in progress.")
 VERIFY_HELP = "Check a shared history: re-hash every chunk and object, check that its layers run 0..head."
 
 
@@ -217,6 +219,19 @@ def cmd_verify_history(args) -> int:
     return 0
 
 
+def cmd_gc_history(args) -> int:
+    from stepfs.store.shared import gc
+    from stepfs.store.units import human
+
+    with _remote(args) as remote:
+        done = gc.collect(remote)
+        display = remote.url.display
+    _emit(args, {"message_type": "gc-history", "history": display, **done.as_dict()},
+          f"removed {done.objects} object(s) and {done.chunks} chunk(s) ({human(done.bytes)}) no layer of "
+          f"{display}'s database names")
+    return 0
+
+
 def register(add) -> None:
     sp = add("sync", cmd_sync, SYNC_HELP, "stepfs sync ~/project")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
@@ -228,4 +243,7 @@ def register(add) -> None:
     sp.add_argument("--at", type=int, metavar="N", help="the layer to clone (default: the head)")
 
     sp = add("verify-history", cmd_verify_history, VERIFY_HELP, "stepfs verify-history --history URL")
+    add_history_option(sp)
+
+    sp = add("gc-history", cmd_gc_history, GC_HELP, "stepfs gc-history --history URL")
     add_history_option(sp)

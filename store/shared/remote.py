@@ -45,6 +45,8 @@ STATEMENT_TIMEOUT = 120
 #: stopped, and a Unix socket has no keepalive); the lock's wait gets longer.
 STALL_TIMEOUT = 60
 LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
+#: The advisory lock's key that steps share and gc takes alone.
+OBJECTS_LOCK = "stepfs:objects"
 #: Rows up to which an INSERT is one statement with many VALUES.
 MULTI_VALUES_ROWS = 200
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
@@ -242,7 +244,10 @@ class Remote:
             return
         with self._translated():
             conn = self._pinned()
-            conn.execute(text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": "stepfs:" + self.name})
+            # With it, the objects' lock shared (store/shared/gc.py takes it
+            # exclusively): no gc runs between an upload and its layer.
+            conn.execute(text("SELECT pg_advisory_lock(hashtext(:k)), pg_advisory_lock_shared(hashtext(:o))"),
+                         {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
         self._locked = True
         try:
             yield

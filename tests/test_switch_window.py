@@ -1,0 +1,96 @@
+"""The one-call window between a commit's per-path token check and its
+rename (issue 18 item 8): a name made outside stepfs in that window, at a
+path the layer creates, is never replaced (``RENAME_NOREPLACE``); it is
+left and recorded as an ``outside-change`` conflict.  (For a path that
+exists the window cannot be closed: ``store/switch.py`` says why.)
+Kernel-free: the outside change is made from a ``store.durable`` hook just
+before the rename."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import select
+
+from history_helpers import open_ws, write
+from stepfs.store import durable, schema
+from stepfs.store import rollback as rb
+from stepfs.store.publish import OUTSIDE_CHANGE
+
+
+class BeforeRename:
+    """Runs ``edit`` once, just before the rename that publishes a path
+    whose name is ``name`` (after the switch checked that path)."""
+
+    def __init__(self, name: bytes, edit):
+        self.name, self.edit, self.done = name, edit, False
+
+    def before(self, op: str, args: tuple) -> None:
+        if op == "rename" and args[1] == self.name and not self.done:
+            self.done = True
+            self.edit()
+
+    def after(self, op: str, args: tuple) -> None:
+        pass
+
+
+def _conflicts(ws) -> list[tuple[bytes, str]]:
+    with ws.db.read() as conn:
+        return sorted((r.path, r.reason) for r in conn.execute(select(schema.conflicts)))
+
+
+def test_a_name_made_outside_just_before_a_new_files_rename_is_kept(tmp_path):
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    ws, view = open_ws(ws_path)
+    try:
+        write(view, "/new.txt", b"mine\n")
+        write(view, "/other.txt", b"other\n")
+        hook = BeforeRename(b"new.txt", lambda: (ws_path / "new.txt").write_text("made outside\n"))
+        with durable.installed(hook):
+            assert view.commit(message="new files") == 1
+        assert hook.done
+        assert (ws_path / "new.txt").read_text() == "made outside\n"
+        assert (ws_path / "other.txt").read_text() == "other\n"
+        assert _conflicts(ws) == [(b"new.txt", OUTSIDE_CHANGE)]
+        with ws.db.read() as conn:
+            oid = conn.execute(select(schema.conflicts.c.oid)).scalar()
+            assert ws.objects.read_all(conn, oid) == b"mine\n"
+    finally:
+        ws.close()
+    assert not [n for n in os.listdir(ws_path) if n not in ("new.txt", "other.txt", ".stepfs")]
+
+
+def test_a_path_a_rollback_restores_made_outside_just_before_its_rename_is_kept(tmp_path):
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    (ws_path / "c.txt").write_text("c at 0\n")
+    ws, view = open_ws(ws_path)
+    try:
+        view.unlink("/c.txt")
+        assert view.commit(message="c removed") == 1
+        view.close()
+        hook = BeforeRename(b"c.txt", lambda: (ws_path / "c.txt").write_text("c made outside\n"))
+        with durable.installed(hook):
+            assert rb.rollback(ws, 0).layer == 2
+        assert hook.done
+        assert (ws_path / "c.txt").read_text() == "c made outside\n"
+        assert _conflicts(ws) == [(b"c.txt", OUTSIDE_CHANGE)]
+    finally:
+        ws.close()
+
+
+def test_a_removed_directory_replaced_by_a_file_still_publishes(tmp_path):
+    """A path the switch itself emptied (a directory the layer turns into a
+    file) is published with the same no-replace rename."""
+    ws_path = tmp_path / "ws"
+    (ws_path / "d").mkdir(parents=True)
+    ws, view = open_ws(ws_path)
+    try:
+        view.rmdir("/d")
+        write(view, "/d", b"a file now\n")
+        assert view.commit(message="d is a file") == 1
+        assert (ws_path / "d").read_text() == "a file now\n"
+        assert _conflicts(ws) == []
+    finally:
+        ws.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 
 import pytest
 
@@ -85,5 +86,43 @@ def test_an_unversioned_write_on_a_full_disk_fails_with_enospc_and_stages_nothin
             assert view.commit(message="after the full disk") == 1
             assert (ws_path / "app.py").read_bytes() == b"print(1)\n"
         finally:
+            view.close()
+            ws.close()
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("kind", ["fifo", "dir", "symlink"])
+def test_a_stepfsignore_that_is_not_a_file_gives_no_patterns_and_never_blocks(tmp_path, kind):
+    """A FIFO named .stepfsignore in the workspace hung the view at the
+    first create (the rules opened it, under the view's lock, and the open
+    of a FIFO waits for a writer)."""
+    ws_dir = tmp_path / "ws"
+    ws_dir.mkdir()
+    target = ws_dir / ".stepfsignore"
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dir":
+        target.mkdir()
+    else:
+        (ws_dir / "real-ignore").write_text("build/\n")
+        target.symlink_to("real-ignore")
+    ws, view = open_view(tmp_path)
+    done = threading.Event()
+
+    def work():
+        write_file(view, "/a.txt", b"x")
+        view.mkdir("/build", 0o755)
+        write_file(view, "/build/out.o", b"o")
+        done.set()
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    t.join(15)
+    try:
+        assert done.is_set(), "the view blocked on .stepfsignore"
+        assert view.unversioned_state()["stepfsignore"] == []
+        assert _staged(ws, view) == ["a.txt", "build", "build/out.o"]  # no pattern: everything versioned
+    finally:
+        if done.is_set():
             view.close()
             ws.close()

@@ -13,17 +13,19 @@
 from __future__ import annotations
 
 import errno
+import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlalchemy.exc
 from sqlalchemy import select
 
 from conftest import manifest
 from store_kit import Stager
 from stepfs.overlayfs.client import manage
 from stepfs.overlayfs.client import shared as client
-from stepfs.store import durable, schema
-from stepfs.store.errors import PublishFailed
+from stepfs.store import durable, schema, verify
+from stepfs.store.errors import PublishFailed, StoreFull
 from stepfs.store.publish import OUTSIDE_CHANGE
 from stepfs.store.shared import sync
 from stepfs.store.shared.url import parse
@@ -32,7 +34,7 @@ from test_commit_outside_changes import EditAtIntent
 
 
 def _ws(root: Path, files: dict[str, bytes]) -> Path:
-    root.mkdir()
+    root.mkdir(parents=True)
     for rel, data in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(data)
@@ -137,3 +139,62 @@ class FailLayerTwo:
 
 def _tree(p: Path) -> dict:
     return {k: v for k, v in manifest(p).items() if not k.startswith(b".stepfs")}
+
+
+class FailNthCommit:
+    """The ``n``-th database COMMIT fails as SQLite reports a full disk."""
+
+    def __init__(self, n: int):
+        self.n, self.seen = n, 0
+
+    def before(self, op: str, args: tuple) -> None:
+        if op == "commit":
+            self.seen += 1
+            if self.seen == self.n:
+                orig = sqlite3.OperationalError("database or disk is full")
+                orig.sqlite_errorcode = 13  # SQLITE_FULL
+                raise sqlalchemy.exc.OperationalError("COMMIT", {}, orig)
+
+    def after(self, op: str, args: tuple) -> None:
+        pass
+
+
+def _two_pending_layers(tmp_path, url: str) -> Path:
+    a, b = _pair(url, tmp_path)
+    _stage(a, {"f.txt": b"f one\n", "new1.txt": b"new one\n"})
+    _step(a, "a1")
+    _stage(a, {"g.txt": b"g two\n", "d/new2.txt": b"new two\n"})
+    _step(a, "a2")
+    return b
+
+
+def test_a_full_store_at_each_commit_of_a_pull_fails_clearly_and_the_next_sync_finishes(tmp_path):
+    """SQLITE_FULL at every database COMMIT a pull of two layers makes
+    (downloads, intents, 'committed' records, delta passes): the sync fails
+    with a clear error or, where only an optional delta pass failed,
+    succeeds; either way the next sync leaves the workspace equal to a
+    clone of the history."""
+    url = f"sqlite:///{tmp_path}/history.db?name=proj"
+    counter = FailNthCommit(10 ** 9)
+    with durable.installed(counter):
+        _sync(_two_pending_layers(tmp_path / "count", url))
+    total = counter.seen
+    assert total >= 4
+    clone, number, _ = sync.clone(parse(url), str(tmp_path / "clone"))
+    assert number == 2
+    outcomes = set()
+    for n in range(1, total + 1):
+        b = _two_pending_layers(tmp_path / f"n{n}", f"sqlite:///{tmp_path}/h{n}.db?name=proj")
+        try:
+            with durable.installed(FailNthCommit(n)):
+                _sync(b)
+            outcomes.add("ok")
+        except (StoreFull, PublishFailed) as exc:
+            outcomes.add(type(exc).__name__)
+            assert "full" in str(exc) or "space" in str(exc), exc
+        _sync(b)
+        assert _tree(b) == _tree(Path(clone)), n
+        assert _sync(b)["pulled"] == []
+        with Workspace.open(str(b)) as ws:
+            assert verify.verify(ws).ok
+    assert "StoreFull" in outcomes or "PublishFailed" in outcomes, outcomes

@@ -94,3 +94,45 @@ def test_a_removed_directory_replaced_by_a_file_still_publishes(tmp_path):
         assert _conflicts(ws) == []
     finally:
         ws.close()
+
+
+class BeforeMkdir:
+    def __init__(self, name: bytes, edit):
+        self.name, self.edit, self.done = name, edit, False
+
+    def before(self, op: str, args: tuple) -> None:
+        if op == "mkdir" and args[0] == self.name and not self.done:
+            self.done = True
+            self.edit()
+
+    def after(self, op: str, args: tuple) -> None:
+        pass
+
+
+def test_a_name_made_outside_where_a_commit_makes_a_directory_is_kept(tmp_path):
+    """``mkdir`` never replaces: a file made at the new directory's path in
+    the window is left, with what the layer puts below it, and recorded; the
+    rest of the layer is committed (it failed the commit as a whole, and
+    left the layer pending, before)."""
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    ws, view = open_ws(ws_path)
+    try:
+        view.mkdir("/d", 0o755)
+        view.mkdir("/d/sub", 0o755)
+        write(view, "/d/sub/f.txt", b"below d\n")
+        write(view, "/other.txt", b"other\n")
+        hook = BeforeMkdir(b"d", lambda: (ws_path / "d").write_text("a file made outside\n"))
+        with durable.installed(hook):
+            assert view.commit(message="new directory") == 1
+        assert hook.done
+        assert view.readonly_reason is None
+        assert (ws_path / "d").read_text() == "a file made outside\n"
+        assert (ws_path / "other.txt").read_text() == "other\n"
+        assert _conflicts(ws) == [(b"d", OUTSIDE_CHANGE), (b"d/sub", OUTSIDE_CHANGE),
+                                  (b"d/sub/f.txt", OUTSIDE_CHANGE)]
+        with ws.db.read() as conn:
+            oid = conn.execute(select(schema.conflicts.c.oid).where(schema.conflicts.c.path == b"d/sub/f.txt")).scalar()
+            assert ws.objects.read_all(conn, oid) == b"below d\n"
+    finally:
+        ws.close()

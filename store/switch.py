@@ -317,13 +317,21 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                 elif cur == "dir":
                     try:
                         durable.rmdir(name, dir_fd=pfd)
+                    except FileNotFoundError:
+                        if expect is None:
+                            raise
+                        # removed outside as well after the check: gone, as the layer wants
                     except OSError as exc:
                         if expect is None or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                             raise
                         leave(e, "it is a directory the layer removes, and a name was made in it outside stepfs")
                 else:
                     ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
-                    durable.unlink(name, dir_fd=pfd)
+                    try:
+                        durable.unlink(name, dir_fd=pfd)
+                    except FileNotFoundError:
+                        if expect is None:
+                            raise
                 if expect is not None and e.path not in skipped:
                     absent.add(e.path)
             finally:

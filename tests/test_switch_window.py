@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from sqlalchemy import select
 
 from history_helpers import open_ws, write
@@ -134,5 +136,44 @@ def test_a_name_made_outside_where_a_commit_makes_a_directory_is_kept(tmp_path):
         with ws.db.read() as conn:
             oid = conn.execute(select(schema.conflicts.c.oid).where(schema.conflicts.c.path == b"d/sub/f.txt")).scalar()
             assert ws.objects.read_all(conn, oid) == b"below d\n"
+    finally:
+        ws.close()
+
+
+class BeforeOp:
+    def __init__(self, op: str, name: bytes, edit):
+        self.op, self.name, self.edit, self.done = op, name, edit, False
+
+    def before(self, op: str, args: tuple) -> None:
+        if op == self.op and args[0] == self.name and not self.done:
+            self.done = True
+            self.edit()
+
+    def after(self, op: str, args: tuple) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_a_path_removed_outside_while_the_commit_removes_it_commits(tmp_path, kind):
+    """Both sides want it gone: the commit's unlink or rmdir finding it gone
+    already is no failure (it failed the whole commit, pending, before)."""
+    ws_path = tmp_path / "ws"
+    ws_path.mkdir()
+    if kind == "file":
+        (ws_path / "gone").write_text("old\n")
+    else:
+        (ws_path / "gone").mkdir()
+    ws, view = open_ws(ws_path)
+    try:
+        (view.unlink if kind == "file" else view.rmdir)("/gone")
+        write(view, "/other.txt", b"other\n")
+        remove = (lambda: os.unlink(ws_path / "gone")) if kind == "file" else (lambda: os.rmdir(ws_path / "gone"))
+        hook = BeforeOp("unlink" if kind == "file" else "rmdir", b"gone", remove)
+        with durable.installed(hook):
+            assert view.commit(message="removal") == 1
+        assert hook.done and view.readonly_reason is None
+        assert not (ws_path / "gone").exists()
+        assert (ws_path / "other.txt").read_text() == "other\n"
+        assert _conflicts(ws) == []
     finally:
         ws.close()

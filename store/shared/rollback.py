@@ -72,7 +72,8 @@ def rollback(ws, remote: Remote, att: Attachment, number: int, paths: list[bytes
             after = down.state(then, "after") if then is not None else State(None)
             entries.append(Entry(path, before, after, then["after_mtime_ns"] if then is not None else None))
         sync._check_disk(ws, att, [(_Header(head), entries)])  # the disk holds the head's state (or N's)
-        todo = sync._unapplied(ws, entries)
+        # Each path's token as judged: the switch leaves (and records) an edit made outside after it.
+        todo, expect = sync._unapplied(ws, entries, {e.path: e.after for e in entries})
         if not todo:
             raise NothingToRollBack(f"nothing to roll back: every path already holds its state as of layer {number} "
                                     f"of the shared history.")
@@ -80,5 +81,5 @@ def rollback(ws, remote: Remote, att: Attachment, number: int, paths: list[bytes
         if paths:
             meta["paths"] = sorted(os.fsdecode(p) for p in paths)
         layer = publish.write_layer(ws, todo, kind="rollback", message=f"rollback to shared layer {number}",
-                                    agent="", mount=mount, meta=meta, consume_step=None)
+                                    agent="", mount=mount, meta=meta, consume_step=None, expect=expect)
     return Rewound(number, head, layer, [e.path for e in todo])

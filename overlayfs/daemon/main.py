@@ -212,6 +212,13 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         after_step = None
     handle = handler(view, ws, kernel_cache, after_step)
 
+    from stepfs.overlayfs.daemon.publisher import Publisher
+
+    # The auto-stepper's layers go to the shared history, if any; a step the
+    # CLI or the API asks for publishes in the caller's process.
+    publisher = Publisher(view, ws)
+    view.commit = publisher.wrap(view.commit)
+
     from stepfs.overlayfs.daemon.autostep import AutoStepper
     from stepfs.overlayfs.daemon.protocol import parse_auto_step
 
@@ -240,6 +247,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         control.stop()
         if stepper is not None:
             stepper.stop()
+        publisher.stop()
         view.close()
         ws.close()
     return 0

@@ -1,5 +1,6 @@
 """Deltas: a modified file's new bytes re-encoded against its version
-before, when the layer is written (:func:`after_commit`, format 7) and, for
+before, once the layer is committed (:func:`after_commit`, format 7; run
+after the commit lock is released, by ``store/deltawork.py``) and, for
 layers that missed it, by gc's step 4 (``store/gc.py``); store side, no FUSE.
 
 A small file stored inline (format 7, ``objects.data``) becomes a delta
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections import namedtuple
+from typing import Callable
 
 from sqlalchemy import bindparam, exists, select
 
@@ -55,8 +57,8 @@ MAX_RATIO_INLINE = 0.75
 MIN_INLINE = 32
 
 
-# Precompiled (db.Prepared): a commit runs these for every file it
-# modified, inside its completion; built per call they cost about 7 ms a
+# Precompiled (db.Prepared): a commit's pass runs these for every file it
+# modified; built per call they cost about 7 ms a
 # file on a loaded machine (SQLAlchemy's per-statement work).
 _CHUNK_LIST = Prepared(select(OC.c.cid, OC.c.offset, C.c.size).join(C, C.c.cid == OC.c.cid)
                        .where(OC.c.oid == bindparam("oid")).order_by(OC.c.seq))
@@ -182,21 +184,43 @@ def _mark_done(conn, number: int) -> None:
     conn.execute(M.insert().values(key="delta_through", value=str(number)))
 
 
-def after_commit(ws, number: int) -> tuple[int, int]:
-    """Deltas for layer ``number`` right after it became committed, in one
-    transaction of their own.  Only an encoding changes, so a failure is
-    logged and the commit stands (gc's pass does the layer again)."""
+def after_commit(ws, number: int, go: Callable[[], bool] | None = None) -> tuple[int, int]:
+    """Deltas for layer ``number`` once it is committed, after the commit
+    lock is released (``store/deltawork.py``): one short write transaction
+    per modified file, each checking its rows again inside it (a
+    ``BEGIN IMMEDIATE`` transaction: gc's sweep, another pass or a commit
+    runs wholly before or after it, so a delta never names a base gc
+    deleted, and a chain never grows a second link).  Then
+    ``meta.delta_through`` is raised if the layer before was done.  A
+    crash leaves some files as deltas and the rest whole; gc's pass does
+    the layer again.  ``go``: asked before each file; False stops the pass
+    there (the layer is left to gc).  Only an encoding changes, so a
+    failure is logged and the commit stands."""
     M = schema.meta
+    done = saved = 0
     try:
+        with ws.db.read() as conn:
+            pairs = _PAIRS.execute(conn, {"n": number, "k1": "file", "k2": "file"})
+        for before_oid, after_oid, size, inline in pairs:
+            if go is not None and not go():
+                return done, saved
+            if not inline and size > MAX_FILE:
+                continue
+            with ws.db.write() as conn:
+                if inline:
+                    n, s = deltify_inline(conn, before_oid, after_oid, codec.COMMIT_DELTA_LEVEL)
+                else:
+                    n, s = deltify_pair(conn, before_oid, after_oid, codec.COMMIT_DELTA_LEVEL)
+            done += n
+            saved += s
         with ws.db.write() as conn:
-            result = deltify_layer(conn, number, codec.COMMIT_DELTA_LEVEL)
             start = int(conn.execute(select(M.c.value).where(M.c.key == "delta_through")).scalar() or 0)
             if start == number - 1:
                 _mark_done(conn, number)
-            return result
+        return done, saved
     except StepfsError as exc:
         log.warning("deltas of layer %d not made now (gc makes them): %s", number, exc)
-        return 0, 0
+        return done, saved
 
 
 def deltify(ws) -> tuple[int, int]:

@@ -75,21 +75,23 @@ def check_layers(ws, numbers) -> None:
 def test_a_commit_makes_its_deltas_after_releasing_the_commit_lock(tmp_path, monkeypatch):
     ws = open_workspace(tmp_path / "ws", TREE)
     held = []
-    real = delta.deltify_pair
 
-    def probing(conn, before_oid, after_oid, level=codec.DELTA_LEVEL):
-        # Another open file description's flock conflicts with the commit's own.
-        fd = os.open(os.path.join(ws.store_dir, "commit.lock"), os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(fd)
-        return real(conn, before_oid, after_oid, level)
+    def probing(real):
+        def probe(conn, *args, **kwargs):
+            # Another open file description's flock conflicts with the commit's own.
+            fd = os.open(os.path.join(ws.store_dir, "commit.lock"), os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+            finally:
+                os.close(fd)
+            return real(conn, *args, **kwargs)
+        return probe
 
-    monkeypatch.setattr(delta, "deltify_pair", probing)
+    for name in ("plan_pair", "plan_inline", "apply"):  # the pass's reads and its writes
+        monkeypatch.setattr(delta, name, probing(getattr(delta, name)))
     for v in (1, 2):
         commit(ws, v)
     assert held and not any(held), held  # every file's delta ran with the lock free

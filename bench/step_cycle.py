@@ -3,7 +3,8 @@ line of 10 text files of 20 KB (through the mount) and then steps.
 
 Timed apart: the edits (their row writes wait for the previous step's
 completion: ``overlayfs/core/committing.py``), the step (``manage.step``,
-the daemon's answer), and the whole cycle.  What a commit's completion
+the daemon's answer), the whole cycle, and how long after the answer the
+commit lock is free again (what another process's commit waits for).  What a commit's completion
 does after its answer (deltas, issue 20) shows in the edits and the
 cycle, not in the step.  ``python -m bench.step_cycle --reps N [--think
 S]`` runs it alone and prints JSON (``--think``: seconds between a step
@@ -14,7 +15,9 @@ worst case for work done after the answer).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -51,9 +54,10 @@ def run(base: Path, reps: int, extra_files: int = 0, think: float = 0.0) -> dict
         d.mkdir(parents=True, exist_ok=True)
         (d / f"f{i}").write_bytes(b"x\n")
     mnt.mkdir()
-    edits, steps, cycles = [], [], []
+    edits, steps, cycles, locks = [], [], [], []
     with stepfs_mount(ws, mnt):
         target = manage.resolve(str(mnt))
+        lock_fd = os.open(ws / ".stepfs" / "commit.lock", os.O_RDWR | os.O_CLOEXEC)
         for rep in range(reps + 1):  # the first cycle pays the daemon's lazy imports: not counted
             if think:
                 time.sleep(think)  # the agent's model call between a step and its next edits
@@ -66,12 +70,23 @@ def run(base: Path, reps: int, extra_files: int = 0, think: float = 0.0) -> dict
             t1 = time.perf_counter()
             manage.step(target, message=f"cycle {rep}")
             t2 = time.perf_counter()
+            # What another process's commit (or the CLI's) would wait for:
+            # the commit lock, held by the daemon until its completion ends.
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+            t3 = time.perf_counter()
             if rep:
                 edits.append(t1 - t0)
                 steps.append(t2 - t1)
                 cycles.append(t2 - t0)
+                locks.append(t3 - t2)
+        os.close(lock_fd)
     out = {"reps": reps, "think_s": think, "load": os.getloadavg()}
-    for name, samples in (("edit", edits), ("step", steps), ("cycle", cycles)):
+    # Once unmounted: were the deltas made (not only put off)?
+    with sqlite3.connect(ws / ".stepfs" / "store.db") as db:
+        out["delta_rows"] = db.execute("SELECT (SELECT count(*) FROM chunks WHERE codec = 2)"
+                                       " + (SELECT count(*) FROM objects WHERE codec = 2)").fetchone()[0]
+    for name, samples in (("edit", edits), ("step", steps), ("cycle", cycles), ("lock_wait", locks)):
         out[f"{name}_p50_ms"] = round(_pct(samples, 0.5) * 1000, 1)
         out[f"{name}_p95_ms"] = round(_pct(samples, 0.95) * 1000, 1)
     return out

@@ -175,3 +175,17 @@ def test_passes_racing_gc_and_prune_never_leave_a_broken_chain(tmp_path):
     assert 12 in kept
     check_layers(ws, [n for n in kept if n >= 10])
     ws.close()
+
+
+def test_closing_the_workspace_does_the_layers_still_queued(tmp_path):
+    """An unmount leaves a compact store: the queue is drained (within
+    STOP_WAIT) when the workspace closes, without waiting for quiet."""
+    ws = open_workspace(tmp_path / "ws", TREE)
+    ws.deltas.start()
+    for v in range(1, 4):
+        commit(ws, v)
+    ws.close()
+    ws = open_workspace(tmp_path / "ws")
+    assert delta_through(ws) == 3 and deltas(ws) >= 3 * (len(FILES) + 1)
+    check_layers(ws, range(1, 4))
+    ws.close()

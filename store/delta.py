@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections import namedtuple
-from typing import Callable
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from sqlalchemy import bindparam, exists, select
 
@@ -228,7 +229,8 @@ def _mark_done(conn, number: int) -> None:
 APPLY_BATCH = 64
 
 
-def after_commit(ws, number: int, go: Callable[[], bool] | None = None) -> tuple[int, int]:
+def after_commit(ws, number: int, go: Callable[[], bool] | None = None,
+                 writing: ContextManager | None = None) -> tuple[int, int]:
     """Deltas for layer ``number`` once it is committed, after the commit
     lock is released (``store/deltawork.py``).  They are planned (read,
     decoded, compressed) in a read transaction, and written in short write
@@ -239,15 +241,16 @@ def after_commit(ws, number: int, go: Callable[[], bool] | None = None) -> tuple
     one raises ``meta.delta_through`` if the layer before was done.  A
     crash leaves some rows deltas and the rest whole; gc's pass does the
     layer again.  ``go``: asked before each file; False stops the pass
-    there (what was planned is written; the rest is left to gc).  Only an
-    encoding changes, so a failure is logged and the commit stands."""
+    there (what was planned is written; the rest is left to gc).
+    ``writing``: held around each write transaction.  Only an encoding
+    changes, so a failure is logged and the commit stands."""
     M = schema.meta
     done = saved = 0
     pending: list[Rewrite] = []
 
     def flush(last: bool) -> None:
         nonlocal done, saved
-        with ws.db.write() as conn:
+        with writing or nullcontext(), ws.db.write() as conn:
             n, s = apply(conn, pending)
             if last:
                 start = int(conn.execute(select(M.c.value).where(M.c.key == "delta_through")).scalar() or 0)

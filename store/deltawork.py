@@ -18,7 +18,7 @@ while it holds the GIL stalls them all.  So it starts a layer only once
 the process has been quiet (:func:`_quiet`: under :data:`QUIET_CPU` of a
 CPU for :data:`QUIET_WINDOW`, read from ``os.times``; or after
 :data:`MAX_DEFER` seconds of waiting), makes no delta while a commit of
-this process runs (``Spares.wait_idle``).  When the workspace closes it
+this process runs (``Spares.wait_idle``; :meth:`DeltaWork.pausing`).  When the workspace closes it
 does the layers still queued for at most :data:`STOP_WAIT` seconds, then
 stops between two files: what it did not reach, gc's delta pass does
 (``meta.delta_through``).
@@ -31,6 +31,8 @@ import os
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
+from typing import Iterator
 
 from stepfs.store import delta
 from stepfs.store.spares import Spares
@@ -58,6 +60,9 @@ class DeltaWork:
         self._busy = False  # guarded by _cv: a layer is being done
         self._stopping = False
         self._stop_by = 0.0  # monotonic deadline of the drain once stopping
+        #: Held by the pass's write transactions and by a commit of this
+        #: process for its whole length (:meth:`pausing`).
+        self._writing = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -76,6 +81,16 @@ class DeltaWork:
         with self._cv:
             self._queue.append(number)
             self._cv.notify_all()
+
+    @contextmanager
+    def pausing(self) -> Iterator[None]:
+        """Around a commit of this process (``publish.Commit``): the pass
+        begins no write transaction meanwhile, and one it began ends first.
+        Otherwise the commit's ``BEGIN IMMEDIATE`` waits in SQLite's busy
+        handler, whose sleeps grow to tens of milliseconds, for a
+        transaction of a thread the loaded machine may have descheduled."""
+        with self._writing:
+            yield
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Whether every layer submitted so far is done (within ``timeout``)."""
@@ -125,7 +140,7 @@ class DeltaWork:
                 self._busy = True
             try:
                 self._quiet()
-                delta.after_commit(self.ws, number, go=self._go)
+                delta.after_commit(self.ws, number, go=self._go, writing=self._writing)
             except Exception:  # an encoding only: gc's pass does the layer again
                 log.exception("deltas of layer %d failed; gc makes them", number)
             finally:

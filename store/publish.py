@@ -184,7 +184,7 @@ class Commit:
 
     def __enter__(self) -> "Commit":
         if not self._locked:
-            for cm in (self.ws.commit_lock(), self.ws.spares.pausing()):
+            for cm in (self.ws.commit_lock(), self.ws.spares.pausing(), self.ws.deltas.pausing()):
                 cm.__enter__()
                 self._held.append(cm)
         return self

@@ -182,10 +182,11 @@ class Commit:
         self._held: list = []
         self._dir_sync: _DirSync | None = None  # set once every rename is done
         self._completed = False
+        self._committed = False  # step 5 succeeded: the layer's deltas are due
 
     def __enter__(self) -> "Commit":
         if not self._locked:
-            for cm in (self.ws.commit_lock(), self.ws.spares.pausing()):
+            for cm in (self.ws.commit_lock(), self.ws.spares.pausing(), self.ws.deltas.pausing()):
                 cm.__enter__()
                 self._held.append(cm)
         return self
@@ -197,6 +198,9 @@ class Commit:
         finally:
             while self._held:
                 self._held.pop().__exit__(None, None, None)
+        if self._committed:  # format 7: deltas once the lock is released (store/deltawork.py)
+            self._committed = False
+            self.ws.deltas.submit(self.number)
         return False
 
     def publish(self) -> int:
@@ -247,9 +251,7 @@ class Commit:
             raise _pending_failure(self.number, exc) from None
         finally:
             self._dir_sync.close()
-        from stepfs.store import delta  # noqa: PLC0415  (delta imports objects; publish stays light)
-
-        delta.after_commit(self.ws, self.number)  # format 7: deltas when the layer is written
+        self._committed = True
 
     def _plan(self, conn) -> bool:
         """Step 1 at the start of the intent's transaction: sets

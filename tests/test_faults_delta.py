@@ -1,5 +1,5 @@
 """Fault injection on the format-7 delta pass a commit runs once its layer
-is committed (``store/delta.py``, called from ``publish.Commit.complete``;
+is committed (``store/delta.py``, run by ``publish.Commit`` once it releases the commit lock;
 issue 18's fault pass over #20's code).  Kernel-free.
 
 The documented outcome (delta.py, FORMAT.md "Known limitations"): only an

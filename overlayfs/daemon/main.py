@@ -198,6 +198,9 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     # of allocating inodes (store.spares): refilled after every commit
     # (paused during one); the thread ends with ws.close().
     ws.spares.start_filling()
+    # Each committed layer's deltas on a thread of their own, once the
+    # commit lock is released (store.deltawork); it ends with ws.close().
+    ws.deltas.start()
 
     if keep_last is not None or warn_size is not None:
         from stepfs.overlayfs.daemon.retention import AfterStep

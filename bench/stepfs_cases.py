@@ -27,7 +27,7 @@ from pathlib import Path
 
 from stepfs.overlayfs.client import manage
 
-from . import cli_latency, fixtures, report, session
+from . import cli_latency, fixtures, report, session, step_cycle
 from .context import ROOT, Context, log, sh, timed
 from .targets import stepfs_mount
 
@@ -404,4 +404,5 @@ GROUPS = {  # in run order: mount first, so its first mount is the one that crea
     "growth": store_growth,
     "rollback": rollback,
     "session": session.agent_session,  # issue 20: store size against shadow-git
+    "cycle": step_cycle.step_cycle,  # issue 20: edits right after a step (work after the answer)
 }

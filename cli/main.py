@@ -267,10 +267,17 @@ def cmd_diff(args) -> int:
 
         raise NoSuchLayer("layer 0 is the baseline and has no layer before it; name two layers: 'stepfs diff N M'.")
     old = _layer_number(values[1]) if len(values) == 2 else new - 1
-    target = manage.resolve(ws_arg)
-    with Workspace.open(target.workspace) as ws:
-        rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in args.paths] or None
-        changes, patch = diff.read_changes(ws, old, new, rels)
+    from stepfs.cli import shared
+
+    if shared.wanted(args):  # the history's layers, no workspace
+        if ws_arg is not None:
+            usage_error("with --history, 'stepfs diff' takes layer numbers of the shared history, no workspace")
+        changes, patch = shared.cmd_diff_shared(args, old, new)
+    else:
+        target = manage.resolve(ws_arg)
+        with Workspace.open(target.workspace) as ws:
+            rels = [history.user_path(ws, p, target.mountpoint, allow_root=True) for p in args.paths] or None
+            changes, patch = diff.read_changes(ws, old, new, rels)
     obj = {
         "message_type": "diff", "old": old, "new": new,
         "changes": [{"path": os.fsdecode(c.path), "op": c.op,
@@ -322,11 +329,20 @@ def cmd_cat(args) -> int:
     from stepfs.store import history
     from stepfs.store.workspace import Workspace
 
-    ws_arg, (n, path) = _split_ws(args.args, 2, "stepfs cat [WS] N PATH")
-    number = _layer_number(n)
-    target = manage.resolve(ws_arg)
-    with Workspace.open(target.workspace) as ws:
-        data = history.file_bytes(ws, number, path, target.mountpoint)
+    from stepfs.cli import shared
+
+    if shared.wanted(args):  # the history's layers, no workspace
+        _, (n, path) = _split_ws(args.args, 2, "stepfs cat --history URL N PATH")
+        if len(args.args) != 2:
+            usage_error("with --history, 'stepfs cat' takes a layer of the shared history and a path, no workspace")
+        number = _layer_number(n)
+        data = shared.cmd_cat_shared(args, number, path)
+    else:
+        ws_arg, (n, path) = _split_ws(args.args, 2, "stepfs cat [WS] N PATH")
+        number = _layer_number(n)
+        target = manage.resolve(ws_arg)
+        with Workspace.open(target.workspace) as ws:
+            data = history.file_bytes(ws, number, path, target.mountpoint)
     if args.json:
         try:
             content, encoding = data.decode("utf-8"), "utf-8"
@@ -347,6 +363,10 @@ def cmd_rollback(args) -> int:
 
     ws_arg, (n,) = _split_ws(args.args, 1, "stepfs rollback [WS] N [--path PATH...] [--dry-run]")
     number = _layer_number(n)
+    from stepfs.cli import shared
+
+    if shared.wanted(args):  # N is a layer of the shared history, as 'stepfs log' then lists them
+        return shared.cmd_rollback_shared(args, manage.resolve(ws_arg), number)
     res = manage.rollback(manage.resolve(ws_arg), number, paths=args.path or [], dry_run=args.dry_run,
                           skip_conflicts=args.skip_conflicts)
     lines = []
@@ -483,6 +503,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("args", nargs="+", metavar="[WS] N [M]",
                     help="workspace or mountpoint (default: current directory), layer N, optional layer M")
     sp.set_defaults(paths=[])
+    shared_cli.add_history_option(sp)
 
     sp = add("verify", cmd_verify,
              "Check the store: re-hash every chunk and object, check every layer's references and SQLite's integrity.",
@@ -495,6 +516,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp = add("cat", cmd_cat, "Print a file's bytes as of layer N.", "stepfs cat 3 src/main.py")
     sp.add_argument("args", nargs="+", metavar="[WS] N PATH",
                     help="workspace or mountpoint (default: current directory), layer number, path in the workspace")
+    shared_cli.add_history_option(sp)
 
     sp = add("rollback", cmd_rollback,
              "Make every path changed after layer N equal to its state as of N, recorded as a new layer "
@@ -507,6 +529,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="print the change card it would commit; change nothing")
     sp.add_argument("--skip-conflicts", action="store_true",
                     help="leave paths changed outside stepfs as they are and roll back the rest")
+    sp.add_argument("--history", metavar="URL",
+                    help="N is a layer of this shared history (default: STEPFS_HISTORY), to which the workspace "
+                         "is attached: its state is taken from the history and the rollback published")
 
     from stepfs.cli import completion, confine, hooks, retention, run
     from stepfs.cli.web import command as web_command

@@ -55,6 +55,9 @@ def _options(p: argparse.ArgumentParser) -> None:
                         "paths below); exit 18 where the kernel cannot")
     add_exclude_args(p)
     confine_options(p)
+    from stepfs.cli.shared import add_history_option
+
+    add_history_option(p)  # attach first (as 'stepfs mount --history'); the step then publishes
 
 
 def confine_options(p: argparse.ArgumentParser) -> None:
@@ -174,6 +177,9 @@ def cmd_run(args) -> int:
 
         confine.require(policy_of(args))  # refused before a workspace is made or announced
     implicit_workspace(args)
+    from stepfs.cli import shared as shared_cli
+
+    shared_cli.attach_for_run(args)
     from stepfs.cli import progress  # here: the other commands' start-up never needs it
 
     setup_logging(args)
@@ -195,7 +201,10 @@ def cmd_run(args) -> int:
     except StepfsError as exc:
         bar.close()
         code = getattr(exc, "command_exit_code", None)
-        if code is not None:
+        if code is not None and getattr(exc, "committed", None):  # committed here, not published
+            print(f"stepfs: {shlex.join(args.command)} exited {code}; its changes were committed as layer "
+                  f"{exc.committed[-1]}.", file=sys.stderr)
+        elif code is not None:
             print(f"stepfs: {shlex.join(args.command)} exited {code}; its changes were not committed and "
                   f"stay staged in the store.", file=sys.stderr)
         raise

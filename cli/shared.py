@@ -14,6 +14,8 @@ from stepfs.cli.render import quote
 HISTORY_HELP = "a shared history: postgresql://USER@HOST/DATABASE?name=NAME (default: STEPFS_HISTORY)"
 SYNC_HELP = "Bring a workspace attached to a shared history to its head, and publish its layers not yet published."
 CLONE_HELP = "Make a new workspace in DIR holding a shared history as of layer N (default: its head), attached to it."
+GC_HELP = ("Delete the objects and chunks no layer of a shared history's database names (left by steps cut off "
+           "between their upload and their layer); waits for the steps in progress.")
 VERIFY_HELP = "Check a shared history: re-hash every chunk and object, check that its layers run 0..head."
 
 
@@ -39,6 +41,22 @@ def attach_if_asked(args) -> None:
         from stepfs.overlayfs.client import shared
 
         shared.attach(args.workspace, args.history)
+
+
+def attach_for_run(args) -> None:
+    """``stepfs run --history URL`` (or STEPFS_HISTORY): attach the
+    workspace the command runs in before it is mounted."""
+    if not wanted(args):
+        return
+    from stepfs.overlayfs.client import manage, shared
+    from stepfs.store.errors import WorkspaceError
+
+    where = args.workspace if args.workspace is not None else os.getcwd()
+    try:
+        where = manage.resolve(where).workspace
+    except WorkspaceError:
+        pass  # a plain directory: attaching makes it a workspace and the history
+    shared.attach(where, args.history)
 
 
 def step_attached(args, target) -> bool:
@@ -145,6 +163,46 @@ def cmd_show_shared(args, number: int) -> int:
     return 0
 
 
+def cmd_cat_shared(args, number: int, path: str) -> bytes:
+    from stepfs.store.shared import reads
+
+    with _remote(args) as remote:
+        return reads.file_bytes(remote, number, path)
+
+
+def cmd_diff_shared(args, old: int, new: int) -> dict:
+    """The changes and patch between two shared layers, as ``cmd_diff`` prints them."""
+    from stepfs.store.shared import reads
+
+    rels = [reads.history_path(p, allow_root=True) for p in args.paths] or None
+    with _remote(args) as remote:
+        return reads.read_changes(remote, old, new, rels)
+
+
+def cmd_rollback_shared(args, target, number: int) -> int:
+    from stepfs.overlayfs.client import shared
+    from stepfs.store.errors import InputError
+
+    if args.skip_conflicts:
+        raise InputError("--skip-conflicts is for a workspace's own layers; a rollback to a layer of the shared "
+                         "history is refused as a whole when a path conflicts.")
+    res = shared.rollback(target, args.history, number, paths=args.path or [], dry_run=args.dry_run)
+    if res["dry_run"]:
+        lines = [f"dry run: rolling back to layer {number} of {res['history']} (head: {res['head_before']}) would "
+                 f"change {len(res['paths'])} path(s) (nothing was changed):"]
+    else:
+        lines = []
+        if res["committed_first"]:
+            lines.append("committed staged changes first as layer(s) " + ", ".join(map(str, res["committed_first"])))
+        lines += _published_text({**res, "published": [p for p in res["published"] if p["local"] != res["layer"]]})
+        shared_as = f"shared layer {res['shared']}" if res["shared"] is not None else "not published yet"
+        lines.append(f"rolled back to layer {number} of {res['history']} as layer {res['layer']} ({shared_as}; "
+                     f"undo with 'stepfs rollback --history URL {res['head_before']}')")
+    lines += [f"  {quote(p)}" for p in res["paths"]]
+    _emit(args, {"message_type": "rollback", **res}, "\n".join(lines))
+    return 0
+
+
 def cmd_verify_history(args) -> int:
     from stepfs.store.errors import StoreDamaged
 
@@ -161,6 +219,19 @@ def cmd_verify_history(args) -> int:
     return 0
 
 
+def cmd_gc_history(args) -> int:
+    from stepfs.store.shared import gc
+    from stepfs.store.units import human
+
+    with _remote(args) as remote:
+        done = gc.collect(remote)
+        display = remote.url.display
+    _emit(args, {"message_type": "gc-history", "history": display, **done.as_dict()},
+          f"removed {done.objects} object(s) and {done.chunks} chunk(s) ({human(done.bytes)}) no layer of "
+          f"{display}'s database names")
+    return 0
+
+
 def register(add) -> None:
     sp = add("sync", cmd_sync, SYNC_HELP, "stepfs sync ~/project")
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
@@ -172,4 +243,7 @@ def register(add) -> None:
     sp.add_argument("--at", type=int, metavar="N", help="the layer to clone (default: the head)")
 
     sp = add("verify-history", cmd_verify_history, VERIFY_HELP, "stepfs verify-history --history URL")
+    add_history_option(sp)
+
+    sp = add("gc-history", cmd_gc_history, GC_HELP, "stepfs gc-history --history URL")
     add_history_option(sp)

@@ -1,5 +1,6 @@
 """Deltas: a modified file's new bytes re-encoded against its version
-before, when the layer is written (:func:`after_commit`, format 7) and, for
+before, once the layer is committed (:func:`after_commit`, format 7; run
+after the commit lock is released, by ``store/deltawork.py``) and, for
 layers that missed it, by gc's step 4 (``store/gc.py``); store side, no FUSE.
 
 A small file stored inline (format 7, ``objects.data``) becomes a delta
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 import logging
 from collections import namedtuple
+from contextlib import nullcontext
+from typing import Callable, ContextManager
 
 from sqlalchemy import bindparam, exists, select
 
@@ -55,8 +58,8 @@ MAX_RATIO_INLINE = 0.75
 MIN_INLINE = 32
 
 
-# Precompiled (db.Prepared): a commit runs these for every file it
-# modified, inside its completion; built per call they cost about 7 ms a
+# Precompiled (db.Prepared): a commit's pass runs these for every file it
+# modified; built per call they cost about 7 ms a
 # file on a loaded machine (SQLAlchemy's per-statement work).
 _CHUNK_LIST = Prepared(select(OC.c.cid, OC.c.offset, C.c.size).join(C, C.c.cid == OC.c.cid)
                        .where(OC.c.oid == bindparam("oid")).order_by(OC.c.seq))
@@ -86,15 +89,19 @@ def _row(conn, cid: str):
     return _ChunkRow(*rows[0]) if rows else None
 
 
-def deltify_pair(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
-    """Re-encode the chunks of ``after_oid`` that ``before_oid`` lacks as
-    deltas against it, through ``conn`` (a write transaction).  Returns
-    ``(chunks rewritten, stored bytes saved)``."""
+#: One re-encoding: ``chunk`` or ``inline`` row ``key`` becomes ``packed``,
+#: a delta against ``base``; ``stored`` is what the row stores now.
+Rewrite = namedtuple("Rewrite", "kind key packed base stored")
+
+
+def plan_pair(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> list[Rewrite]:
+    """The chunks of ``after_oid`` that ``before_oid`` lacks, as deltas
+    against it that pay (read only: :func:`apply` writes them)."""
     before = _chunk_list(conn, before_oid)
     if not before:
-        return 0, 0
+        return []
     shared = {cid for cid, _o, _s in before}
-    done = saved = 0
+    out = []
     for cid, offset, size in _chunk_list(conn, after_oid):
         if cid in shared:
             continue
@@ -121,11 +128,8 @@ def deltify_pair(conn, before_oid: str, after_oid: str, level: int = codec.DELTA
         packed = codec.delta(raw, base_raw, level)
         if len(packed) > len(row.data) * MAX_RATIO:
             continue
-        _CHUNK_DELTA.execute(conn, {"b_cid": cid, "b_delta": codec.DELTA, "b_data": packed,
-                                    "b_codec": codec.DELTA, "b_base": base})
-        done += 1
-        saved += len(row.data) - len(packed)
-    return done, saved
+        out.append(Rewrite("chunk", cid, packed, base, len(row.data)))
+    return out
 
 
 def _inline_row(conn, oid: str):
@@ -133,30 +137,69 @@ def _inline_row(conn, oid: str):
     return _InlineRow(*rows[0]) if rows else None
 
 
-def deltify_inline(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
-    """Re-encode inline object ``after_oid`` as a delta against
-    ``before_oid`` (or its base) when that pays.  Returns ``(1, saved)`` or
-    ``(0, 0)``."""
+def plan_inline(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> list[Rewrite]:
+    """Inline object ``after_oid`` as a delta against ``before_oid`` (or
+    its base) if that pays: a list of one :class:`Rewrite`, or empty."""
     row = _inline_row(conn, after_oid)
     if row is None or row.data is None or row.codec == codec.DELTA or row.size < MIN_INLINE or row.is_base:
-        return 0, 0  # (a base stays a base)
+        return []  # (a base stays a base)
     base = before_oid
     brow = _inline_row(conn, base)
     if brow is not None and brow.codec == codec.DELTA:
         base = brow.base
         brow = _inline_row(conn, base)
     if brow is None or brow.data is None or brow.codec == codec.DELTA or base == after_oid:
-        return 0, 0
+        return []
     base_raw = inline_bytes(conn, base, brow.data, brow.codec, brow.size, None)
     raw = inline_bytes(conn, after_oid, row.data, row.codec, row.size, None)
     packed = codec.delta(raw, base_raw, level)
     if len(packed) > len(row.data) * MAX_RATIO_INLINE:
-        return 0, 0
-    if not brow.is_base:
-        _MARK_BASE.execute(conn, {"b_oid": base, "b_mark": True})
-    _INLINE_DELTA.execute(conn, {"b_oid": after_oid, "b_delta": codec.DELTA, "b_data": packed,
-                                 "b_codec": codec.DELTA, "b_base": base})
-    return 1, len(row.data) - len(packed)
+        return []
+    return [Rewrite("inline", after_oid, packed, base, len(row.data))]
+
+
+def apply(conn, rewrites: list[Rewrite]) -> tuple[int, int]:
+    """Write ``rewrites`` through ``conn`` (a write transaction), each only
+    if its rules still hold there: the row is not a delta (nor, for a
+    chunk, some delta's base; for an object, ``is_base``), and its base
+    exists and is not a delta.  They were planned on a snapshot that may be
+    older (gc may have deleted the base since, another pass made a row a
+    delta); a delta's bytes depend only on the two keys' contents, which
+    never change.  Returns ``(rows rewritten, stored bytes saved)``."""
+    done = saved = 0
+    for rw in rewrites:
+        if rw.kind == "chunk":
+            row, brow = _row(conn, rw.key), _row(conn, rw.base)
+            if (row is None or row.codec == codec.DELTA or len(row.data) != rw.stored or brow is None
+                    or brow.codec == codec.DELTA or _IS_CHUNK_BASE.execute(conn, {"cid": rw.key})[0][0]):
+                continue
+            _CHUNK_DELTA.execute(conn, {"b_cid": rw.key, "b_delta": codec.DELTA, "b_data": rw.packed,
+                                        "b_codec": codec.DELTA, "b_base": rw.base})
+        else:
+            row, brow = _inline_row(conn, rw.key), _inline_row(conn, rw.base)
+            if (row is None or row.data is None or row.codec == codec.DELTA or row.is_base
+                    or len(row.data) != rw.stored or brow is None or brow.data is None
+                    or brow.codec == codec.DELTA):
+                continue
+            if not brow.is_base:
+                _MARK_BASE.execute(conn, {"b_oid": rw.base, "b_mark": True})
+            _INLINE_DELTA.execute(conn, {"b_oid": rw.key, "b_delta": codec.DELTA, "b_data": rw.packed,
+                                         "b_codec": codec.DELTA, "b_base": rw.base})
+        done += 1
+        saved += rw.stored - len(rw.packed)
+    return done, saved
+
+
+def deltify_pair(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
+    """:func:`plan_pair` and :func:`apply` through ``conn`` (a write
+    transaction).  Returns ``(chunks rewritten, stored bytes saved)``."""
+    return apply(conn, plan_pair(conn, before_oid, after_oid, level))
+
+
+def deltify_inline(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
+    """:func:`plan_inline` and :func:`apply` through ``conn`` (a write
+    transaction).  Returns ``(1, saved)`` or ``(0, 0)``."""
+    return apply(conn, plan_inline(conn, before_oid, after_oid, level))
 
 
 def deltify_layer(conn, number: int, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
@@ -182,21 +225,61 @@ def _mark_done(conn, number: int) -> None:
     conn.execute(M.insert().values(key="delta_through", value=str(number)))
 
 
-def after_commit(ws, number: int) -> tuple[int, int]:
-    """Deltas for layer ``number`` right after it became committed, in one
-    transaction of their own.  Only an encoding changes, so a failure is
-    logged and the commit stands (gc's pass does the layer again)."""
+#: Rewrites written per write transaction by :func:`after_commit`.
+APPLY_BATCH = 64
+
+
+def after_commit(ws, number: int, go: Callable[[], bool] | None = None,
+                 writing: ContextManager | None = None) -> tuple[int, int]:
+    """Deltas for layer ``number`` once it is committed, after the commit
+    lock is released (``store/deltawork.py``).  They are planned (read,
+    decoded, compressed) in a read transaction, and written in short write
+    transactions of up to :data:`APPLY_BATCH` rows that check each row's
+    rules again (:func:`apply`; ``BEGIN IMMEDIATE``: gc's sweep, another
+    pass or a commit runs wholly before or after one, so a delta never
+    names a base gc deleted and no chain grows a second link); the last
+    one raises ``meta.delta_through`` if the layer before was done.  A
+    crash leaves some rows deltas and the rest whole; gc's pass does the
+    layer again.  ``go``: asked before each file; False stops the pass
+    there (what was planned is written; the rest is left to gc).
+    ``writing``: held around each write transaction.  Only an encoding
+    changes, so a failure is logged and the commit stands."""
     M = schema.meta
+    done = saved = 0
+    pending: list[Rewrite] = []
+
+    def flush(last: bool) -> None:
+        nonlocal done, saved
+        with writing or nullcontext(), ws.db.write() as conn:
+            n, s = apply(conn, pending)
+            if last:
+                start = int(conn.execute(select(M.c.value).where(M.c.key == "delta_through")).scalar() or 0)
+                if start == number - 1:
+                    _mark_done(conn, number)
+        pending.clear()
+        done += n
+        saved += s
+
     try:
-        with ws.db.write() as conn:
-            result = deltify_layer(conn, number, codec.COMMIT_DELTA_LEVEL)
-            start = int(conn.execute(select(M.c.value).where(M.c.key == "delta_through")).scalar() or 0)
-            if start == number - 1:
-                _mark_done(conn, number)
-            return result
+        stopped = False
+        with ws.db.read() as conn:
+            for before_oid, after_oid, size, inline in _PAIRS.execute(
+                    conn, {"n": number, "k1": "file", "k2": "file"}):
+                if go is not None and not go():
+                    stopped = True
+                    break
+                if inline:
+                    pending += plan_inline(conn, before_oid, after_oid, codec.COMMIT_DELTA_LEVEL)
+                elif size <= MAX_FILE:
+                    pending += plan_pair(conn, before_oid, after_oid, codec.COMMIT_DELTA_LEVEL)
+                if len(pending) >= APPLY_BATCH:
+                    flush(False)
+        if pending or not stopped:
+            flush(not stopped)
+        return done, saved
     except StepfsError as exc:
         log.warning("deltas of layer %d not made now (gc makes them): %s", number, exc)
-        return 0, 0
+        return done, saved
 
 
 def deltify(ws) -> tuple[int, int]:

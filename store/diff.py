@@ -102,7 +102,7 @@ def sizes(conn: Connection, c: Change) -> tuple[int, int]:
 
 def lines_of(objects: ObjectStore, conn: Connection, c: Change) -> tuple[list[str] | None, list[str] | None, int, int]:
     """:func:`records.lines_of` with sizes and bytes read through ``conn``."""
-    return records.lines_of(c, lambda oid: ObjectStore.size(conn, oid), lambda oid: objects.read_all(conn, oid))
+    return records.lines_of(c, lambda oid: objects.size(conn, oid), lambda oid: objects.read_all(conn, oid))
 
 
 # -- unified diff ------------------------------------------------------------------------

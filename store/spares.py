@@ -320,6 +320,11 @@ class Spares:
                     self._idle.set()
             self.refill()
 
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Whether no commit of this process runs (within ``timeout``
+        seconds): background work waits for it (``store.deltawork``)."""
+        return self._idle.wait(timeout)
+
     def refill(self) -> None:
         """Wake the background filler, if any (call after a commit)."""
         self._filled.clear()

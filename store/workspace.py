@@ -33,6 +33,7 @@ from stepfs.store.contained import Root
 from stepfs.store.db import Database
 from stepfs.store.errors import StoreUnavailable, WorkspaceError
 from stepfs.store.objects import ObjectStore
+from stepfs.store.deltawork import DeltaWork
 from stepfs.store.spares import Spares
 from stepfs.store.paths import DB_NAME, HISTORY_TRACES, STORE_DIR, SUBDIRS, check_directory, is_workspace  # noqa: F401  (re-exported)
 from stepfs.store.paths import lost_database_message
@@ -74,6 +75,8 @@ class Workspace:
         self.tmp_dir = self.tmp.handle_path  # through the held handle, for listing
         self.run_dir = os.path.join(self.store_dir, "run")
         self.spares = Spares(held["spare"].handle_path, held["retired"].handle_path)
+        #: Each committed layer's deltas, made after the commit lock is released.
+        self.deltas = DeltaWork(self, self.spares)
 
     @classmethod
     def open(cls, path: str, create: bool = False, recover: bool = True, new_history: bool = False) -> "Workspace":
@@ -130,6 +133,7 @@ class Workspace:
         return ws
 
     def close(self) -> None:
+        self.deltas.stop()
         self.spares.stop()
         self.db.close()  # before the store handle its file names go through
         for handle in self._held.values():

@@ -162,6 +162,7 @@ def test_every_command_prints_json_with_a_message_type(workspace, mount, private
             seen["sync"] = _obj(stepfs("sync", "--json", mp, "--history", url), "sync")
             seen["clone"] = _obj(stepfs("clone", "--json", url, private_tmp / "clone"), "clone")
             seen["verify-history"] = _obj(stepfs("verify-history", "--json", "--history", url), "verify-history")
+            seen["gc-history"] = _obj(stepfs("gc-history", "--json", "--history", url), "gc-history")
     finally:
         r = stepfs("unmount", "--quiet", mp)
     assert r.returncode == 0 and r.stdout == b"", "--quiet drops the unmount line"

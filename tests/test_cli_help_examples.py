@@ -35,7 +35,8 @@ ORDER = ["mount", "step", "status", "discard", "conflicts", "hook-commit", "show
 NOT_RUN = {"serve": "a server that runs until stopped: tests/test_serve_http.py drives it",
            "sync": "needs a shared history's server: tests/test_shared_cli.py runs sync against one",
            "clone": "needs a shared history's server: tests/test_shared_cli.py runs clone against one",
-           "verify-history": "needs a shared history's server: tests/test_shared_cli.py runs it against one"}
+           "verify-history": "needs a shared history's server: tests/test_shared_cli.py runs it against one",
+           "gc-history": "needs a shared history's server: tests/test_shared_gc.py runs it against one"}
 
 
 def examples() -> tuple[dict[str, str], list[str]]:

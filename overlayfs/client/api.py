@@ -38,8 +38,8 @@ from typing import Callable
 from stepfs.store import cards, history, layers
 
 from stepfs.store.errors import (  # noqa: F401  (re-exported for harnesses)
-    CommitConflict, ConfinementUnavailable, ContainmentError, CorruptObject, DaemonError, MountpointError,
-    NoSuchLayer, NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
+    CommitConflict, ConfinementUnavailable, ContainmentError, CorruptObject, DaemonError, HistoryUnreachable,
+    MountpointError, NoSuchLayer, NothingToCommit, NotMountedError, StepfsError, StoreFormatError, WorkspaceError,
 )
 from stepfs.store.workspace import Workspace as Store
 from stepfs.store.workspace import is_workspace
@@ -138,8 +138,8 @@ class WorkspaceClient:
         daemons, steps of dead daemons from the store); returns the new layer
         numbers, ``[]`` when nothing was staged anywhere."""
         try:
-            return manage.step(manage.Target(self.path), message=message, meta=meta, allow_empty=allow_empty,
-                               overwrite=list(overwrite))
+            return _step(manage.Target(self.path), message=message, meta=meta, allow_empty=allow_empty,
+                         overwrite=list(overwrite))
         except NothingToCommit:
             return []
 
@@ -211,10 +211,11 @@ class Mount:
         :class:`CommitConflict` (nothing written) if the workspace changed
         under a staged path; ``overwrite`` names paths to commit anyway."""
         try:
-            return manage.step(manage.Target(self.workspace.path, self.path), message=message, meta=meta,
-                               allow_empty=allow_empty, overwrite=list(overwrite))[0]
+            numbers = _step(manage.Target(self.workspace.path, self.path), message=message, meta=meta,
+                            allow_empty=allow_empty, overwrite=list(overwrite))
         except NothingToCommit:
             return None
+        return numbers[-1] if numbers else None
 
     def staged(self) -> list[dict]:
         """This mount's staged paths: ``[{"op": "A"|"M"|"D", "path", "kind"}]``."""
@@ -282,6 +283,32 @@ def relative_to_workspace(workspace: WorkspaceClient, path: str) -> str | None:
 # layer.  Caveat: a reused mount commits its whole open step, including what
 # other writers staged there before the command started; private=True
 # always mounts afresh.  The child process and its signals: runner.py.
+
+
+def _step(target: manage.Target, **options) -> list[int]:
+    """``manage.step``; on a workspace attached to a shared history, through
+    it (pull, commit, publish: ``client/shared.py``), as ``stepfs step`` does.
+
+    Unlike ``stepfs step``, a server that cannot be reached before the
+    commit does not stop it: the command whose changes these are has run,
+    so they are committed here as a layer (as the daemon's auto-steps are)
+    and :class:`HistoryUnreachable` says so (``exc.committed``); the next
+    step or ``stepfs sync`` publishes them."""
+    from stepfs.store.shared.attachment import attached  # one stat; the database layer only when attached
+
+    if not attached(target.workspace):
+        return manage.step(target, **options)
+    from stepfs.overlayfs.client import shared
+
+    try:
+        return shared.step(target, None, **options)["numbers"]
+    except HistoryUnreachable as exc:
+        if getattr(exc, "committed", None):
+            raise
+        numbers = manage.step(target, **options)
+        late = HistoryUnreachable(f"layer {numbers[-1]} is committed in this workspace but not published: {exc}")
+        late.committed = numbers
+        raise late from None
 
 
 def run_command(command: list[str], workspace: "WorkspaceClient | str | os.PathLike | None" = None, *,

@@ -127,8 +127,10 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
             except HistoryUnreachable as exc:
                 if not numbers:
                     raise
-                raise HistoryUnreachable(
-                    f"layer {numbers[-1]} is committed in this workspace but not published: {exc}") from None
+                late = HistoryUnreachable(
+                    f"layer {numbers[-1]} is committed in this workspace but not published: {exc}")
+                late.committed = numbers  # the caller's step is done (stepfs run says so)
+                raise late from None
             if nothing is not None and not pushed:
                 raise nothing
             return {"numbers": numbers, "history": url.display, "pulled": _pulled(pulled),
@@ -137,3 +139,49 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
 
 def is_attached(workspace: str) -> bool:
     return attachment.attached(workspace)
+
+
+def rollback(target: manage.Target, given: str | None, number: int, paths: list[str] = (),
+             dry_run: bool = False) -> dict:
+    """``stepfs rollback --history URL N``: under the history's lock, bring
+    the workspace to the head (pull, commit what is staged, publish), then
+    write the state of shared layer ``number`` as a local rollback layer,
+    tell the live mounts, and publish it.  A dry run reads the history only."""
+    from stepfs.store.shared import rollback as shared_rollback
+    from stepfs.store.shared.reads import history_path
+
+    rels = [history_path(p, allow_root=True) for p in paths] or None
+    with Workspace.open(target.workspace) as ws:
+        url = _url_for(ws, given)
+        with Remote.open(url) as remote, remote.lock():
+            att = sync.attach(ws, url, remote)
+            if dry_run:
+                res = shared_rollback.rollback(ws, remote, att, number, rels, dry_run=True)
+                return {"number": number, "head_before": res.head, "layer": None, "shared": None, "dry_run": True,
+                        "paths": [os.fsdecode(p) for p in res.paths], "history": url.display,
+                        "committed_first": [], "pulled": [], "published": []}
+            shared_rollback.plan(remote, number, rels)  # refused (no layer, nothing to do) before anything is written
+            pulled = _pull(ws, remote, att)
+            try:
+                committed = manage.step(manage.Target(ws.path),
+                                        message=f"staged changes, committed before rollback to shared layer {number}")
+            except NothingToCommit:
+                committed = []
+            with ws.commit_lock():  # the daemon's "committed" record (see step)
+                pass
+            more, pushed = _push(ws, remote, att)
+            res = shared_rollback.rollback(ws, remote, att, number, rels, mount=target.mountpoint or "")
+            seen = manage.invalidate_mounts(ws, res.paths)
+            try:
+                more2, pushed2 = _push(ws, remote, att)
+            except HistoryUnreachable as exc:
+                late = HistoryUnreachable(f"layer {res.layer} (the rollback) is committed in this workspace but not "
+                                          f"published: {exc}")
+                late.committed = [res.layer]
+                raise late from None
+            published = [{"local": n, "shared": s} for n, s in pushed + pushed2]
+            return {"number": number, "head_before": res.head, "layer": res.layer,
+                    "shared": next((s for n, s in pushed + pushed2 if n == res.layer), None), "dry_run": False,
+                    "paths": [os.fsdecode(p) for p in res.paths], "history": url.display,
+                    "committed_first": committed, "pulled": _pulled(pulled + more + more2), "published": published,
+                    **seen}

@@ -198,6 +198,9 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     # of allocating inodes (store.spares): refilled after every commit
     # (paused during one); the thread ends with ws.close().
     ws.spares.start_filling()
+    # Each committed layer's deltas on a thread of their own, once the
+    # commit lock is released (store.deltawork); it ends with ws.close().
+    ws.deltas.start()
 
     if keep_last is not None or warn_size is not None:
         from stepfs.overlayfs.daemon.retention import AfterStep
@@ -211,6 +214,13 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     else:
         after_step = None
     handle = handler(view, ws, kernel_cache, after_step)
+
+    from stepfs.overlayfs.daemon.publisher import Publisher
+
+    # The auto-stepper's layers go to the shared history, if any; a step the
+    # CLI or the API asks for publishes in the caller's process.
+    publisher = Publisher(view, ws)
+    view.commit = publisher.wrap(view.commit)
 
     from stepfs.overlayfs.daemon.autostep import AutoStepper
     from stepfs.overlayfs.daemon.protocol import parse_auto_step
@@ -240,6 +250,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         control.stop()
         if stepper is not None:
             stepper.stop()
+        publisher.stop()
         view.close()
         ws.close()
     return 0

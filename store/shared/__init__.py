@@ -13,5 +13,8 @@ and the workspace and host that made each, and one head per history.
 * ``remote``: the shared side (connection, uploads, the head's compare-and-swap, reads, verify);
 * ``attachment``: what a workspace records about its history;
 * ``transfer``: local objects and entries to and from the shared ones;
-* ``sync``: attach, pull (take other workspaces' layers), push (publish own layers), clone.
+* ``sync``: attach, pull (take other workspaces' layers), push (publish own layers), clone;
+* ``reads``: ``cat`` and ``diff`` of the history's own layers;
+* ``rollback``: a workspace back to a shared layer's state, as a layer to publish;
+* ``gc``: the objects no layer names, deleted.
 """

@@ -5,7 +5,7 @@ through psycopg 3, or an SQLite file).
 Rules (FORMAT.md, "Shared history"):
 
 * Objects and chunks are put idempotently (insert, ignoring a key already
-  there), each object in its own transaction, *before* the layer that
+  there), a batch of objects per transaction, *before* the layer that
   names them: a crash or a dropped connection between the two leaves
   unreferenced objects, never a layer naming a missing one (foreign keys).
 * A layer is published in ONE transaction that first moves the head by
@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ from typing import Iterator
 
 from sqlalchemy import create_engine, event, func, select, text, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
 from stepfs.store.shared import tables as T
@@ -37,6 +40,15 @@ from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
 #: Seconds a statement (or a wait for the history's lock) may take.
 STATEMENT_TIMEOUT = 120
+#: Seconds the client waits for any one answer of the server before it cuts
+#: the connection (the server's own timeouts cannot fire when the server is
+#: stopped, and a Unix socket has no keepalive); the lock's wait gets longer.
+STALL_TIMEOUT = 60
+LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
+#: The advisory lock's key that steps share and gc takes alone.
+OBJECTS_LOCK = "stepfs:objects"
+#: Rows up to which an INSERT is one statement with many VALUES.
+MULTI_VALUES_ROWS = 200
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
 
 
@@ -73,7 +85,8 @@ class Remote:
         if url.dialect == "postgresql":
             # No pre-ping (a round trip per checkout): a dropped connection fails its
             # transaction as HistoryUnreachable, and each command has a pool of its own.
-            engine = create_engine(url.engine_url(), connect_args={
+            # use_native_hstore=False: no hstore type lookup (three statements) on the first connect.
+            engine = create_engine(url.engine_url(), use_native_hstore=False, connect_args={
                 "connect_timeout": CONNECT_TIMEOUT,
                 "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
                            f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",
@@ -93,6 +106,47 @@ class Remote:
             def _begin(conn):
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
         self.engine = engine
+        self.stall_timeout = STALL_TIMEOUT
+        self._stalled: float | None = None  # the bound a cut connection overran
+        self._timer: threading.Timer | None = None
+        if url.dialect == "postgresql":
+            event.listen(engine, "before_cursor_execute", self._arm)
+            event.listen(engine, "after_cursor_execute", self._disarm)
+            event.listen(engine, "handle_error", self._disarm)
+        self._conn: Connection | None = None  # PostgreSQL: the command's one connection (see _pinned)
+        # While the history's lock is held no other workspace publishes, so the
+        # head and this workspace's published layers read once stay true
+        # (this process's own publishes update them): a step reads each once.
+        self._locked = False
+        self._head: int | None = None
+        self._origins: dict[str, dict[int, int]] = {}
+
+    # -- every answer bounded (PostgreSQL) --------------------------------------
+
+    def _arm(self, conn, _cursor, statement, *_rest) -> None:
+        bound = LOCK_STALL_TIMEOUT if "pg_advisory_lock(" in statement else self.stall_timeout
+        fd = conn.connection.driver_connection.pgconn.socket
+        self._timer = threading.Timer(bound, self._cut, (fd, bound))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _disarm(self, *_args) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _cut(self, fd: int, bound: float) -> None:
+        """Shut the connection's socket down: the waiting call fails at once
+        (a dropped connection: HistoryUnreachable) instead of hanging."""
+        self._stalled = bound
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            finally:
+                sock.close()
+        except OSError:
+            pass  # closed meanwhile: nothing waits on it any more
 
     @classmethod
     def open(cls, url: HistoryURL) -> "Remote":
@@ -105,6 +159,12 @@ class Remote:
         return remote
 
     def close(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except Exception:
+                pass  # a broken connection: disposing the engine drops it
+            self._conn = None
         self.engine.dispose()
 
     def __enter__(self) -> "Remote":
@@ -115,13 +175,46 @@ class Remote:
 
     # -- transactions ------------------------------------------------------------
 
+    def _pinned(self) -> Connection:
+        """PostgreSQL: one connection for the whole command, in autocommit,
+        so a read is one round trip (no BEGIN and COMMIT around it), a
+        write transaction is an explicit BEGIN ... COMMIT on it, and the
+        history's lock is held on it (no second connection to open)."""
+        if self._conn is None or self._conn.invalidated or self._conn.closed:
+            self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self._conn
+
     @contextmanager
     def tx(self) -> Iterator[Connection]:
         """One transaction: committed on success, rolled back on any error;
         a server that cannot be reached is :class:`HistoryUnreachable`."""
         with self._translated():
-            with self.engine.begin() as conn:
+            if self.url.dialect != "postgresql":
+                with self.engine.begin() as conn:
+                    yield conn
+                return
+            conn = self._pinned()
+            conn.exec_driver_sql("BEGIN")
+            try:
                 yield conn
+            except BaseException:
+                try:
+                    conn.exec_driver_sql("ROLLBACK")
+                except Exception:
+                    conn.invalidate()  # closing it ends the transaction on the server
+                raise
+            conn.exec_driver_sql("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """Reads that need no transaction of their own: each statement of
+        immutable rows (objects, published layers) or of the head alone."""
+        if self.url.dialect != "postgresql":
+            with self.tx() as conn:
+                yield conn
+            return
+        with self._translated():
+            yield self._pinned()
 
     @contextmanager
     def _translated(self) -> Iterator[None]:
@@ -136,6 +229,8 @@ class Remote:
 
     def unreachable(self, exc: BaseException) -> HistoryUnreachable:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else type(exc).__name__
+        if self._stalled is not None:
+            first = f"the server did not answer for {self._stalled:g} s"
         return HistoryUnreachable(f"the shared history {self.url.display} cannot be reached ({first}); "
                                   f"nothing was published: start or reach the server, then run 'stepfs sync'.")
 
@@ -148,22 +243,29 @@ class Remote:
             yield
             return
         with self._translated():
-            conn = self.engine.connect()
+            conn = self._pinned()
+            # With it, the objects' lock shared (store/shared/gc.py takes it
+            # exclusively): no gc runs between an upload and its layer.
+            conn.execute(text("SELECT pg_advisory_lock(hashtext(:k)), pg_advisory_lock_shared(hashtext(:o))"),
+                         {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
+        self._locked = True
         try:
-            with self._translated():
-                conn.execute(text("SELECT pg_advisory_lock(hashtext(:k))"), {"k": "stepfs:" + self.name})
-                conn.commit()
             yield
         finally:
+            self._locked, self._head, self._origins = False, None, {}
             try:
                 conn.execute(text("SELECT pg_advisory_unlock_all()"))
-                conn.commit()
             except Exception:
                 conn.invalidate()  # a broken connection: closing it ends its session, and the lock with it
-            finally:
-                conn.close()
 
     def _ensure_schema(self) -> None:
+        if self.url.dialect == "postgresql":
+            try:  # the usual case, one round trip: the schema is there
+                with self.read() as conn:
+                    facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
+                return self._check_format(facts)
+            except ProgrammingError:
+                pass  # no stepfs_meta yet: made below, under a lock
         with self.tx() as conn:
             if self.url.dialect == "postgresql":
                 # Two first clients at once: one creates, the other waits and finds it.
@@ -175,6 +277,9 @@ class Remote:
                                                {"key": "hash_algorithm", "value": T.HASH}])
                 return
             facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
+        self._check_format(facts)
+
+    def _check_format(self, facts: dict) -> None:
         version = int(facts.get("format_version", "0") or 0)
         if version > T.SHARED_FORMAT or facts.get("hash_algorithm") != T.HASH:
             raise StoreFormatError(f"the shared history {self.url.display} was written by a newer stepfs "
@@ -192,7 +297,7 @@ class Remote:
     def missing_objects(self, hashes: set[str]) -> set[str]:
         if not hashes:
             return set()
-        with self.tx() as conn:
+        with self.read() as conn:
             have = set(conn.execute(select(T.objects.c.hash).where(T.objects.c.hash.in_(sorted(hashes)))).scalars())
         return set(hashes) - have
 
@@ -218,15 +323,15 @@ class Remote:
             return
         with self.tx() as conn:
             if chunk_rows:
-                conn.execute(self._insert_ignore(T.chunks), list(chunk_rows.values()))
-            conn.execute(self._insert_ignore(T.objects), object_rows)
+                self._insert_rows(conn, self._insert_ignore(T.chunks), list(chunk_rows.values()))
+            self._insert_rows(conn, self._insert_ignore(T.objects), object_rows)
             if link_rows:
-                conn.execute(self._insert_ignore(T.object_chunks), link_rows)
+                self._insert_rows(conn, self._insert_ignore(T.object_chunks), link_rows)
 
     def read_objects(self, digests: list[str]) -> dict[str, bytes]:
         """Several objects' bytes in one transaction, each chunk and each
         whole object checked against its hash."""
-        with self.tx() as conn:
+        with self.read() as conn:
             sizes = dict(conn.execute(select(T.objects.c.hash, T.objects.c.size)
                                       .where(T.objects.c.hash.in_(digests))).all())
             rows = conn.execute(
@@ -251,7 +356,7 @@ class Remote:
 
     def iter_object(self, digest: str) -> Iterator[bytes]:
         """The object's bytes, chunk by chunk, each checked against its hash."""
-        with self.tx() as conn:
+        with self.read() as conn:
             size = conn.execute(select(T.objects.c.size).where(T.objects.c.hash == digest)).scalar()
             if size is None:
                 raise CorruptObject(f"object {digest} is missing from the shared history {self.url.display}.")
@@ -275,8 +380,12 @@ class Remote:
 
     def head(self) -> int | None:
         """The history's head, or None if it does not exist yet."""
-        with self.tx() as conn:
-            return conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+        if self._locked and self._head is not None:
+            return self._head
+        with self.read() as conn:
+            head = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+        self._head = head if self._locked else None
+        return head
 
     def create(self, layer: LayerRecord, entries: list[dict]) -> None:
         """Make the history with ``layer`` (number 0) as its first layer."""
@@ -284,6 +393,7 @@ class Remote:
             with self.tx() as conn:
                 conn.execute(T.histories.insert().values(name=self.name, head=0, created_ns=time.time_ns()))
                 self._insert_layer(conn, layer, entries)
+            self._head = 0 if self._locked else None
         except IntegrityError:
             raise HistoryError(f"the shared history {self.url.display} exists already; make a workspace of it with "
                                f"'stepfs clone URL DIR'.") from None
@@ -297,10 +407,15 @@ class Remote:
                                                            T.histories.c.head == expect_head).values(head=number))
             if moved.rowcount != 1:
                 now = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+                self._head = None
                 raise HeadMoved(f"the shared history {self.url.display} moved from layer {expect_head} to {now}; "
                                 f"nothing was published.", now if now is not None else -1)
             layer.number = number
             self._insert_layer(conn, layer, entries)
+        if self._locked:
+            self._head = number
+            if layer.origin is not None and layer.workspace in self._origins:
+                self._origins[layer.workspace][layer.origin] = number
         return number
 
     def _insert_layer(self, conn: Connection, layer: LayerRecord, entries: list[dict]) -> None:
@@ -308,7 +423,18 @@ class Remote:
         row["meta"] = json.dumps(layer.meta or {}, sort_keys=True)
         conn.execute(T.layers.insert().values(history=self.name, **row))
         if entries:
-            conn.execute(T.entries.insert(), [{"history": self.name, "layer": layer.number, **e} for e in entries])
+            self._insert_rows(conn, T.entries.insert(), [{"history": self.name, "layer": layer.number, **e}
+                                                         for e in entries])
+
+    def _insert_rows(self, conn: Connection, stmt, rows: list[dict]) -> None:
+        """A small step's rows on PostgreSQL: one INSERT with many VALUES
+        (one statement for the server, not one per row).  More rows:
+        executemany, which psycopg pipelines (SQLAlchemy's compiling of a
+        statement with thousands of VALUES costs more than it saves)."""
+        if self.url.dialect != "postgresql" or len(rows) > MULTI_VALUES_ROWS:
+            conn.execute(stmt, rows)
+        else:
+            conn.execute(stmt.values(rows))
 
     def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
                newest_first: bool = False) -> list[LayerRecord]:
@@ -318,7 +444,7 @@ class Remote:
         q = q.order_by(T.layers.c.number.desc() if newest_first else T.layers.c.number)
         if limit is not None:
             q = q.limit(limit)
-        with self.tx() as conn:
+        with self.read() as conn:
             rows = conn.execute(q).all()
         return [LayerRecord(r.number, r.kind, r.created_ns, r.message, r.agent, r.mount, json.loads(r.meta),
                             r.workspace, r.workspace_path, r.host, r.origin) for r in rows]
@@ -331,7 +457,7 @@ class Remote:
         return found[0]
 
     def entries(self, number: int) -> list[dict]:
-        with self.tx() as conn:
+        with self.read() as conn:
             rows = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
                                 .where(T.entries.c.history == self.name, T.entries.c.layer == number)
                                 .order_by(T.entries.c.path)).all()
@@ -341,7 +467,7 @@ class Remote:
         """Per layer: (added, modified, deleted) paths."""
         if not numbers:
             return {}
-        with self.tx() as conn:
+        with self.read() as conn:
             rows = conn.execute(select(T.entries.c.layer, T.entries.c.before_kind, T.entries.c.after_kind)
                                 .where(T.entries.c.history == self.name, T.entries.c.layer.in_(numbers))).all()
         out: dict[int, list[int]] = {n: [0, 0, 0] for n in numbers}
@@ -351,16 +477,31 @@ class Remote:
 
     def origins(self, workspace: str) -> dict[int, int]:
         """{local layer number: shared number} of the layers ``workspace`` published."""
-        with self.tx() as conn:
+        if self._locked and workspace in self._origins:
+            return dict(self._origins[workspace])
+        with self.read() as conn:
             rows = conn.execute(select(T.layers.c.origin, T.layers.c.number).where(
                 T.layers.c.history == self.name, T.layers.c.workspace == workspace,
                 T.layers.c.origin.is_not(None))).all()
-        return {int(o): int(n) for o, n in rows}
+        found = {int(o): int(n) for o, n in rows}
+        if self._locked:
+            self._origins[workspace] = dict(found)
+        return found
+
+    def path_at(self, path: bytes, number: int) -> dict | None:
+        """The entry that defines ``path``'s state as of layer ``number``
+        (the newest at or below it; one indexed query), or None."""
+        with self.read() as conn:
+            r = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
+                             .where(T.entries.c.history == self.name, T.entries.c.path == path,
+                                    T.entries.c.layer <= number)
+                             .order_by(T.entries.c.layer.desc()).limit(1)).first()
+        return None if r is None else _entry_dict(r)
 
     def state_at(self, number: int) -> dict[bytes, dict]:
         """Every path's entry that defines its state as of layer ``number``
         (the newest entry at or below it), by path."""
-        with self.tx() as conn:
+        with self.read() as conn:
             rows = conn.execute(select(T.entries.c.layer, *[T.entries.c[c] for c in ENTRY_COLUMNS])
                                 .where(T.entries.c.history == self.name, T.entries.c.layer <= number)
                                 .order_by(T.entries.c.path, T.entries.c.layer)).all()

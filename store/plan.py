@@ -193,7 +193,10 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
         after[row.path] = (_after_of(row), row.mtime_ns if row.kind in ("file", "symlink") else None, row.base)
         hides_below = row.kind == "whiteout" or (row.kind == "dir" and row.opaque) or row.kind in ("file", "symlink")
         if hides_below:
-            since = row.mtime_ns if row.kind == "whiteout" and row.mtime_ns else None
+            # When the step removed what the workspace has here (a replaced
+            # path carries it in its row): a name changed below since then
+            # was never seen by the step.
+            since = (row.mtime_ns or None) if row.kind == "whiteout" else row.removed_ns
             for child in _walk(ws, row.path):
                 if child in staged:
                     continue
@@ -202,9 +205,10 @@ def plan_step(ws: WorkspaceParts, rows: list[staging.StagedRow], overwrite: set[
                     continue
                 after.setdefault(child, (State(None), None, None))
     # A directory that holds what the step never saw stays, with every
-    # directory above it up to the one the step removed.
+    # directory above it up to the one the step removed or replaced by a
+    # non-directory (a directory made again in its place is published).
     keep_dirs = {parent for path in unseen for parent in _parents(path)
-                 if parent in after and after[parent][0].kind is None}
+                 if parent in after and after[parent][0].kind != "dir"}
     # Hard links made in the mount (of files, symlinks, FIFOs, devices,
     # sockets): every name of a group but the first (in byte order) is
     # published as a link to the first.

@@ -156,11 +156,13 @@ class Commit:
                  kind: str = "step", message: str = "", agent: str = "", mount: str = "",
                  meta: dict | None = None, consume_step: int | None = None, allow_empty: bool = False,
                  overwrite: set[bytes] = frozenset(), known: dict[bytes, _Before] | None = None,
-                 locked: bool = False):
+                 locked: bool = False, expect: dict[bytes, str] | None = None):
         """``step``: plan the open step ``step`` (``allow_empty``,
         ``overwrite``, ``known`` as for :func:`begin`); else ``entries`` is
         the layer and ``consume_step`` the step whose rows it consumes.
-        ``locked``: the caller holds the commit lock already."""
+        ``locked``: the caller holds the commit lock already.  ``expect``:
+        the token each of ``entries`` had when the caller planned it
+        (checked just before the path's switch, as a step's own plan's)."""
         self.ws = ws
         self.step = step
         self.kind, self.message, self.agent, self.mount, self.meta = kind, message, agent, mount, meta
@@ -174,7 +176,7 @@ class Commit:
         self.outside: list[Entry] = []
         #: Planned tokens of a step's paths (``Plan.tokens``), checked just
         #: before each path's switch; entries it left, changed outside since.
-        self._expect: dict[bytes, str] | None = None
+        self._expect: dict[bytes, str] | None = expect
         self.left: list[Entry] = []
         self._locked = locked
         self._held: list = []
@@ -379,13 +381,15 @@ def commit_step(ws: Workspace, step: int, **options) -> int:
 
 
 def write_layer(ws: Workspace, entries: list[Entry], *, kind: str, message: str, agent: str, mount: str,
-                meta: dict | None, consume_step: int | None, number: int | None = None) -> int:
+                meta: dict | None, consume_step: int | None, number: int | None = None,
+                expect: dict[bytes, str] | None = None) -> int:
     """Steps 2 to 5 for a layer the caller planned (``entries``; the layer
     consumes ``consume_step``'s rows), under the caller's hold of the
     commit lock.  ``number``: the layer's number if the caller already read
-    ``next_number`` under this same hold of the lock."""
+    ``next_number`` under this same hold of the lock; ``expect``: the
+    planned tokens (:class:`Commit`)."""
     with Commit(ws, entries=entries, kind=kind, message=message, agent=agent, mount=mount, meta=meta,
-                consume_step=consume_step, locked=True) as c:
+                consume_step=consume_step, locked=True, expect=expect) as c:
         c.number = number
         published = c.publish()
         c.complete()

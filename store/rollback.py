@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import cards, diff, publish, recovery, schema
+from stepfs.store import cards, diff, publish, recovery, schema, tokens
 from stepfs.store.contained import DEVICE_KINDS, kind_of
 from stepfs.store.errors import CommitConflict, HeadMoved, LayerPruned, NothingToRollBack
 from stepfs.store.history import committed_rows, require_layer, state_from_rows
@@ -75,6 +75,9 @@ class Plan:
     entries: list[Entry] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     unchanged: list[bytes] = field(default_factory=list)
+    #: Each entry's token when the plan saw it: the switch leaves a path
+    #: whose token moved since (changed outside stepfs), as a commit does.
+    tokens: dict[bytes, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -115,6 +118,12 @@ class _Disk:
     def kind(self, path: bytes) -> str | None:
         st = self.lstat(path)
         return None if st is None else kind_of(st.st_mode)
+
+    def token(self, path: bytes) -> str:
+        """The version token of ``path`` from the stat the plan judged it by."""
+        st = self.lstat(path)
+        return tokens.from_stat(st, self.ws.root.readlink(path) if st is not None and stat_mod.S_ISLNK(st.st_mode)
+                                else None)
 
     def children(self, path: bytes) -> list[bytes]:
         try:
@@ -205,6 +214,7 @@ def plan(ws: Workspace, conn: Connection, number: int, paths: list[bytes] | None
     result.conflicts += _settle_structure(disk, planned)
     _restore_links(conn, number, by_path, planned, set(result.unchanged))
     result.entries = [planned[p] for p in sorted(planned)]
+    result.tokens = {e.path: disk.token(e.path) for e in result.entries}
     result.conflicts.sort(key=lambda c: c.path)
     return result
 
@@ -341,7 +351,7 @@ def rollback(ws: Workspace, number: int, paths: list[bytes] | None = None, *, dr
             return Result(number, p.head, None, card, p.conflicts, True, [e.path for e in p.entries],
                           _kind_changed(p.entries))
         layer = publish.write_layer(ws, p.entries, kind="rollback", message=message, agent=agent, mount=mount,
-                                    meta=meta, consume_step=None)
+                                    meta=meta, consume_step=None, expect=p.tokens)
         with ws.db.read() as conn:
             card = cards.card(ws.objects, conn, layer)
         return Result(number, p.head, layer, card, p.conflicts, False, [e.path for e in p.entries],

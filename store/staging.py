@@ -75,6 +75,22 @@ class StagedRow:
     link_group: int | None = None
     scratch: str | None = None  # staged by reference (store/refs.py); oid is None then
     scratch_sum: str | None = None
+    #: A path the step removed and then replaced (by a directory, file or
+    #: symlink): when it was first removed (the view's ``removal_time``).
+    #: Stored in ``base`` after :data:`REMOVED_SEP` (FORMAT.md, "staged").
+    removed_ns: int | None = None
+
+
+#: ``staged.base`` of a replaced path: ``<token>;removed=<ns>``.  Kept in the
+#: base so that an older reader of the same format, which knows nothing of
+#: it, sees a base no token equals and refuses that path as changed instead
+#: of deleting what was made below it outside after the removal.
+REMOVED_SEP = ";removed="
+
+
+def _split_base(stored: str) -> tuple[str, int | None]:
+    base, sep, ns = stored.partition(REMOVED_SEP)
+    return base, (int(ns) if sep else None)
 
 
 def open_step(conn: Connection, mountpoint: str, agent: str = "") -> int:
@@ -115,16 +131,30 @@ def load(conn: Connection, step: int) -> list[StagedRow]:
             size=size, mtime_ns=mtime_ns, opaque=bool(opaque), base=base, uid=uid, gid=gid,
             xattrs=bytes(xattrs) if xattrs is not None else None,
             link_group=link_group, scratch=scratch, scratch_sum=scratch_sum,
-        )
+        ) if REMOVED_SEP not in base else _with_removal(
+            path, kind, mode, oid, target, size, mtime_ns, opaque, base, uid, gid, xattrs, link_group, scratch,
+            scratch_sum)
         for (path, kind, mode, oid, target, size, mtime_ns, opaque, base, uid, gid, xattrs, link_group, scratch,
              scratch_sum) in _LOAD.execute(conn, {"step": step})
     ]
 
 
+def _with_removal(path, kind, mode, oid, target, size, mtime_ns, opaque, base, uid, gid, xattrs, link_group,
+                  scratch, scratch_sum) -> StagedRow:
+    base, removed_ns = _split_base(base)
+    return StagedRow(
+        path=bytes(path), kind=kind, mode=mode, oid=oid, target=bytes(target) if target is not None else None,
+        size=size, mtime_ns=mtime_ns, opaque=bool(opaque), base=base, uid=uid, gid=gid,
+        xattrs=bytes(xattrs) if xattrs is not None else None,
+        link_group=link_group, scratch=scratch, scratch_sum=scratch_sum, removed_ns=removed_ns,
+    )
+
+
 def _params(step: int, row: StagedRow) -> dict:
     return {
         "step": step, "path": row.path, "kind": row.kind, "mode": row.mode, "oid": row.oid, "target": row.target,
-        "size": row.size, "mtime_ns": row.mtime_ns, "opaque": row.opaque, "base": row.base,
+        "size": row.size, "mtime_ns": row.mtime_ns, "opaque": row.opaque,
+        "base": row.base if row.removed_ns is None else f"{row.base}{REMOVED_SEP}{row.removed_ns}",
         "uid": row.uid, "gid": row.gid, "xattrs": row.xattrs, "link_group": row.link_group,
         "scratch": row.scratch, "scratch_sum": row.scratch_sum,
     }

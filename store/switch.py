@@ -235,13 +235,33 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                 if st is not None:
                     touched.add((st.st_dev, st.st_ino))
 
+    #: Paths of a commit found absent just before their publish (at the
+    #: check, or removed by this switch): renamed with RENAME_NOREPLACE.
+    absent: set[bytes] = set()
+
     def changed_outside(e: Entry, pfd: int, name: bytes) -> bool:
         """Whether ``e.path`` no longer has its planned token (checked once,
-        before the first change the switch makes to it)."""
+        before the first change the switch makes to it).
+
+        Between this check and the rename that follows it is one system
+        call.  A path found absent is renamed with RENAME_NOREPLACE, so a
+        name made there meanwhile is never replaced.  For a path that
+        exists the window cannot be closed: a write through a descriptor
+        opened before the switch reaches the inode whenever it comes, after
+        any check and after the rename too (only a lease, which needs the
+        file open nowhere else and blocks every other opener, would order
+        it); and RENAME_EXCHANGE followed by a check of the displaced inode
+        and an exchange back only moves the window (between the two
+        exchanges the path shows the layer's version, and a rename over it
+        there would be undone by the exchange back) while the exchange
+        itself moves the inode's ctime, the one field ``utime`` cannot
+        forge."""
         want = unchecked.pop(e.path, None)
         if want is None:
             return False
         st, now = _token_at(pfd, name)
+        if st is None:
+            absent.add(e.path)
         if now != want and not (st is not None and stat_mod.S_ISREG(st.st_mode)
                                 and (st.st_dev, st.st_ino) in touched
                                 and now.rpartition(":")[0] == want.rpartition(":")[0]):
@@ -297,13 +317,23 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                 elif cur == "dir":
                     try:
                         durable.rmdir(name, dir_fd=pfd)
+                    except FileNotFoundError:
+                        if expect is None:
+                            raise
+                        # removed outside as well after the check: gone, as the layer wants
                     except OSError as exc:
                         if expect is None or exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                             raise
                         leave(e, "it is a directory the layer removes, and a name was made in it outside stepfs")
                 else:
                     ws.spares.retire(name, pfd)  # freed after the commit, not in the unlink
-                    durable.unlink(name, dir_fd=pfd)
+                    try:
+                        durable.unlink(name, dir_fd=pfd)
+                    except FileNotFoundError:
+                        if expect is None:
+                            raise
+                if expect is not None and e.path not in skipped:
+                    absent.add(e.path)
             finally:
                 if owned:
                     os.close(pfd)
@@ -316,6 +346,16 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
             try:
                 if not changed_outside(e, pfd, name):
                     durable.mkdir(name, _NEW_DIR_MODE, dir_fd=pfd)
+            except FileExistsError:
+                if expect is None:
+                    raise
+                # Made outside after the check (mkdir never replaces): leave
+                # it, and what the layer puts below it.
+                leave(e, "a name was made there outside stepfs while the commit made the directory")
+                below = e.path + b"/"
+                for child in entries:
+                    if child.path.startswith(below) and child.path not in skipped:
+                        leave(child, f"{os.fsdecode(e.path)} was made outside stepfs while the commit made it")
             finally:
                 os.close(pfd)
 
@@ -331,6 +371,13 @@ def _switch(ws: WorkspaceParts, number: int, entries: list[Entry], wait: bool = 
                 pfd, name, owned = parent(e.path)
                 try:
                     if changed_outside(e, pfd, name):
+                        continue
+                    if e.path in absent:
+                        try:
+                            durable.rename(_temp_name(number, seq), name, src_dir_fd=tmp_fd, dst_dir_fd=pfd,
+                                           noreplace=True)
+                        except FileExistsError:
+                            leave(e, "it was made outside stepfs while the commit published it")
                         continue
                     # The replaced inode is freed after the commit, not inside
                     # the rename (``store.spares``: freeing is the dearest part).

@@ -21,6 +21,7 @@ import logging
 import os
 import stat as stat_mod
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 from stepfs.store import publish, refs, schema, staging, tokens
@@ -137,7 +138,10 @@ class CompareAndSwap:
                 return
             old_scratch = node.scratch if node is not None else None
             self._await_settled(writing=True)  # a commit completing consumes this step's rows
-            with self.ws.db.write() as conn:
+            # A failed transaction, its COMMIT included, undoes what it changed
+            # in the view: a failed close keeps the old content, never a node
+            # naming bytes the store never got (``_undone_on_failure``).
+            with _undone_on_failure() as undo, self.ws.db.write() as conn:
                 if by_ref:
                     oid, size = None, st.st_size
                 else:
@@ -157,24 +161,27 @@ class CompareAndSwap:
                         if lower is not None:
                             self.links.name_gone(lower, d.path)  # this name is a file of its own now
                             self._precapture(conn, d.path, lower)
+                    before = node
                     node = Node("file", d.mode, base=d.node_base if node is None else node.base, ino=d.ino,
                                 uid=d.uid, gid=d.gid)
                     node.xattrs = dict(d.xattrs)
                     self.ns.upper.set(d.path, node)
-                old_ref = (node.oid, node.ref, node.ref_sum)
+                    undo.append(lambda: self.ns.upper.set(d.path, before) if before is not None
+                                else self.ns.upper.pop(d.path))
+                undo.append(_fields_restorer(node))
                 node.oid, node.size = oid, size
                 node.ref = os.path.basename(d.scratch) if by_ref else None
                 node.ref_sum = ref_sum
                 node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
                 node.ctime_ns = time.time_ns()
                 names = node.names if node.link_group is not None else (d.path,)
-                try:
-                    self.rows.write(conn, superseded=[rel(n) for n in names])  # recorded rows ride along
-                    for name in names:
-                        staging.put(conn, self.step, node.row(name))
-                except BaseException:
-                    node.oid, node.ref, node.ref_sum = old_ref  # never points at a file still being written
-                    raise
+                # The rows recorded for these names are superseded by the ones
+                # written next: if the transaction fails they are still the
+                # view's latest change of those paths.
+                undo.append(_rows_restorer(self.rows.pending.rows, [rel(n) for n in names]))
+                self.rows.write(conn, superseded=[rel(n) for n in names])  # recorded rows ride along
+                for name in names:
+                    staging.put(conn, self.step, node.row(name))
             self.rows.written()
         finally:
             if opened:
@@ -210,14 +217,22 @@ class CompareAndSwap:
             d.dirty = False  # identical rewrite: same content, same token
             return None
         same = node.oid is None and node.ref is None and not data
-        node.oid = self.rows.record_content(node, digest, data)
-        node.size, node.ref, node.ref_sum = len(data), None, None
-        node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
-        node.ctime_ns = time.time_ns()
         pending = self.rows.pending
-        for name in (node.names if node.link_group is not None else (d.path,)):
-            pending.put(node.row(name))
-        self.rows.recorded()
+        names = node.names if node.link_group is not None else (d.path,)
+        # A batch written at once (delay 0, or too many bytes held) that
+        # fails fails this close: it keeps the old content, as one that
+        # stores its bytes itself does (the batch's other changes stay pending).
+        with _undone_on_failure() as undo:
+            undo.append(_fields_restorer(node))
+            undo.append(_rows_restorer(pending.rows, [rel(n) for n in names]))
+            node.oid = self.rows.record_content(node, digest, data)
+            undo.append(lambda key=node.oid: self.rows.forget_content(key))
+            node.size, node.ref, node.ref_sum = len(data), None, None
+            node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
+            node.ctime_ns = time.time_ns()
+            for name in names:
+                pending.put(node.row(name))
+            self.rows.recorded()
         return same
 
     def _holds(self, node: Node, data: bytes, digest: str) -> bool:
@@ -311,3 +326,37 @@ class CompareAndSwap:
         self._note_error(d.agent, d.path, "ESTALE at close: another writer changed the file after you opened it; "
                                           f"your bytes are in .stepfs/conflicts{d.path}")
         log.warning("stale close of %s by agent %s: kept as a conflict", d.path, d.agent)
+
+
+@contextmanager
+def _undone_on_failure():
+    """Yields a list of callables, run in reverse order if the block raises
+    (then the exception goes on): the in-memory changes of a close whose
+    store write failed are put back."""
+    undo: list[Callable[[], object]] = []
+    try:
+        yield undo
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
+
+
+def _fields_restorer(node: Node) -> Callable[[], None]:
+    """Puts back ``node``'s content fields as they are now."""
+    old = (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns)
+
+    def restore() -> None:
+        (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns) = old
+    return restore
+
+
+def _rows_restorer(rows: dict, paths: list[bytes]) -> Callable[[], None]:
+    """Puts back the recorded rows of ``paths`` as they are now."""
+    kept = {p: rows[p] for p in paths if p in rows}
+
+    def restore() -> None:
+        for p in paths:
+            rows.pop(p, None)
+        rows.update(kept)
+    return restore

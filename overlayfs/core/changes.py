@@ -168,12 +168,15 @@ class Changes:
             lower = self.ns.lower_stat(path)
             if lower is not None:
                 self.links.name_gone(lower, path)
+        removed = node.removed_at(path) if node is not None else None
         below = self.ns.upper.below(path)
         for child in below:
             self._detach(child, self.ns.upper.pop(child))
         self._detach(path, self.ns.upper.pop(path))
         if self.ns.lower_stat(path) is not None:
-            self.ns.upper.set(path, Node("whiteout", 0, base=base, ino=0, mtime_ns=removal_time()))
+            whiteout = Node("whiteout", 0, base=base, ino=0, mtime_ns=removal_time())
+            whiteout.mark_removed(path, removed)  # hidden since an earlier removal: that one counts
+            self.ns.upper.set(path, whiteout)
             self.persist(puts=[path], trees=[path] if below else [])
         else:
             self.persist(trees=[path])
@@ -451,7 +454,9 @@ class Changes:
             node.name_bases[new] = new_base
         old_lower = self.ns.lower_stat(old) is not None
         if old_lower:
-            self.ns.upper.set(old, Node("whiteout", 0, base=node.base, ino=0, mtime_ns=removal_time()))
+            whiteout = Node("whiteout", 0, base=node.base, ino=0, mtime_ns=removal_time())
+            whiteout.mark_removed(old, node.removed_at(old))
+            self.ns.upper.set(old, whiteout)
         node.base = new_base
         node.ctime_ns = time.time_ns()
         self.versions.bump(node)

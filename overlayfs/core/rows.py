@@ -261,6 +261,14 @@ class StagedRows:
         self._holders[key] = node
         return key
 
+    def forget_content(self, key: str) -> None:
+        """Drop placeholder ``key``'s bytes (a close that failed after
+        :meth:`record_content`: no row names them any more)."""
+        data = self.pending.contents.pop(key, None)
+        if data is not None:
+            self.pending.content_bytes -= len(data)
+        self._holders.pop(key, None)
+
     def content_of(self, oid: str | None) -> bytes | None:
         """The bytes of a placeholder id not stored yet, else None."""
         return self.pending.contents.get(oid) if oid is not None else None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat as stat_mod
 import time
 from typing import Callable
 
@@ -202,6 +203,8 @@ def ignore_reader(lock, versions, content):
                 token = tokens.ABSENT
             if token == last:
                 return token, None, False
+            if not _is_file(versions, IGNORE_FILE):
+                return token, None, True  # a FIFO there would block the view (under its lock) at the open
             try:
                 fh = content.open(IGNORE_FILE, os.O_RDONLY, agent=RULES_AGENT)
             except (ViewError, OSError):
@@ -219,3 +222,13 @@ def ignore_reader(lock, versions, content):
             return token, b"".join(chunks).decode("utf-8", "replace"), True
 
     return read
+
+
+def _is_file(versions, path: str) -> bool:
+    """Whether ``path`` is a regular file in the view (staged or not)."""
+    from stepfs.overlayfs.core.errors import ViewError
+    try:
+        node, st = versions.ns.resolve(path)
+    except (ViewError, OSError):
+        return False
+    return node.kind == "file" if node is not None else stat_mod.S_ISREG(st.st_mode)

@@ -54,7 +54,7 @@ class Node:
     __slots__ = (
         "kind", "mode", "size", "mtime_ns", "atime_ns", "ctime_ns", "oid", "target", "opaque",
         "base", "scratch", "ref", "ref_sum", "ino", "uid", "gid", "staged", "gen", "xattrs", "link_group", "names",
-        "name_bases",
+        "name_bases", "removed",
     )
 
     def __init__(self, kind: str, mode: int = 0, *, base: str, ino: int, size: int = 0, oid: str | None = None,
@@ -91,6 +91,29 @@ class Node:
         self.link_group: int | None = None
         self.names: set[str] = set()
         self.name_bases: dict[str, str] = {}  # workspace token per name (commit check)
+        # A name this node took over from a whiteout: when the step first
+        # removed what the workspace has there (``store.plan`` spares what
+        # was made below it outside since).  None for most nodes.
+        self.removed: dict[str, int] | None = None
+
+    def removed_at(self, path: str) -> int | None:
+        """When the step first removed workspace path ``path``, if this node
+        stands there in its place (a whiteout: its own time)."""
+        if self.kind == "whiteout":
+            return self.mtime_ns
+        return self.removed.get(path) if self.removed else None
+
+    def mark_removed(self, path: str, when: int | None) -> None:
+        """``path`` was removed at ``when`` before this node took it (the
+        earliest removal holds: the workspace's content stayed hidden)."""
+        if when is None:
+            return
+        if self.kind == "whiteout":
+            self.mtime_ns = min(self.mtime_ns, when)
+            return
+        if self.removed is None:
+            self.removed = {}
+        self.removed[path] = min(self.removed.get(path, when), when)
 
     def row(self, path: str) -> StagedRow:
         return StagedRow(
@@ -98,6 +121,7 @@ class Node:
             size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.name_bases.get(path, self.base),
             uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs), link_group=self.link_group,
             scratch=self.ref, scratch_sum=self.ref_sum,
+            removed_ns=self.removed.get(path) if self.removed and self.kind != "whiteout" else None,
         )
 
     @classmethod
@@ -139,8 +163,11 @@ class Upper:
         return self.nodes.get(path)
 
     def set(self, path: str, node: Node) -> None:
-        if path not in self.nodes:
+        old = self.nodes.get(path)
+        if old is None:
             self._link(path)
+        elif old is not node:
+            node.mark_removed(path, old.removed_at(path))  # a whiteout (or what replaced one) taken over
         self.nodes[path] = node
 
     def pop(self, path: str) -> Node | None:

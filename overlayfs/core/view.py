@@ -159,6 +159,7 @@ class Overlay:
             if node.link_group is not None:
                 node.names.add(path)
                 node.name_bases[path] = row.base
+            node.mark_removed(path, row.removed_ns)
             self.upper.set(path, node)
         self.changes = Changes(ws=ws, lock=self.lock, ns=self.ns, versions=self.versions, content=self.content,
                                rows=self.rows, links=self.links, scratch=self.scratch, failsafe=self.failsafe,

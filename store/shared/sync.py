@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import layers as local_layers, publish, schema, staging
+from stepfs.store import layers as local_layers, publish, schema, staging, tokens
 from stepfs.store.errors import HistoryError, NoSuchLayer, SharedConflict, WorkspaceError
 from stepfs.store.layers import Entry, State
 from stepfs.store.recovery import holds
@@ -182,11 +182,12 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
         down.fetch([row for r in incoming for row in rows[r.number]])
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
         _check_disk(ws, att, plans)
+        final = {e.path: e.after for _r, entries in plans for e in entries}
         for r, entries in plans:
-            todo = _unapplied(ws, entries)
+            todo, expect = _unapplied(ws, entries, final)
             meta = {**r.meta, "shared_layer": r.number, "shared_host": r.host, "shared_workspace": r.workspace_path}
             number = publish.write_layer(ws, todo, kind=SYNC, message=r.message, agent=r.agent, mount=r.mount,
-                                         meta=meta, consume_step=None)
+                                         meta=meta, consume_step=None, expect=expect)
             done.append(Pulled(r.number, number, [e.path for e in todo]))
     return done
 
@@ -219,10 +220,32 @@ def _check_disk(ws, att: Attachment, plans) -> None:
         _refuse(att, clashes, "changed in this workspace outside stepfs")
 
 
-def _unapplied(ws, entries: list[Entry]) -> list[Entry]:
-    """The entries whose path does not hold their after state already."""
+#: The planned token of a path that no longer holds what the pull checked:
+#: no token equals it, so the switch leaves the path (an outside change).
+_CHANGED = "changed-outside-since-the-check"
+
+
+def _unapplied(ws, entries: list[Entry], final: dict[bytes, State]) -> tuple[list[Entry], dict[bytes, str]]:
+    """The entries whose path does not hold their after state already, and
+    the token each has now, taken with the stat its state was judged by:
+    the switch checks it just before the path's rename (as a commit does),
+    so an edit made outside between this check and the switch is left and
+    recorded, never overwritten.  A path holding neither the entry's
+    before state nor the pull's final one changed outside since
+    :func:`_check_disk`."""
+    todo, expect = [], {}
     with ws.db.read() as conn:
-        return [e for e in entries if not _holds(ws, conn, e.path, e.after)]
+        for e in entries:
+            st = ws.root.lstat_or_none(e.path)
+            if holds(ws, conn, e.path, st, e.after):
+                continue
+            todo.append(e)
+            if holds(ws, conn, e.path, st, e.before) or holds(ws, conn, e.path, st, final[e.path]):
+                expect[e.path] = tokens.from_stat(
+                    st, ws.root.readlink(e.path) if st is not None and stat_mod.S_ISLNK(st.st_mode) else None)
+            else:
+                expect[e.path] = _CHANGED
+    return todo, expect
 
 
 def _holds(ws, conn, path: bytes, s: State) -> bool:

@@ -75,3 +75,31 @@ def test_the_rule(tmp_path):
     assert w.is_writers_close(8, child.pid, lambda: ino, "/f") is True
     w.forget(7)
     assert w.is_writers_close(7, child.pid, lambda: ino, "/f") is True
+
+
+def test_the_inode_is_asked_only_for_a_writable_descriptor_in_the_mount(tmp_path):
+    # Learning the inode costs the daemon a getattr of the handle: a close
+    # that leaves no writable descriptor inside the mount must not ask.
+    f = tmp_path / "f"
+    f.write_text("x")
+    ino = os.stat(f).st_ino
+    asked = []
+
+    def ino_of():
+        asked.append(1)
+        return ino
+
+    assert holds(os.getpid(), str(tmp_path), ino_of, "/f") is False
+    assert asked == []
+    ro = os.open(f, os.O_RDONLY)
+    try:
+        assert holds(os.getpid(), str(tmp_path), ino_of, "/f") is False
+        assert asked == []  # a read-only descriptor is no writer's
+        wr = os.open(f, os.O_WRONLY)
+        try:
+            assert holds(os.getpid(), str(tmp_path), ino_of, "/f") is True
+            assert asked == [1]
+        finally:
+            os.close(wr)
+    finally:
+        os.close(ro)

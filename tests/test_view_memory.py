@@ -11,6 +11,7 @@ import gc
 import os
 
 from stepfs.overlayfs.core import content
+from stepfs.overlayfs.core.changes import UTIME_OMIT
 from stepfs.store import refs, staging
 from viewkit import open_view, orphan_scratch, read_all, read_fh, write_file
 
@@ -144,3 +145,21 @@ def test_an_unlinked_open_memory_draft_keeps_working_and_leaves_nothing(tmp_path
     view.release(fh)
     assert b"gone" not in _rows(ws, view)
     assert view.drafts == {} and orphan_scratch(view) == []
+
+
+def test_utimens_of_an_open_memory_draft_sets_the_times_its_handles_report(tmp_path):
+    # The times go onto the memfd itself (utimens reaches it through the
+    # descriptor the draft holds): a handle's getattr and the staged file
+    # after the close both carry them.
+    ws, view = open_view(tmp_path)
+    fh = view.create("/t.txt", 0o644, os.O_WRONLY | os.O_CREAT)
+    view.write(fh, b"x" * 100, 0)
+    assert view.handles[fh].draft.mem >= 0
+    view.utimens("/t.txt", (1_000_000_000_123, 2_000_000_000_456))
+    a = view.getattr("/t.txt", fh)
+    assert (a["st_atime"], a["st_mtime"]) == (1_000_000_000_123, 2_000_000_000_456)
+    view.utimens("/t.txt", (UTIME_OMIT, 3_000_000_000_000))  # the atime kept
+    view.flush(fh)
+    view.release(fh)
+    a = view.getattr("/t.txt")
+    assert a["st_atime"] == 1_000_000_000_123 and a["st_mtime"] == 3_000_000_000_000

@@ -101,12 +101,19 @@ class CompareAndSwap:
 
     def _publish(self, d: Draft) -> None:
         self._changed()
-        if d.mem >= 0 and os.fstat(d.mem).st_size >= refs.MIN_SIZE:
+        st = os.fstat(d.mem) if d.mem >= 0 else None
+        if st is not None and st.st_size >= refs.MIN_SIZE:
             self._thaw(d)  # staged by reference below: its content must be a scratch file
+            st = None
         node = self.ns.upper.get(d.path)
-        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        # A memory draft is read through its own descriptor (every read
+        # here is positional): reopening it through /proc cost a sixth of
+        # a small file's close.
+        opened = d.mem < 0
+        fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC) if opened else d.mem
         try:
-            st = os.fstat(fd)
+            if st is None:
+                st = os.fstat(fd)
             if node is None and self._lower_equals(d.path, fd):
                 d.dirty = False  # identical rewrite of a workspace file: nothing to stage
                 return
@@ -177,7 +184,8 @@ class CompareAndSwap:
                     staging.put(conn, self.step, node.row(name))
             self.rows.written()
         finally:
-            os.close(fd)
+            if opened:
+                os.close(fd)
         self._published(d, node, same, old_scratch, d.scratch if by_ref else None)
 
     def _room(self, size: int) -> bool:

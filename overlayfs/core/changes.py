@@ -270,8 +270,11 @@ class Changes:
             new_m = node.mtime_ns if mtime == UTIME_OMIT else now if mtime == UTIME_NOW else mtime
             # Open drafts of the path carry the times their handles report.
             for d in self.content.drafts_at(path):
-                st = os.stat(d.scratch)
-                os.utime(d.scratch, ns=(st.st_atime_ns if atime == UTIME_OMIT else new_a,
+                # A memory draft through the memfd it holds: the same file,
+                # without two path walks through /proc/self/fd.
+                f = d.mem if d.mem >= 0 else d.scratch
+                st = os.stat(f)
+                os.utime(f, ns=(st.st_atime_ns if atime == UTIME_OMIT else new_a,
                                         st.st_mtime_ns if mtime == UTIME_OMIT else new_m))
             node.atime_ns, node.mtime_ns, node.ctime_ns = new_a, new_m, now
             self.persist(puts=[path])

@@ -81,11 +81,14 @@ def tgid_of(tid: int) -> int | None:
     return None
 
 
-def holds(pid: int, prefix: str, ino: int | None, path: str) -> bool | None:
+def holds(pid: int, prefix: str, ino, path: str) -> bool | None:
     """Whether process ``pid`` has a writable descriptor open on the file of
     this mount (mountpoint ``prefix``) with inode ``ino`` (or, when the
     inode is unknown, named ``prefix + path``); None when its descriptors
-    cannot be read.  Reads ``/proc/<pid>/fd`` links and ``fdinfo`` only:
+    cannot be read.  ``ino`` may be a callable giving it: it is then asked
+    only if a writable descriptor inside the mount is found (a getattr of
+    the handle cost as much as the rest of the look, and the writer's close
+    usually leaves none).  Reads ``/proc/<pid>/fd`` links and ``fdinfo`` only:
     neither sends a request to this mount (a ``stat`` through the link
     would, and this runs on the FUSE loop)."""
     try:
@@ -117,6 +120,8 @@ def holds(pid: int, prefix: str, ino: int | None, path: str) -> bool | None:
                 flags = os.O_RDWR
             if flags & os.O_ACCMODE == os.O_RDONLY:
                 continue
+            if callable(ino):
+                ino = ino()
             if ino is not None and b"ino" in fields:
                 if int(fields[b"ino"].strip()) == ino:
                     return True
@@ -166,5 +171,5 @@ class Writers:
             return True
         if pid not in w.values():
             return False  # a process that never wrote through this handle
-        held = holds(pid, self.prefix, ino(), path)
+        held = holds(pid, self.prefix, ino, path)
         return not held  # None (cannot look): decide, as before the rule

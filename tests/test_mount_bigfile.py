@@ -50,6 +50,10 @@ def test_dd_big_files_survive_a_killed_daemon_then_step_and_roll_back(workspace,
     assert result.returncode == 0, result.stderr
     assert (workspace / "new.bin").read_bytes() == new
     assert (workspace / "old.bin").read_bytes() == other
+    # The daemon answers a step once the layer is published and removes the
+    # imported scratch files just after (committing.py); its control server
+    # serves the next request only once that is done.
+    assert stepfs("status", again.mountpoint).returncode == 0
     scratch = workspace / ".stepfs" / "scratch"
     assert [p for p in scratch.rglob("*") if p.is_file()] == []  # imported, then removed by the daemon
 

@@ -270,11 +270,13 @@ def test_s3_editor_in_the_workspace_while_the_agent_writes(workspace, mount, age
 # -- S4 ---------------------------------------------------------------------------------------
 
 
-def _eventually_reads(agent: Agent, path: str, want: str, deadline_s: float = 5.0) -> str:
-    """The kernel may keep a file's attributes (its size) cached for up to
-    attr_timeout = 1 s after the workspace changed under another mount, and
-    clip a read to the old size; poll the content until it is the committed
-    one, with a bounded deadline (an event, not a fixed sleep)."""
+def _eventually_reads(agent: Agent, path: str, want: str, deadline_s: float = 20.0) -> str:
+    """The kernel may keep a file's attributes (its size) cached after the
+    workspace changed under another mount, and clip a read to the old size,
+    until this mount's watcher sees the change and invalidates them; poll the
+    content until it is the committed one, with a bounded deadline (an
+    event, not a fixed sleep) far below the attribute timeout
+    (``timeouts.ATTR_TIMEOUT``, 60 s) and long enough for a loaded machine."""
     end = time.monotonic() + deadline_s
     got = agent.read(path)
     while got != want and time.monotonic() < end:

@@ -18,8 +18,10 @@ from stepfs.overlayfs.daemon import timeouts
 
 pytestmark = pytest.mark.mount
 
-#: Well below the kernel's cache timeouts: seen through the watcher, not by expiry.
-DEADLINE = 5.0
+#: Well below the kernel's cache timeouts: seen through the watcher, not by
+#: expiry; and long enough for a watcher thread that gets a fraction of a
+#: core on a loaded machine (a wait ends as soon as the change shows).
+DEADLINE = 12.0
 assert DEADLINE * 4 < timeouts.ENTRY_TIMEOUT
 
 

@@ -151,6 +151,10 @@ def test_run_does_not_double_a_terminal_ctrl_c(workspace, private_tmp):
     pid, fd = pty.fork()
     if pid == 0:  # child: session leader with the pty as controlling terminal
         try:
+            # A user at a terminal: Ctrl-C not ignored (pytest run as a
+            # script's background job inherits SIGINT ignored, and stepfs
+            # rightly keeps an ignored signal ignored).
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(sys.executable, [sys.executable, "-m", "stepfs.cli.main", "run", str(workspace), "--json", "--",
                                        sys.executable, "trap.py"], env)
         finally:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+from types import SimpleNamespace
 
 import pytest
 
@@ -182,19 +183,27 @@ def test_a_failed_write_keeps_the_rows_recorded(deferred):
     assert rows(ws, view)[b"m"].kind == "dir"
 
 
-def test_the_timer_writes_recorded_rows(tmp_path):
+def test_the_timer_writes_recorded_rows(tmp_path, monkeypatch):
+    # The timer's clock stands still until the test moves it: on a busy
+    # machine a real 10 ms delay could pass before ``armed`` is checked, or
+    # between the mkdir and the chmod that must find the timer armed.
+    now = [0.0]
+    monkeypatch.setattr(rows_mod, "time", SimpleNamespace(monotonic=lambda: now[0]))
     ws, view = open_view(tmp_path, row_delay=0.01)
     timer = view.rows.timer
     thread = timer._thread
     assert not timer.armed and thread.is_alive()
     view.mkdir("/later", 0o755)
     assert timer.armed
+    now[0] += 1  # the timer's thread sees it due at its next wake-up (at most 10 ms)
     assert timer.wait_fired(1, timeout=10)  # the timer has run (an event, not a sleep)
     assert rows(ws, view)[b"later"].kind == "dir"
     assert not timer.armed
     # The next change arms the same thread again.
     view.mkdir("/later2", 0o755)
     view.chmod("/later2", 0o700)  # while armed: no second arming
+    assert timer.armed and timer.fired == 1
+    now[0] += 1
     assert timer.wait_fired(2, timeout=10)
     assert timer._thread is thread and thread.is_alive()
     assert rows(ws, view)[b"later2"].mode & 0o777 == 0o700

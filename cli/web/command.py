@@ -22,9 +22,8 @@ def cmd_serve(args) -> int:
               f"and learns the token can read this workspace's history{'' if args.read_only else ' and roll it back'}.",
               file=sys.stderr)
     url = server.url(token)
-    # The announcement is inside the try: a client that reads it and sends
-    # Ctrl-C at once (a harness, a test) must get a clean stop, not exit 130.
-    try:
+
+    def announce() -> None:
         if args.json:
             print(json.dumps({"message_type": "serve", "url": url, "host": args.host, "port": server.port,
                               "workspace": target.workspace, "read_only": args.read_only}, sort_keys=True),
@@ -37,7 +36,12 @@ def cmd_serve(args) -> int:
             import webbrowser
 
             webbrowser.open(url)
-        server.run()
+
+    # Announced once the server serves (its Ctrl-C handler in place): a
+    # client that reads the announcement and sends Ctrl-C at once (a
+    # harness, a test) gets a clean stop, never a server that goes on.
+    try:
+        server.run(on_ready=announce)
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a server is stopped: uvicorn has shut down cleanly by now
     if not args.json:

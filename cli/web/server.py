@@ -15,6 +15,7 @@ import ipaddress
 import socket
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 
@@ -52,6 +53,21 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, calling ``on_ready`` once it serves: from then on
+    its own Ctrl-C handler is in place, so a signal sent by a client that
+    waited for the announcement stops it cleanly (before, a process started
+    with SIGINT ignored, as a script's background job is, ignored it and
+    never stopped)."""
+
+    on_ready: Callable[[], None] | None = None
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.on_ready is not None:
+            self.on_ready()
+
+
 class Server:
     """``app`` served on ``host:port``; :attr:`port` is the bound port."""
 
@@ -62,14 +78,17 @@ class Server:
         self.port = self.sock.getsockname()[1]
         config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2, lifespan="on",
                                 access_log=False)
-        self.server = uvicorn.Server(config)
+        self.server = _Uvicorn(config)
         self.thread: threading.Thread | None = None
 
     def url(self, token: str) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/?token={token}"
 
-    def run(self) -> None:
+    def run(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Serve in this thread; ``on_ready()`` once requests and Ctrl-C are
+        handled (the CLI prints its announcement there)."""
+        self.server.on_ready = on_ready
         try:
             self.server.run(sockets=[self.sock])
         finally:

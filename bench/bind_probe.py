@@ -49,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.passthrough import Passthrough, mfusepy  # noqa: E402
+from bench.unversioned import _timed  # noqa: E402  (the same timing as the unversioned rows)
 
 NPM = Path(__file__).with_name("npm_like.py")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -155,13 +156,6 @@ def serve(argv: list[str]) -> int:
 def _mounted(path: str) -> bool:
     with open("/proc/self/mountinfo") as f:
         return any(line.split()[4] == path for line in f)
-
-
-def _timed(cmd: list[str], cwd: Path) -> tuple[float, int, str]:
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    lines = p.stderr.strip().splitlines()
-    return time.perf_counter() - t0, p.returncode, lines[-1] if lines else ""
 
 
 def _wait(cond, what: str, timeout: float = 30.0) -> None:

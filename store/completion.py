@@ -6,7 +6,6 @@ fsyncs and the durable ``committed`` record that waits for them, and the
 from __future__ import annotations
 
 import os
-import stat as stat_mod
 import time
 
 from sqlalchemy import select
@@ -122,7 +121,4 @@ def _record_outside(ws: WorkspaceParts, conn, entries: list[Entry], mount: str, 
 
 
 def _token_now(ws: WorkspaceParts, path: bytes) -> str:
-    st = _lstat(ws, path)
-    if st is None:
-        return tokens.ABSENT
-    return tokens.from_stat(st, ws.root.readlink(path) if stat_mod.S_ISLNK(st.st_mode) else None)
+    return tokens.of_path(_lstat(ws, path), lambda: ws.root.readlink(path))

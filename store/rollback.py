@@ -121,9 +121,7 @@ class _Disk:
 
     def token(self, path: bytes) -> str:
         """The version token of ``path`` from the stat the plan judged it by."""
-        st = self.lstat(path)
-        return tokens.from_stat(st, self.ws.root.readlink(path) if st is not None and stat_mod.S_ISLNK(st.st_mode)
-                                else None)
+        return tokens.of_path(self.lstat(path), lambda: self.ws.root.readlink(path))
 
     def children(self, path: bytes) -> list[bytes]:
         try:

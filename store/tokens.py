@@ -35,6 +35,12 @@ def from_stat(st: os.stat_result | None, target: bytes | None = None) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
+def of_path(st: os.stat_result | None, readlink) -> str:
+    """The token of a path whose ``lstat`` is ``st``; ``readlink()`` gives
+    its target, asked only for a symlink."""
+    return from_stat(st, readlink() if st is not None and stat_mod.S_ISLNK(st.st_mode) else None)
+
+
 #: A stat taken less than this after the file's last change may not see a
 #: rewrite of the same size within the same timestamp tick ("racy git");
 #: tokens taken inside the window carry a content hash as well.

@@ -241,8 +241,7 @@ def _unapplied(ws, entries: list[Entry], final: dict[bytes, State]) -> tuple[lis
                 continue
             todo.append(e)
             if holds(ws, conn, e.path, st, e.before) or holds(ws, conn, e.path, st, final[e.path]):
-                expect[e.path] = tokens.from_stat(
-                    st, ws.root.readlink(e.path) if st is not None and stat_mod.S_ISLNK(st.st_mode) else None)
+                expect[e.path] = tokens.of_path(st, lambda: ws.root.readlink(e.path))
             else:
                 expect[e.path] = _CHANGED
     return todo, expect

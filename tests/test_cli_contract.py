@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from stepfs.cli import exitcodes, main, progress
+from stepfs.cli import commands, exitcodes, main, progress
 from stepfs.cli.completion import bash_script, subcommands
 from conftest import ROOT, stepfs
 from mountguard import private_tmp  # noqa: F401
@@ -191,11 +191,11 @@ def test_quiet_drops_confirmations_but_keeps_results(capsys):
         json = False
         quiet = True
 
-    main._emit(Args, {"message_type": "mount"}, "mounted x at y", essential=False)
-    main._emit(Args, {"message_type": "step"}, "7")
+    commands._emit(Args, {"message_type": "mount"}, "mounted x at y", essential=False)
+    commands._emit(Args, {"message_type": "step"}, "7")
     assert capsys.readouterr().out == "7\n"
     Args.json = True
-    main._emit(Args, {"message_type": "mount"}, "mounted x at y", essential=False)
+    commands._emit(Args, {"message_type": "mount"}, "mounted x at y", essential=False)
     assert json.loads(capsys.readouterr().out) == {"message_type": "mount"}
 
 

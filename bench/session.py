@@ -84,7 +84,9 @@ def seed(root: Path) -> None:
         (root / "src" / f"m{i}.py").write_bytes(_source(i))
 
 
-def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
+def run(base: Path, steps: int, nm_files: int, keep_last: int = 20, after_gc_copy: Path | None = None) -> dict:
+    """Run the session in ``base``; ``after_gc_copy``: where to keep a copy
+    of the store as it is after gc, before the prune."""
     from stepfs.overlayfs.client import manage
     from stepfs.store import gc, prune
     from stepfs.store.workspace import Workspace
@@ -124,6 +126,8 @@ def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
         # where the bytes are (issue 20's format work reads this first)
         out["store_tables_after_gc"] = {name: s["bytes"] for name, s in
                                         store_bytes.breakdown(w.db.label)["by_name"].items() if s["bytes"] > 8192}
+        if after_gc_copy is not None:
+            store_bytes.copy(w.db.label, str(after_gc_copy))
         prune.prune(w, keep_last=keep_last)
         gc.collect(w)
         out[f"store_keep_last_{keep_last}"] = gc.store_bytes(w)
@@ -161,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--node-modules", type=int, default=3000)
     p.add_argument("--keep-last", type=int, default=20)
+    p.add_argument("--keep", metavar="FILE", help="keep a copy of the store after gc (before the prune) in FILE "
+                   "(for python -m bench.format8_estimate)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stepfs-session-") as tmp:
-        print(json.dumps(run(Path(tmp), args.steps, args.node_modules, args.keep_last), indent=1))
+        keep = Path(args.keep).resolve() if args.keep else None
+        print(json.dumps(run(Path(tmp), args.steps, args.node_modules, args.keep_last, keep), indent=1))
     return 0
 
 

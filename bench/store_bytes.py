@@ -21,16 +21,24 @@ from pathlib import Path
 COUNTED = ("chunks", "objects", "object_chunks", "entries", "layers", "staged", "conflicts")
 
 
+def copy(db_path: str, dest: str) -> None:
+    """A compacted copy of the store ``db_path`` (with its WAL's
+    transactions) at ``dest``, made through a read-only connection."""
+    src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        src.execute("VACUUM INTO ?", (dest,))
+    finally:
+        src.close()
+
+
 def breakdown(db_path: str) -> dict:
     """``{"file_bytes", "page_size", "by_name": {name: {"bytes", "payload", "cells"}}, "other_bytes",
     "rows": {table: n}}``
     of a compacted copy of ``db_path`` (read-only on the original)."""
-    src = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     with tempfile.TemporaryDirectory(prefix="stepfs-bytes-") as tmp:
-        copy = os.path.join(tmp, "copy.db")
-        src.execute("VACUUM INTO ?", (copy,))
-        src.close()
-        c = sqlite3.connect(copy)
+        compact = os.path.join(tmp, "copy.db")
+        copy(db_path, compact)
+        c = sqlite3.connect(compact)
         try:
             page = c.execute("PRAGMA page_size").fetchone()[0]
             out = {"file_bytes": c.execute("PRAGMA page_count").fetchone()[0] * page, "page_size": page,

@@ -84,3 +84,38 @@ def test_session_versions_node_modules_like_shadow_git(private_tmp):  # noqa: F8
     assert os.path.isdir(base / "ws" / "node_modules")
     assert out["git_bytes"] > 0 and out["store_after_gc"] > 0
     assert out["store_tables_after_gc"]["entries"] > 0
+
+
+def test_format8_estimate_layouts_keep_every_entry_and_shrink(tmp_path):
+    from bench import format8_estimate as f8
+
+    ws = open_workspace(tmp_path / "ws")
+    for k in range(4):
+        _commit(ws, {f"f{i}.txt": b"version %d of file %d\n" % (k, i) * (1 + i % 5) for i in range(60)})
+    db = str(tmp_path / "ws" / ".stepfs" / "store.db")
+    ws.close()
+    src = sqlite3.connect(db)
+    want = {}
+    for row in src.execute(f"SELECT layer, path, {', '.join(f8.COLS)} FROM entries"):
+        want[(row[0], bytes(row[1]))] = tuple(f8.KINDS[v] if f8.COLS[i].endswith("_kind") else
+                                              (bytes(v) if isinstance(v, bytes) else v)
+                                              for i, v in enumerate(row[2:]))
+    src.close()
+    for layout in ("B", "D"):
+        dst = str(tmp_path / f"{layout}.db")
+        f8.build(db, dst, layout, block=25)
+        c = sqlite3.connect(dst)
+        names = {i: bytes(n) for i, _, n in c.execute("SELECT id, parent, name FROM paths")}  # top-level names
+        key = {i: bytes(k) for i, k in c.execute("SELECT id, oid FROM objects")} if layout == "D" else None
+        got = {}
+        for layer, blob in c.execute("SELECT layer, data FROM layer_entries"):
+            for row in f8.read_list(blob):
+                values = tuple(key[v] if key and f8.COLS[i].endswith("_oid") and v is not None else v
+                               for i, v in enumerate(row[1:]))
+                got[(layer, names[row[0]])] = values
+        pairs = c.execute("SELECT count(*) FROM path_layers").fetchone()[0]
+        c.close()
+        assert got == want, layout
+        assert pairs == len(want)
+    sizes = f8.estimate(db)
+    assert set(sizes) == {"format 7", *f8.LAYOUTS} and all(v > 0 for v in sizes.values())

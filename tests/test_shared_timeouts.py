@@ -29,14 +29,22 @@ SLACK = 15
 
 @contextmanager
 def stopped(server):
-    """Every process of the cluster SIGSTOPped; always continued after."""
+    """Every process of the cluster SIGSTOPped; always continued after.
+    The postmaster first, so it forks no child after the listing; a child
+    that exits between the listing and its signal (a backend ending its
+    session) needs no stopping."""
     with open(os.path.join(server.data, "postmaster.pid")) as f:
         postmaster = int(f.readline())
-    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
-    pids = [postmaster, *map(int, children)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    pids = [postmaster]
     try:
+        os.kill(postmaster, signal.SIGSTOP)
+        children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        for pid in map(int, children):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            pids.append(pid)
         yield
     finally:
         for pid in pids:

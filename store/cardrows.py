@@ -25,6 +25,7 @@ import stat as stat_mod
 from typing import Callable, Iterator
 
 from stepfs.store.errors import CorruptObject, LayerPruned, NoSuchLayer
+from stepfs.store.keytext import from_db, to_db
 from stepfs.store.paths import DB_NAME, STORE_DIR
 from stepfs.store.records import Entry, Layer, State
 
@@ -49,17 +50,9 @@ def _b(v) -> bytes | None:
     return bytes(v) if v is not None else None
 
 
-def _key(v) -> str | None:
-    """A stored key as hex (format 7: keys are bytes in the database)."""
-    from stepfs.store.keytext import from_db  # noqa: PLC0415
-
-    return from_db(v)
-
-
-def _db(key: str):
-    from stepfs.store.keytext import to_db  # noqa: PLC0415
-
-    return to_db(key)
+#: A stored key as hex and back (format 7: keys are bytes in the database).
+_key = from_db
+_db = to_db
 
 
 #: Prefix of an inline object's id among the pieces :meth:`Rows.stored` counts.
@@ -123,9 +116,15 @@ class Rows:
     runs one statement (``?`` placeholders) and returns its rows as
     tuples; ``hasher`` verifies chunks (``ObjectStore.hasher``)."""
 
-    def __init__(self, fetch: Callable[[str, tuple], list], hasher: Callable[[bytes], str] = xxh3_hex):
+    def __init__(self, fetch: Callable[[str, tuple], list], hasher: Callable[[bytes], str] = xxh3_hex,
+                 table_exists: Callable[[str], bool] | None = None):
         self.fetch = fetch
         self.hasher = hasher
+        self._table_exists = table_exists
+        self._tables: dict[str, bool] = {}
+        #: Line counts the cards computed because the store had no row for
+        #: them (``store/linecounts.py``): a writer may remember them.
+        self.computed: dict[tuple[str, str], tuple] = {}
 
     @classmethod
     def over(cls, conn, hasher: Callable[[bytes], str] = xxh3_hex) -> "Rows":
@@ -135,7 +134,14 @@ class Rows:
         def fetch(sql: str, params: tuple = ()) -> list:
             return conn.exec_driver_sql(sql if qmark else sql.replace("?", "%s"), tuple(params)).all()
 
-        return cls(fetch, hasher)
+        return cls(fetch, hasher, lambda name: conn.dialect.has_table(conn, name))
+
+    def has_table(self, name: str) -> bool:
+        """Whether the store has table ``name`` (an optional one, FORMAT.md)."""
+        if name not in self._tables:
+            self._tables[name] = (self._table_exists(name) if self._table_exists is not None else bool(
+                self.fetch("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))))
+        return self._tables[name]
 
     # -- layers ------------------------------------------------------------------
 

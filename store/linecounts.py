@@ -65,8 +65,10 @@ def compute(rows: Rows, pair: tuple[str, str]) -> Counts:
 
 def lookup(rows: Rows, pairs) -> dict[tuple[str, str], Counts]:
     """The remembered counts of those of ``pairs`` that have a row (none if
-    the store has no ``line_counts`` table)."""
-    from stepfs.store.keytext import from_db, to_db  # noqa: PLC0415
+    the store has no ``line_counts`` table).  One statement per
+    :data:`BATCH` pairs, each pair one primary-key probe (``CROSS JOIN``
+    keeps SQLite from scanning the table instead)."""
+    from stepfs.store.keytext import to_db  # noqa: PLC0415
 
     wanted = sorted(set(pairs))
     out: dict[tuple[str, str], Counts] = {}
@@ -74,14 +76,14 @@ def lookup(rows: Rows, pairs) -> dict[tuple[str, str], Counts]:
         return out
     for i in range(0, len(wanted), BATCH):
         part = wanted[i:i + BATCH]
-        params: list = []
-        for b, a in part:
-            params += (to_db(b), to_db(a))
+        by_key = {(to_db(b), to_db(a)): (b, a) for b, a in part}
+        params = tuple(k for key in by_key for k in key)
         for b, a, added, removed, n_old, n_new in rows.fetch(
-                "SELECT before_oid, after_oid, lines_added, lines_removed, bytes_before, bytes_after "
-                f"FROM {TABLE} WHERE (before_oid, after_oid) IN (VALUES {', '.join(['(?, ?)'] * len(part))})",
-                tuple(params)):
-            out[(from_db(b), from_db(a))] = (added, removed, n_old, n_new)
+                f"WITH v(b, a) AS (VALUES {', '.join(['(?, ?)'] * len(by_key))}) "
+                "SELECT lc.before_oid, lc.after_oid, lc.lines_added, lc.lines_removed, lc.bytes_before, "
+                f"lc.bytes_after FROM v CROSS JOIN {TABLE} lc WHERE lc.before_oid = v.b AND lc.after_oid = v.a",
+                params):
+            out[by_key[(bytes(b), bytes(a))]] = (added, removed, n_old, n_new)
     return out
 
 

@@ -171,3 +171,25 @@ def test_a_store_without_the_table_reads_and_gets_it(ws):
         assert _rows(again) == []  # made again, empty
         assert cards.read_log(again) == expected[0]
         assert len(_rows(again)) >= 5
+
+
+def test_added_bytes_in_one_statement_is_the_rows_answer(ws):
+    """``Rows.added_bytes`` (one SQL statement) against the row-by-row
+    reference, with chunked and inline objects, deltas and a pruned layer."""
+    st = Stager(ws)
+    st.file("long.txt", LONG.replace(b"line 9 ", b"LINE 9 "))  # a delta against layer 2's version
+    st.file("text", b"a\nb\n")
+    publish.commit_step(ws, st.step, message="fourth")
+
+    def both(numbers):
+        return _direct(ws, lambda rows: (rows.added_bytes(numbers), rows.added_bytes_by_rows(numbers)))
+
+    for numbers in (None, [4], [1, 3], [0, 1, 2, 3, 4]):
+        fast, reference = both(numbers)
+        assert fast == reference
+    assert sum(both(None)[0].values()) > 0
+    gc.collect(ws)  # deltas made
+    assert prune.prune(ws, keep_last=3).keep_from == 2
+    for numbers in (None, [4], [2, 3]):
+        fast, reference = both(numbers)
+        assert fast == reference

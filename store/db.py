@@ -240,7 +240,7 @@ class Database:
 
     def _add_optional(self) -> None:
         """Make the optional tables an older stepfs did not (FORMAT.md,
-        "Remembered line counts").  A store that cannot be written now is
+        ``line_counts``: no format number).  A store that cannot be written now is
         read without them (their readers look for them first)."""
         try:
             with self.write() as conn:

@@ -22,7 +22,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from stepfs.store import records
+from stepfs.store import linecounts, records
 from stepfs.store.cardrows import Rows
 from stepfs.store.contained import DEVICE_KINDS, rdev_of
 from stepfs.store.errors import CorruptObject
@@ -86,11 +86,13 @@ def file_card(objects: ObjectStore, conn: Connection, c: Change, tolerant: bool 
     return card_entry(Rows.over(conn, objects.hasher), c, tolerant)
 
 
-def card_entry(rows: Rows, c: Change, tolerant: bool = False) -> dict:
+def card_entry(rows: Rows, c: Change, tolerant: bool = False, counts: dict | None = None) -> dict:
     """One path of a card.  ``tolerant``: a file whose bytes cannot be read
     back (a corrupt chunk) gets ``unreadable: True`` and no line counts
     instead of failing the card (``log`` lists layers from their rows,
-    whatever the chunks)."""
+    whatever the chunks).  ``counts``: remembered line counts by object
+    pair (``store/linecounts.py``); a pair not in it is computed from the
+    objects' bytes, added to it and to ``rows.computed``."""
     out = {
         "path": os.fsdecode(c.path), "op": c.op, "kind": c.after.kind or c.before.kind,
         "before": _state(c.before), "after": _state(c.after),
@@ -102,19 +104,23 @@ def card_entry(rows: Rows, c: Change, tolerant: bool = False) -> dict:
     if c.before.kind == c.after.kind and c.before.oid == c.after.oid:
         out.update(binary=False, lines_added=0, lines_removed=0)
         return out
-    only_files = Change(c.path, c.before if c.before.kind == "file" else State(None),
-                        c.after if c.after.kind == "file" else State(None))
-    try:
-        a, b, n_old, n_new = records.lines_of(only_files, rows.size, rows.read_all)
-    except CorruptObject:
-        if not tolerant:
-            raise
-        out.update(unreadable=True)
-        return out
-    if a is None or b is None:
+    pair = linecounts.pair_of(c)
+    got = counts.get(pair) if counts is not None else None
+    if got is None:
+        try:
+            got = linecounts.compute(rows, pair)
+        except CorruptObject:
+            if not tolerant:
+                raise
+            out.update(unreadable=True)
+            return out
+        rows.computed[pair] = got
+        if counts is not None:
+            counts[pair] = got
+    added, removed, n_old, n_new = got
+    if added is None:
         out.update(binary=True, bytes_before=n_old, bytes_after=n_new)
         return out
-    added, removed = records.count_lines(a, b)
     out.update(binary=False, lines_added=added, lines_removed=removed)
     return out
 
@@ -131,7 +137,8 @@ def card_of(rows: Rows, header: dict, changes: list[Change], fold: bool = True, 
     one entry of ``folded`` (its files are not read) instead of one per path
     (``tolerant``: see :func:`card_entry`)."""
     kept, folded = split_folded(changes) if fold else (changes, {})
-    files = [card_entry(rows, c, tolerant) for c in kept]
+    counts = linecounts.lookup(rows, [p for c in kept if (p := linecounts.pair_of(c)) is not None])
+    files = [card_entry(rows, c, tolerant, counts) for c in kept]
     ops = [f["op"] for f in files]
     return {
         **header,
@@ -188,8 +195,8 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None, fold: 
 def log_of(rows: Rows, limit: int | None = None, fold: bool = True) -> list[dict]:
     """Committed layers, newest first, each as its card without the per-file
     list (``files`` holds the count; ``folded`` stays a list).  Line counts
-    read the content of every changed text file, so this costs what the
-    layers changed; a file whose chunks are corrupt is counted in
+    are read from ``line_counts`` (``store/linecounts.py``); only a change
+    with no row there reads its content.  A file whose chunks are corrupt is counted in
     ``unreadable`` instead of failing the listing (``stepfs verify`` names it)."""
     out = []
     listed = rows.layers(limit=limit)
@@ -209,14 +216,20 @@ def log_of(rows: Rows, limit: int | None = None, fold: bool = True) -> list[dict
 
 
 def read_log(ws: Workspace, limit: int | None = None, fold: bool = True) -> list[dict]:
-    """:func:`log` in one read transaction of ``ws``."""
+    """:func:`log` in one read transaction of ``ws``; the line counts it
+    had to compute are remembered after it (``store/linecounts.py``)."""
     with ws.db.read() as conn:
-        return log(ws.objects, conn, limit=limit, fold=fold)
+        rows = Rows.over(conn, ws.objects.hasher)
+        out = log_of(rows, limit=limit, fold=fold)
+    linecounts.remember(ws, rows.computed)
+    return out
 
 
 def read_card(ws: Workspace, number: int, with_patch: bool = False, fold: bool = True) -> tuple[dict, str | None]:
     """:func:`card` of layer ``number`` and, if asked, its :func:`layer_patch`,
-    in one read transaction of ``ws``."""
+    in one read transaction of ``ws`` (line counts as :func:`read_log`)."""
     with ws.db.read() as conn:
-        return (card(ws.objects, conn, number, fold),
-                layer_patch(ws.objects, conn, number, fold) if with_patch else None)
+        rows = Rows.over(conn, ws.objects.hasher)
+        out = (card_at(rows, number, fold), layer_patch(ws.objects, conn, number, fold) if with_patch else None)
+    linecounts.remember(ws, rows.computed)
+    return out

@@ -24,6 +24,7 @@ takes its own pooled connection.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -36,6 +37,8 @@ from sqlalchemy.pool import StaticPool
 from stepfs.store import durable as durable_calls
 from stepfs.store import keys, schema
 from stepfs.store.errors import StepfsError, StoreDamaged, StoreFormatError, StoreFull, StoreUnavailable
+
+log = logging.getLogger("stepfs.store")
 
 BUSY_TIMEOUT_MS = 30_000
 #: WAL pages after which a durable commit checkpoints (SQLite's default).
@@ -227,11 +230,24 @@ class Database:
             raise StoreFormatError(
                 f"{self.label} uses hash {facts.get('hash_algorithm')!r}, this stepfs only knows {schema.HASH_ALGORITHM}."
             )
-        missing = {t.name for t in schema.metadata.sorted_tables} - names
+        missing = {t.name for t in schema.metadata.sorted_tables} - names - set(schema.OPTIONAL_TABLES)
         if missing:
             raise StoreFormatError(f"{self.label} is damaged: tables {sorted(missing)} are missing.")
         if version < schema.FORMAT_VERSION:
             self._upgrade(version)
+        if not names.issuperset(schema.OPTIONAL_TABLES):
+            self._add_optional()
+
+    def _add_optional(self) -> None:
+        """Make the optional tables an older stepfs did not (FORMAT.md,
+        ``line_counts``: no format number).  A store that cannot be written now is
+        read without them (their readers look for them first)."""
+        try:
+            with self.write() as conn:
+                for name in schema.OPTIONAL_TABLES:
+                    schema.metadata.tables[name].create(conn, checkfirst=True)
+        except StepfsError as exc:
+            log.warning("%s: table(s) %s not made now: %s", self.label, ", ".join(schema.OPTIONAL_TABLES), exc)
 
     def _upgrade(self, version: int) -> None:
         """Bring an older store to this format: each step and the new version

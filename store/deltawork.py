@@ -22,6 +22,11 @@ this process runs (``Spares.wait_idle``; :meth:`DeltaWork.pausing`).  When the w
 does the layers still queued for at most :data:`STOP_WAIT` seconds, then
 stops between two files: what it did not reach, gc's delta pass does
 (``meta.delta_through``).
+
+The same thread then remembers the layer's line counts
+(:func:`linecounts.fill_layer`), so that ``log`` reads them instead of
+diffing; a process without the thread leaves them to the first reader
+that writes (the commit's own latency is the same either way).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from collections import deque
 from contextlib import contextmanager
 from typing import Iterator
 
-from stepfs.store import delta
+from stepfs.store import delta, linecounts
 from stepfs.store.spares import Spares
 
 log = logging.getLogger("stepfs.store")
@@ -141,6 +146,7 @@ class DeltaWork:
             try:
                 self._quiet()
                 delta.after_commit(self.ws, number, go=self._go, writing=self._writing)
+                linecounts.fill_layer(self.ws, number, go=self._go, writing=self._writing)
             except Exception:  # an encoding only: gc's pass does the layer again
                 log.exception("deltas of layer %d failed; gc makes them", number)
             finally:

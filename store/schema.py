@@ -244,3 +244,27 @@ conflicts = Table(
     Column("token_mine", Text, nullable=False, default=""),
     Column("token_theirs", Text, nullable=False, default=""),
 )
+
+# Line counts of a file change, remembered once so that ``log`` and
+# ``show`` read them instead of reading and diffing both versions
+# (store/linecounts.py).  Keyed by the pair of objects, '' for "no file"
+# (added, deleted, or a file that became another kind): content-addressed,
+# so a row is never stale, whichever layer or prune's folding names the
+# pair.  ``lines_added``/``lines_removed`` NULL: binary or too large to
+# count; the byte sizes are the card's ``bytes_before``/``bytes_after``.
+# Optional: a store without it reads as before and gets it when next
+# opened for writing (FORMAT.md, "Remembered line counts").
+line_counts = Table(
+    "line_counts",
+    metadata,
+    Column("before_oid", HexKey, nullable=False),
+    Column("after_oid", HexKey, nullable=False),
+    Column("lines_added", Integer),
+    Column("lines_removed", Integer),
+    Column("bytes_before", BigInteger, nullable=False),
+    Column("bytes_after", BigInteger, nullable=False),
+    PrimaryKeyConstraint("before_oid", "after_oid"),
+    sqlite_with_rowid=False,
+)
+#: Tables a store of this format may lack: made when it is next opened to write.
+OPTIONAL_TABLES = ("line_counts",)

@@ -103,3 +103,51 @@ def test_the_inode_is_asked_only_for_a_writable_descriptor_in_the_mount(tmp_path
             os.close(wr)
     finally:
         os.close(ro)
+
+
+def test_held_descriptor_directories_see_every_change(tmp_path):
+    # FdDirs keeps a writer's /proc/<pid>/fd open and reads only the names
+    # of its last look while their number matches the directory's size: a
+    # descriptor opened since (a dup, here under a number never seen) must
+    # still be found, and one closed since must no longer count.
+    from stepfs.overlayfs.daemon.closers import FdDirs, links_of
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    ino = os.stat(f).st_ino
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline(); sys.stdin.readline()"],
+                             stdin=subprocess.PIPE)
+    dirs = FdDirs()
+    try:
+        assert holds(child.pid, str(tmp_path), ino, "/f", dirs) is False
+        fd_dir = os.open(f"/proc/{child.pid}/fd", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            names = set(os.listdir(fd_dir))
+            assert set(links_of(fd_dir, tuple(names), os.fstat(fd_dir).st_size)) == names  # no listing needed
+        finally:
+            os.close(fd_dir)
+        wr = os.open(f, os.O_WRONLY)
+        try:
+            assert holds(os.getpid(), str(tmp_path), ino, "/f", dirs) is True  # a new process: looked up
+            high = os.dup2(wr, 900)  # a number no earlier look saw
+            try:
+                assert holds(os.getpid(), str(tmp_path), ino, "/f", dirs) is True
+                os.close(wr)
+                assert holds(os.getpid(), str(tmp_path), ino, "/f", dirs) is True  # the dup alone
+            finally:
+                os.close(high)
+            assert holds(os.getpid(), str(tmp_path), ino, "/f", dirs) is False
+        finally:
+            try:
+                os.close(wr)
+            except OSError:
+                pass
+        child.stdin.write(b"\n\n")
+        child.stdin.flush()
+        child.wait()
+        # Gone: its held directory shows no descriptor, and the pid is looked up again.
+        assert holds(child.pid, str(tmp_path), ino, "/f", dirs) is None
+    finally:
+        child.kill()
+        child.wait()
+        dirs.close()

@@ -338,3 +338,33 @@ def test_rename_of_a_directory_takes_staged_paths_below_unchanged_directories(ws
     view.commit(message="move")
     assert manifest(ws.path) == expected
     assert len(view.upper) == 0 and view.upper.children == {}
+
+
+def test_directory_link_counts_follow_subdirectories(ws_view, tmp_path):
+    # A directory the step changed counts its subdirectories itself, and
+    # keeps the count through changes of files (a tar sets three attributes
+    # per file): it must still follow every change of a subdirectory, made
+    # through the view or outside in the workspace.
+    ws, view = ws_view
+    assert view.getattr("/d")["st_nlink"] == 3  # ., .. and sub
+    write_file(view, "/d/new", b"x")
+    view.chmod("/d/new", 0o600)
+    view.utimens("/d/new", (10**9, 10**9))
+    assert view.getattr("/d")["st_nlink"] == 3
+    view.mkdir("/d/sub2", 0o755)
+    assert view.getattr("/d")["st_nlink"] == 4
+    view.chmod("/d/new", 0o644)
+    assert view.getattr("/d")["st_nlink"] == 4
+    (tmp_path / "ws" / "d" / "outside").mkdir()  # the workspace directory's mtime changes
+    assert view.getattr("/d")["st_nlink"] == 5
+    view.rmdir("/d/sub2")
+    assert view.getattr("/d")["st_nlink"] == 4
+    view.rename("/d/sub", "/sub")
+    assert view.getattr("/d")["st_nlink"] == 3
+    view.mkdir("/new", 0o755)
+    view.mkdir("/new/a", 0o755)
+    write_file(view, "/new/f", b"y")
+    view.chmod("/new/f", 0o600)
+    assert view.getattr("/new")["st_nlink"] == 3
+    view.mkdir("/new/b", 0o755)
+    assert view.getattr("/new")["st_nlink"] == 4

@@ -90,7 +90,13 @@ class Changes:
         """Record the rows of ``puts`` (by their current nodes), the deletion
         of the rows of ``removes`` and of everything below ``trees``; they
         reach the store at the next flush (module doc)."""
-        self.ns.nlink_cache.clear()
+        # A directory's link count counts its subdirectories: only a
+        # directory or a removal changes it.  Keeping the counts through
+        # the changes of files spares a listing of the parent at each
+        # GETATTR after them (a tar sets three attributes per file).
+        nodes = self.ns.upper.nodes
+        if removes or trees or any(nodes[p].kind in ("dir", "whiteout") for p in puts):
+            self.ns.nlink_cache.clear()
         self._changed()
         pending = self.rows.pending
         for path in trees:

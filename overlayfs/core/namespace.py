@@ -77,7 +77,7 @@ class Namespace:
         self.ino_alias: dict[tuple[int, int], int] = {}
         #: Directory -> 2 + subdirectories, for directories the step changed;
         #: cleared at every namespace change.
-        self.nlink_cache: dict[str, int] = {}
+        self.nlink_cache: dict[str, tuple[int, int]] = {}
         #: Workspace directory -> when the view last changed its entries
         #: (ns): shown as its mtime and ctime (:meth:`entries_changed`).
         self.dir_times: dict[str, int] = {}
@@ -174,20 +174,23 @@ class Namespace:
                 return False
             p = p.rpartition("/")[0] or "/"
 
-    def dir_nlink(self, path: str) -> int:
+    def dir_nlink(self, path: str, stamp: int = 0) -> int:
         """2 + subdirectories, for a directory the open step changed (the
         workspace's own count is right for the others).  Cached until the
-        next namespace change (the view clears :attr:`nlink_cache`)."""
-        n = self.nlink_cache.get(path)
-        if n is None:
-            n = 2 + sum(1 for _name, kind, _ino in self.listing(path)[2:] if kind == stat_mod.S_IFDIR)
-            self.nlink_cache[path] = n
+        next change of the step's directories (the view clears
+        :attr:`nlink_cache`) or, given the workspace directory's mtime as
+        ``stamp``, until that changes (a directory made outside)."""
+        cached = self.nlink_cache.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        n = 2 + sum(1 for _name, kind, _ino in self.listing(path)[2:] if kind == stat_mod.S_IFDIR)
+        self.nlink_cache[path] = (stamp, n)
         return n
 
     def stat_lower(self, path: str, st: os.stat_result) -> dict:
         nlink = st.st_nlink
         if stat_mod.S_ISDIR(st.st_mode) and self.upper.child_names(path):
-            nlink = self.dir_nlink(path)  # the upper layer changed its entries
+            nlink = self.dir_nlink(path, st.st_mtime_ns)  # the upper layer changed its entries
         ino = self.ino_alias.get((st.st_dev, st.st_ino), st.st_ino) if self.ino_alias else st.st_ino
         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
         if nlink > 1 and not stat_mod.S_ISDIR(st.st_mode):

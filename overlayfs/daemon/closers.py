@@ -44,10 +44,11 @@ so its FLUSHes publish.
 
 Cost: a dict lookup per write (a new thread of a handle: one ``pidfd_open``,
 or one ``/proc/<tid>/status`` for a thread that is not its group's
-leader); per close of a writer, a listing of its ``/proc/<pid>/fd`` (a
-``readlink`` per descriptor, ``fdinfo`` of those in the mount), so it
-grows with the writer's open descriptors (measured in the commit that
-added this rule).  FLUSHes of processes that never wrote cost one
+leader); per close of a writer, a ``readlink`` of each of its
+descriptors in ``/proc/<pid>/fd`` (``fdinfo`` of those in the mount), so
+it grows with the writer's open descriptors; the directory is listed only
+when the descriptors differ from those of the writer's previous close
+(:func:`links_of`).  FLUSHes of processes that never wrote cost one
 ``pidfd_open``.
 
 Threading: FUSE loop thread only (the adapter's callbacks).
@@ -60,6 +61,9 @@ import os
 #: Bound of the writer table (fh -> writers); cleared when full, which only
 #: makes the next FLUSHes of the handles then open decide, as before the rule.
 WRITERS_LIMIT = 100_000
+#: Bound of the writers' /proc/<pid>/fd directories held open (FdDirs);
+#: all are closed when full, which only costs their next look a listing.
+FD_DIRS_LIMIT = 32
 
 
 def tgid_of(tid: int) -> int | None:
@@ -81,7 +85,82 @@ def tgid_of(tid: int) -> int | None:
     return None
 
 
-def holds(pid: int, prefix: str, ino, path: str) -> bool | None:
+def links_of(fd_dir: int, guess=(), count: int = 0) -> dict[str, str]:
+    """Every descriptor of a process (``fd_dir``: its ``/proc/<pid>/fd``,
+    open) -> the target of its link.  ``guess``: the descriptor names it
+    had at the last look; ``count``: how many it holds (the directory's
+    size, Linux 6.2+).  Listing the directory makes the kernel build an
+    entry per descriptor, costlier than the ``readlink`` of each; so the
+    guessed names are read first, and when ``count`` of them are open they
+    are all of them and no listing is made.  Otherwise the listing
+    decides, reusing what was read."""
+    links: dict[str, str] = {}
+    if guess and count:
+        for name in guess:
+            try:
+                links[name] = os.readlink(name, dir_fd=fd_dir)
+            except OSError:
+                pass  # closed since
+        if len(links) == count:
+            return links
+    out: dict[str, str] = {}
+    for name in os.listdir(fd_dir):
+        target = links.get(name)
+        if target is None:
+            try:
+                target = os.readlink(name, dir_fd=fd_dir)
+            except OSError:
+                continue  # closed meanwhile
+        out[name] = target
+    return out
+
+
+class FdDirs:
+    """The ``/proc/<pid>/fd`` directories of the writers seen last, held
+    open with their descriptor names at the last look: opening one cost
+    as much as reading a few links.  A held directory is used only while
+    its size (the process's descriptor count) is not 0: a process that
+    lives keeps its pid, so the number still names it; a process gone
+    (or a kernel without the count) has the pid looked up again."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[int, tuple[str, ...]]] = {}
+
+    def links(self, pid: int) -> dict[str, str]:
+        """:func:`links_of` for process ``pid`` (OSError: cannot be read)."""
+        held = self._held.pop(pid, None)
+        count = 0
+        if held is not None:
+            fd_dir, guess = held
+            try:
+                count = os.fstat(fd_dir).st_size
+            except OSError:
+                pass
+            if not count:
+                os.close(fd_dir)
+                held = None
+        if held is None:
+            # Links read relative to the open directory: each readlink then
+            # walks one name instead of /proc/<pid>/fd/<n> from the root.
+            fd_dir = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            guess = ()
+        try:
+            links = links_of(fd_dir, guess, count)
+        except OSError:
+            os.close(fd_dir)
+            raise
+        if len(self._held) >= FD_DIRS_LIMIT:
+            self.close()
+        self._held[pid] = (fd_dir, tuple(links))
+        return links
+
+    def close(self) -> None:
+        for fd_dir, _names in self._held.values():
+            os.close(fd_dir)
+        self._held.clear()
+
+
+def holds(pid: int, prefix: str, ino, path: str, fd_dirs: FdDirs | None = None) -> bool | None:
     """Whether process ``pid`` has a writable descriptor open on the file of
     this mount (mountpoint ``prefix``) with inode ``ino`` (or, when the
     inode is unknown, named ``prefix + path``); None when its descriptors
@@ -90,48 +169,47 @@ def holds(pid: int, prefix: str, ino, path: str) -> bool | None:
     the handle cost as much as the rest of the look, and the writer's close
     usually leaves none).  Reads ``/proc/<pid>/fd`` links and ``fdinfo`` only:
     neither sends a request to this mount (a ``stat`` through the link
-    would, and this runs on the FUSE loop)."""
+    would, and this runs on the FUSE loop).  ``fd_dirs``: the directories
+    held from earlier looks (:class:`FdDirs`)."""
     try:
-        # Links read relative to the open directory: each readlink then
-        # walks one name instead of /proc/<pid>/fd/<n> from the root.
-        fd_dir = os.open(f"/proc/{pid}/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        if fd_dirs is None:
+            fd_dirs = FdDirs()
+            try:
+                links = fd_dirs.links(pid)
+            finally:
+                fd_dirs.close()
+        else:
+            links = fd_dirs.links(pid)
     except OSError:
         return None
-    try:
-        names = os.listdir(fd_dir)
-        want = prefix + path
-        inside = prefix.rstrip("/") + "/"
-        for name in names:
+    want = prefix + path
+    inside = prefix.rstrip("/") + "/"
+    for name, target in links.items():
+        if not target.startswith(inside):
+            continue
+        try:
+            with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
+                info = f.read()
+        except OSError:
+            continue
+        fields = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line)
+        try:
+            flags = int(fields[b"flags"].strip(), 8)
+        except (KeyError, ValueError):
+            flags = os.O_RDWR
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            continue
+        if callable(ino):
+            ino = ino()
+        if ino is not None and b"ino" in fields:
             try:
-                target = os.readlink(name, dir_fd=fd_dir)
-            except OSError:
-                continue  # closed meanwhile
-            if not target.startswith(inside):
-                continue
-            try:
-                with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
-                    info = f.read()
-            except OSError:
-                continue
-            fields = dict(line.split(b":", 1) for line in info.splitlines() if b":" in line)
-            try:
-                flags = int(fields[b"flags"].strip(), 8)
-            except (KeyError, ValueError):
-                flags = os.O_RDWR
-            if flags & os.O_ACCMODE == os.O_RDONLY:
-                continue
-            if callable(ino):
-                ino = ino()
-            if ino is not None and b"ino" in fields:
                 if int(fields[b"ino"].strip()) == ino:
                     return True
-            elif target.removesuffix(" (deleted)") == want:
-                return True
-        return False
-    except OSError:
-        return None
-    finally:
-        os.close(fd_dir)
+            except ValueError:
+                continue
+        elif target.removesuffix(" (deleted)") == want:
+            return True
+    return False
 
 
 class Writers:
@@ -141,6 +219,7 @@ class Writers:
     def __init__(self, mountpoint: str):
         self.prefix = os.path.realpath(mountpoint)  # as /proc/<pid>/fd shows it (before the mount exists)
         self._by_fh: dict[int, dict[int, int | None]] = {}
+        self._fd_dirs = FdDirs()
 
     def wrote(self, fh: int, tid: int) -> None:
         """Thread ``tid`` changed the file through ``fh`` (write, truncate,
@@ -171,5 +250,5 @@ class Writers:
             return True
         if pid not in w.values():
             return False  # a process that never wrote through this handle
-        held = holds(pid, self.prefix, ino, path)
+        held = holds(pid, self.prefix, ino, path, self._fd_dirs)
         return not held  # None (cannot look): decide, as before the rule

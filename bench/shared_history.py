@@ -8,7 +8,7 @@ mount; the mount's request path does not touch the history):
 * ``log`` of the shared history (one query) with L layers;
 * sync of a workspace 10 layers behind.
 
-    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R]
+    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R] [--only step,sync,log,clone]
 """
 
 from __future__ import annotations
@@ -131,15 +131,24 @@ def main() -> int:
     p.add_argument("--files", type=int, default=10000)
     p.add_argument("--layers", type=int, default=10000)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--only", default="step,sync,log,clone", help="comma-separated: step, sync, log, clone")
     args = p.parse_args()
+    only = set(args.only.split(","))
     server = PgServer()
     tmp = Path(tempfile.mkdtemp(prefix="stepfs-bench-shared-"))
     try:
         server.start()
         url = server.url(server.new_database())
-        result = {"load": os.getloadavg(), "step": step_latency(tmp, url, args.reps),
-                  "sync_10_behind": sync_behind(tmp, url), "log": log_time(url, args.layers),
-                  "clone": clone_time(tmp, url, args.files)}
+        result = {"load_before": os.getloadavg()}
+        if "step" in only:
+            result["step"] = step_latency(tmp, url, args.reps)
+        if "sync" in only:
+            result["sync_10_behind"] = sync_behind(tmp, url)
+        if "log" in only:
+            result["log"] = log_time(url, args.layers)
+        if "clone" in only:
+            result["clone"] = clone_time(tmp, url, args.files)
+        result["load_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
     finally:
         server.destroy()

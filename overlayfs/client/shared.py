@@ -48,6 +48,13 @@ def _connecting(workspace: str, given: str | None) -> Connecting:
     return Connecting(guess)
 
 
+def _locked(remote: Remote, ws: Workspace):
+    """The history's lock, the head and this workspace's published layers
+    read with it (one query) when the workspace is attached already."""
+    att = attachment.read(ws)
+    return remote.lock(att.workspace if att is not None and att.url.name == remote.name else None)
+
+
 def _new_workspace_check(workspace: str, url: HistoryURL | None) -> None:
     """A directory that is no workspace yet becomes one only to make a new
     history: refuse before its store is made if the history exists."""
@@ -108,7 +115,7 @@ def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
     with _connecting(target.workspace, given) as early, \
             Workspace.open(target.workspace, create=from_environment(given) is not None) as ws:
         url = _url_for(ws, given)
-        with early.remote(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             pulled = _pull(ws, remote, att)
             more, pushed = _push(ws, remote, att)
@@ -121,7 +128,7 @@ def step(target: manage.Target, given: str | None = None, **options) -> dict:
     """``stepfs step`` on an attached workspace (see the module doc)."""
     with _connecting(target.workspace, given) as early, Workspace.open(target.workspace) as ws:
         url = _url_for(ws, given)
-        with early.remote(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             pulled = _pull(ws, remote, att)
             nothing = None
@@ -165,7 +172,7 @@ def rollback(target: manage.Target, given: str | None, number: int, paths: list[
     rels = [history_path(p, allow_root=True) for p in paths] or None
     with _connecting(target.workspace, given) as early, Workspace.open(target.workspace) as ws:
         url = _url_for(ws, given)
-        with early.remote(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             if dry_run:
                 res = shared_rollback.rollback(ws, remote, att, number, rels, dry_run=True)

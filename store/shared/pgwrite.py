@@ -4,7 +4,8 @@ parameters (``unnest``), whatever the number of rows (FORMAT.md,
 
 * :func:`put_objects`: chunks, objects and chunk lists of a batch, every
   insert ignoring a key already there (idempotent); run alone on the
-  command's autocommit connection, it is its own transaction;
+  command's autocommit connection, it is its own transaction, committed
+  without waiting for the server's disk (see ``_PUT_OBJECTS``);
 * :func:`publish`: the head's compare-and-swap and, only if it moved, the
   layer row and its entries.  Data-modifying CTEs of one statement commit
   or roll back together, and the foreign keys are checked at its end, so
@@ -35,8 +36,15 @@ _ENTRY_TYPES = {
 }
 assert list(_ENTRY_TYPES) == [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
 
+# set_config(..., true): synchronous_commit off until the end of this
+# statement's own transaction, so its commit does not wait for the server's
+# disk.  The publish naming these objects commits synchronously, and the
+# server flushes its log in order: the objects are on disk before any layer
+# naming them is; a crash before may lose them, and then no layer names them.
 _PUT_OBJECTS = f"""
-WITH c AS (
+WITH nosync AS (
+  SELECT set_config('synchronous_commit', 'off', true)
+), c AS (
   INSERT INTO {T.chunks.name} (hash, size, data)
   SELECT * FROM unnest(%(chunk_hash)s::text[], %(chunk_size)s::int[], %(chunk_data)s::bytea[])
   ON CONFLICT DO NOTHING
@@ -46,8 +54,8 @@ WITH c AS (
   ON CONFLICT DO NOTHING
 )
 INSERT INTO {T.object_chunks.name} (object, seq, "offset", chunk)
-SELECT * FROM unnest(%(link_object)s::text[], %(link_seq)s::int[], %(link_offset)s::bigint[],
-                     %(link_chunk)s::text[])
+SELECT l.* FROM nosync, unnest(%(link_object)s::text[], %(link_seq)s::int[], %(link_offset)s::bigint[],
+                             %(link_chunk)s::text[]) AS l
 ON CONFLICT DO NOTHING
 """
 

@@ -215,10 +215,14 @@ class Remote:
                                   f"nothing was published: start or reach the server, then run 'stepfs sync'.")
 
     @contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self, workspace: str | None = None) -> Iterator[None]:
         """Hold the history's lock (PostgreSQL: a session advisory lock on
-        a connection of its own) for a whole step or sync.  SQLite files
-        rely on the compare-and-swap alone."""
+        the command's connection) for a whole step or sync.  SQLite files
+        rely on the compare-and-swap alone.  ``workspace``: the id whose
+        published layers (:meth:`origins`) are read with the head, in one
+        query, once the lock is held.  The lock ends with the connection's
+        session (closed here, so the next command waiting for it need not
+        wait for an unlock's round trip; a later read connects anew)."""
         if self.url.dialect != "postgresql":
             yield
             return
@@ -230,13 +234,27 @@ class Remote:
                          {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
         self._locked = True
         try:
+            if workspace is not None:
+                self._read_position(workspace)
             yield
         finally:
             self._locked, self._head, self._origins = False, None, {}
-            try:
-                conn.execute(text("SELECT pg_advisory_unlock_all()"))
-            except Exception:
-                conn.invalidate()  # a broken connection: closing it ends its session, and the lock with it
+            conn.invalidate()  # closes the session: the server drops its locks with it
+            if self._conn is conn:
+                self._conn = None
+
+    def _read_position(self, workspace: str) -> None:
+        """Under the lock: the head and ``workspace``'s published layers, one query."""
+        h, lay = T.histories, T.layers
+        q = (select(h.c.head, lay.c.origin, lay.c.number)
+             .select_from(h.outerjoin(lay, (lay.c.history == h.c.name) & (lay.c.workspace == workspace)
+                                      & lay.c.origin.is_not(None)))
+             .where(h.c.name == self.name))
+        with self.read() as conn:
+            rows = conn.execute(q).all()
+        if rows:
+            self._head = rows[0][0]
+            self._origins[workspace] = {int(o): int(n) for _h, o, n in rows if o is not None}
 
     def _ensure_schema(self) -> None:
         if self.url.dialect == "postgresql":

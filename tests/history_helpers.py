@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+import time
 from pathlib import Path
 
+from stepfs.overlayfs.core.changes import removal_time
 from stepfs.overlayfs.core.errors import NotFound
 from stepfs.overlayfs.core.view import Overlay
 from stepfs.store.workspace import Workspace
+
+#: Linux's clock id (the ``time`` module does not name it): the clock file
+#: timestamps are taken from.
+CLOCK_REALTIME_COARSE = 5
 
 
 def open_ws(path: Path) -> tuple[Workspace, Overlay]:
@@ -67,3 +73,15 @@ def tree(view: Overlay, top: str) -> dict[bytes, tuple]:
 
 def layer_tree(view: Overlay, number: int) -> dict[bytes, tuple]:
     return tree(view, f"/.stepfs/layers/{number}")
+
+
+def after_the_removal_tick() -> None:
+    """Wait until every ``ctime`` the kernel stamps from now on is later
+    than a removal the view made before this call: a name made outside
+    within the removal's own coarse clock tick counts as seen (FORMAT.md,
+    known limitations).  The removal time is the fine clock, so waiting for
+    it to change proves nothing; the coarse clock the kernel stamps from
+    must pass it."""
+    removed = removal_time()
+    while time.clock_gettime_ns(CLOCK_REALTIME_COARSE) <= removed:
+        time.sleep(0.001)

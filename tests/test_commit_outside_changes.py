@@ -8,12 +8,10 @@ directory the step removes, is left as it is and recorded as an
 from __future__ import annotations
 
 import os
-import time
 
 from sqlalchemy import select
 
-from history_helpers import open_ws, write
-from stepfs.overlayfs.core.changes import removal_time
+from history_helpers import after_the_removal_tick, open_ws, write
 from stepfs.store import durable, layers, schema
 from stepfs.store.publish import OUTSIDE_CHANGE
 from stepfs.store.workspace import Workspace
@@ -42,7 +40,7 @@ def test_files_made_outside_inside_a_directory_the_step_removes_are_left(tmp_pat
             view.unlink(path)
         for path in ("/d/sub", "/d", "/gone"):
             view.rmdir(path)
-        _after_the_removal_tick()
+        after_the_removal_tick()
         # Made outside after the step removed their directories: never seen by it.
         (ws_path / "d").joinpath("new").write_text("made outside\n")
         (ws_path / "d" / "sub").joinpath("deeper").write_text("also outside\n")
@@ -58,15 +56,6 @@ def test_files_made_outside_inside_a_directory_the_step_removes_are_left(tmp_pat
                                   (b"d/sub", OUTSIDE_CHANGE), (b"d/sub/deeper", OUTSIDE_CHANGE)]
     finally:
         ws.close()
-
-
-def _after_the_removal_tick() -> None:
-    """Wait until the kernel's coarse clock (the one ``ctime`` and the
-    removal time come from) has moved on: a name made in the removal's own
-    tick counts as seen (FORMAT.md, known limitations)."""
-    removed = removal_time()
-    while removal_time() == removed:
-        time.sleep(0.001)
 
 
 class EditAtIntent:

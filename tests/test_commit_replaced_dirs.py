@@ -7,13 +7,11 @@ one already does (design semantics 14): the names are kept and recorded as
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 from sqlalchemy import select
 
-from history_helpers import open_ws, read, write
-from stepfs.overlayfs.core.changes import removal_time
+from history_helpers import after_the_removal_tick, open_ws, read, write
 from stepfs.overlayfs.core.view import Overlay
 from stepfs.store import schema, staging
 from stepfs.store.publish import OUTSIDE_CHANGE
@@ -23,14 +21,6 @@ from stepfs.store.workspace import Workspace
 def _conflicts(ws: Workspace) -> list[tuple[bytes, str]]:
     with ws.db.read() as conn:
         return sorted((r.path, r.reason) for r in conn.execute(select(schema.conflicts)))
-
-
-def _after_the_removal_tick() -> None:
-    """A name made in the removal's own coarse clock tick counts as seen
-    (FORMAT.md, known limitations): wait for the next tick."""
-    removed = removal_time()
-    while removal_time() == removed:
-        time.sleep(0.001)
 
 
 def _workspace(tmp_path):
@@ -49,7 +39,7 @@ def _remove_d(view: Overlay) -> None:
 
 
 def _made_outside(ws_path) -> None:
-    _after_the_removal_tick()
+    after_the_removal_tick()
     (ws_path / "d" / "new").write_text("made outside\n")
     (ws_path / "d" / "sub" / "deeper").write_text("also outside\n")
 

@@ -29,7 +29,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     __package__ = "bench"
 
-from bench import npm_like  # noqa: E402
+from bench import npm_like, store_bytes  # noqa: E402
 
 N_SOURCES = 20
 SOURCE_BYTES = 20_000
@@ -84,7 +84,9 @@ def seed(root: Path) -> None:
         (root / "src" / f"m{i}.py").write_bytes(_source(i))
 
 
-def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
+def run(base: Path, steps: int, nm_files: int, keep_last: int = 20, after_gc_copy: Path | None = None) -> dict:
+    """Run the session in ``base``; ``after_gc_copy``: where to keep a copy
+    of the store as it is after gc, before the prune."""
     from stepfs.overlayfs.client import manage
     from stepfs.store import gc, prune
     from stepfs.store.workspace import Workspace
@@ -99,7 +101,9 @@ def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
     subprocess.run(git + ["add", "-A"], cwd=shadow, check=True)
     subprocess.run(git + ["commit", "-qm", "seed"], cwd=shadow, check=True)
     step_times = []
-    with stepfs_mount(ws, mnt):
+    # node_modules is versioned on both sides (shadow-git has no .gitignore):
+    # the issue's worst case, and the same bytes on both sides.
+    with stepfs_mount(ws, mnt, default_excludes=False):
         target = manage.resolve(str(mnt))
         for step in range(1, steps + 1):
             apply_step(mnt, step, nm_files)
@@ -119,6 +123,11 @@ def run(base: Path, steps: int, nm_files: int, keep_last: int = 20) -> dict:
         out["gc_seconds"] = time.perf_counter() - t0
         out["gc_freed_stored"] = report.chunk_bytes
         out["store_after_gc"] = gc.store_bytes(w)
+        # where the bytes are (issue 20's format work reads this first)
+        out["store_tables_after_gc"] = {name: s["bytes"] for name, s in
+                                        store_bytes.breakdown(w.db.label)["by_name"].items() if s["bytes"] > 8192}
+        if after_gc_copy is not None:
+            store_bytes.copy(w.db.label, str(after_gc_copy))
         prune.prune(w, keep_last=keep_last)
         gc.collect(w)
         out[f"store_keep_last_{keep_last}"] = gc.store_bytes(w)
@@ -140,7 +149,9 @@ def agent_session(ctx) -> dict:
     nm = extra.get("session_nm_files", 3000 if ctx.cfg.mode != "smoke" else 100)
     out = run(ctx.new_dir("session"), steps, nm)
     log("agent session: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                                      for k, v in out.items()))
+                                      for k, v in out.items() if not isinstance(v, dict)))
+    log("agent session store after gc, bytes by table/index: "
+        + ", ".join(f"{k}={v}" for k, v in out["store_tables_after_gc"].items()))
     return {"agent_session": {"description": f"agent-like session of {steps} steps: store bytes vs shadow-git",
                               "kind": "bytes", "results": {"stepfs": report.summary([out["store_after_gc"]])},
                               "ratios": {}, "session": out}}
@@ -154,9 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--node-modules", type=int, default=3000)
     p.add_argument("--keep-last", type=int, default=20)
+    p.add_argument("--keep", metavar="FILE", help="keep a copy of the store after gc (before the prune) in FILE "
+                   "(for python -m bench.format8_estimate)")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="stepfs-session-") as tmp:
-        print(json.dumps(run(Path(tmp), args.steps, args.node_modules, args.keep_last), indent=1))
+        keep = Path(args.keep).resolve() if args.keep else None
+        print(json.dumps(run(Path(tmp), args.steps, args.node_modules, args.keep_last, keep), indent=1))
     return 0
 
 

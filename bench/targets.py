@@ -207,14 +207,15 @@ class Stepfs(Target):
 
 
 @contextmanager
-def stepfs_mount(workspace: Path, mnt: Path, env: dict | None = None) -> Iterator[int]:
+def stepfs_mount(workspace: Path, mnt: Path, env: dict | None = None, **options) -> Iterator[int]:
     """Mount ``workspace`` at ``mnt`` through the library; yields the daemon
-    pid.  ``env`` is added to the daemon's environment (e.g. ``STEPFS_GUARD``)."""
+    pid.  ``env`` is added to the daemon's environment (e.g. ``STEPFS_GUARD``);
+    ``options`` go to ``manage.mount`` (e.g. ``default_excludes=False``)."""
     mnt.mkdir(exist_ok=True)
     saved = {k: os.environ.get(k) for k in (env or {})}
     os.environ.update(env or {})
     try:
-        pid = manage.mount(str(workspace), str(mnt))
+        pid = manage.mount(str(workspace), str(mnt), **options)
     finally:
         for key, value in saved.items():
             if value is None:

@@ -8,7 +8,7 @@ mount; the mount's request path does not touch the history):
 * ``log`` of the shared history (one query) with L layers;
 * sync of a workspace 10 layers behind.
 
-    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R]
+    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R] [--only step,sync,log,clone]
 """
 
 from __future__ import annotations
@@ -59,10 +59,17 @@ def _p95(xs: list[float]) -> float:
 
 
 def step_latency(tmp: Path, url: str, reps: int) -> dict:
+    """Per size, three steps in turn each repetition: the library commit of
+    an open plain workspace (``publish.commit_step``, the store's own
+    cost), ``manage.step`` of a plain workspace (what ``stepfs step`` does
+    without a mount: open the workspace, commit, close) and the step of an
+    attached workspace (the same plus the history: connect, lock, pull,
+    upload, publish)."""
     out = {}
     for n in (1, 10, 100):
-        local, shared = [], []
+        local, plain, shared = [], [], []
         a = _ws(tmp / f"local{n}")
+        p = _ws(tmp / f"plain{n}")
         b = _ws(tmp / f"shared{n}")
         client.attach(str(b), url.replace("name=proj", f"name=step{n}"))
         for r in range(reps):
@@ -72,12 +79,19 @@ def step_latency(tmp: Path, url: str, reps: int) -> dict:
                 t = time.perf_counter()
                 publish.commit_step(ws, step_id)
                 local.append(time.perf_counter() - t)
+            _stage(p, n, f"r{r}")
+            t = time.perf_counter()
+            manage.step(manage.Target(str(p)))
+            plain.append(time.perf_counter() - t)
             _stage(b, n, f"r{r}")
             t = time.perf_counter()
             client.step(manage.Target(str(b)))
             shared.append(time.perf_counter() - t)
-        out[n] = {"sqlite_median_ms": 1e3 * statistics.median(local), "shared_median_ms": 1e3 * statistics.median(shared),
-                  "shared_p95_ms": 1e3 * _p95(shared), "ratio": statistics.median(shared) / statistics.median(local)}
+        out[n] = {"sqlite_median_ms": 1e3 * statistics.median(local),
+                  "sqlite_step_median_ms": 1e3 * statistics.median(plain),
+                  "shared_median_ms": 1e3 * statistics.median(shared), "shared_p95_ms": 1e3 * _p95(shared),
+                  "ratio": statistics.median(shared) / statistics.median(local),
+                  "ratio_to_step": statistics.median(shared) / statistics.median(plain)}
     return out
 
 
@@ -131,15 +145,24 @@ def main() -> int:
     p.add_argument("--files", type=int, default=10000)
     p.add_argument("--layers", type=int, default=10000)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--only", default="step,sync,log,clone", help="comma-separated: step, sync, log, clone")
     args = p.parse_args()
-    server = PgServer()
+    only = set(args.only.split(","))
+    server = PgServer(durable=True)  # PostgreSQL's defaults: every commit flushed, as SQLite's are
     tmp = Path(tempfile.mkdtemp(prefix="stepfs-bench-shared-"))
     try:
         server.start()
         url = server.url(server.new_database())
-        result = {"load": os.getloadavg(), "step": step_latency(tmp, url, args.reps),
-                  "sync_10_behind": sync_behind(tmp, url), "log": log_time(url, args.layers),
-                  "clone": clone_time(tmp, url, args.files)}
+        result = {"load_before": os.getloadavg()}
+        if "step" in only:
+            result["step"] = step_latency(tmp, url, args.reps)
+        if "sync" in only:
+            result["sync_10_behind"] = sync_behind(tmp, url)
+        if "log" in only:
+            result["log"] = log_time(url, args.layers)
+        if "clone" in only:
+            result["clone"] = clone_time(tmp, url, args.files)
+        result["load_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
     finally:
         server.destroy()

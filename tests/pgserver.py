@@ -49,7 +49,7 @@ class PgServer:
     """One cluster in ``self.dir``; :meth:`start` / :meth:`stop` may be
     called again (the fault tests stop the server in the middle of a step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, durable: bool = False) -> None:
         self.bindir = pg_bindir()
         # Right under /tmp, not the (maybe private) TMPDIR: the postgres user
         # must reach it, and the socket's path must stay short.
@@ -66,9 +66,11 @@ class PgServer:
                    "--no-sync", "-E", "UTF8", "--locale=C"], timeout=120)
         with open(os.path.join(self.data, "postgresql.auto.conf"), "a") as f:
             # Unix socket in our directory only; fsync off: the tests stop the
-            # server, they do not cut its power.
-            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\n"
-                    f"fsync = off\nsynchronous_commit = off\nfull_page_writes = off\nmax_connections = 60\n")
+            # server, they do not cut its power.  ``durable`` (the benchmark)
+            # keeps PostgreSQL's defaults: every commit flushed to disk.
+            f.write(f"listen_addresses = ''\nunix_socket_directories = '{self.dir}'\nmax_connections = 60\n")
+            if not durable:
+                f.write("fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n")
 
     def _cmd(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
         result = subprocess.run(self._run_as + argv, capture_output=True, timeout=timeout, cwd=self.dir)

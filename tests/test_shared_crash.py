@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from conftest import manifest
+from pglock import head_row_locked, waiting_publisher
 from store_kit import Stager
 from stepfs.overlayfs.client import manage
 from stepfs.overlayfs.client import shared as client
 from stepfs.store import publish
-from stepfs.store.shared import remote as remote_mod, sync
+from stepfs.store.shared import pgwrite, remote as remote_mod, sync
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.url import parse
 from stepfs.store.workspace import Workspace
@@ -34,6 +36,24 @@ def _before(obj, name):
         _kill_self()
         return real(*a, **k)
     return wrapper
+
+
+def _inside(url):
+    """Killed while the publish waits on the server inside its one
+    statement's transaction (tests/pglock.py holds the history's row)."""
+    def wrap(obj, name):
+        real = getattr(obj, name)
+
+        def wrapper(*a, **k):
+            held = head_row_locked(url)
+            held.__enter__()  # kept (referenced below) until the kill drops the connection
+            threading.Thread(target=lambda: (waiting_publisher(url), _kill_self()), daemon=True).start()
+            try:
+                return real(*a, **k)
+            finally:
+                held.__exit__(None, None, None)  # not reached: the kill comes first
+        return wrapper
+    return wrap
 
 
 def _after(obj, name):
@@ -53,7 +73,7 @@ POINTS = {
     "before the local commit": (manage, "step", _before),
     "after the local commit": (manage, "step", _after),
     "after the uploads, before the head's transaction": (Remote, "publish", _before),
-    "inside the head's transaction": (Remote, "_insert_layer", _after),
+    "inside the head's transaction": (pgwrite, "publish", _inside),
     "after the head's transaction": (Remote, "publish", _after),
 }
 
@@ -82,6 +102,8 @@ def test_step_killed_at_each_point_recovers(point, pg_url, tmp_path):
     client.step(manage.Target(str(b)), message="b")  # a is one layer behind: its step pulls first
     _stage(a, {"mine.txt": b"1\n"})
     obj, name, wrap = POINTS[point]
+    if wrap is _inside:
+        wrap = _inside(pg_url)
     pid = os.fork()
     if pid == 0:  # the child: the step, killed at the point
         try:

@@ -268,24 +268,32 @@ def test_format_md_documents_every_shared_table_and_column():
         assert documented == {c.name for c in table.columns}, table.name
 
 
-def test_connection_killed_inside_the_head_transaction_publishes_nothing(pg_url, tmp_path, monkeypatch):
-    """The objects are uploaded, then the server drops the connection after
-    the head's UPDATE and before COMMIT: no layer, head unchanged, and the
-    next sync publishes the layer (the orphan uploads are reused)."""
-    from sqlalchemy import text
+def test_connection_killed_inside_the_head_transaction_publishes_nothing(pg_url, tmp_path):
+    """The objects are uploaded, then the server drops the connection while
+    the publish waits inside its transaction (another connection holds the
+    history's row): no layer, head unchanged, and the next sync publishes
+    the layer (the orphan uploads are reused)."""
+    import threading
+
+    from pglock import head_row_locked, terminate, waiting_publisher
 
     a = _ws(tmp_path / "a", {"f.txt": b"0\n"})
     client.attach(str(a), pg_url)
     _stage(a, {"f.txt": b"1\n", "g.txt": b"new\n"})
-    real = Remote._insert_layer
+    failed: list[BaseException] = []
 
-    def killed(self, conn, layer, entries):
-        conn.execute(text("SELECT pg_terminate_backend(pg_backend_pid())"))
+    def step():
+        try:
+            _step(a, "killed")
+        except BaseException as exc:
+            failed.append(exc)
 
-    monkeypatch.setattr(Remote, "_insert_layer", killed)
-    with pytest.raises(HistoryUnreachable):
-        _step(a, "killed")
-    monkeypatch.setattr(Remote, "_insert_layer", real)
+    with head_row_locked(pg_url):
+        stepper = threading.Thread(target=step)
+        stepper.start()
+        terminate(pg_url, waiting_publisher(pg_url))
+        stepper.join(60)
+    assert not stepper.is_alive() and len(failed) == 1 and isinstance(failed[0], HistoryUnreachable), failed
     with Remote.open(parse(pg_url)) as r:
         assert r.head() == 0 and r.entries(1) == []
         assert r.missing_objects({sha256_hex(b"new\n")}) == set()  # uploaded before the head's transaction

@@ -403,12 +403,14 @@ def discard(target: Target, paths: list[str]) -> list[str]:
 
 
 def step(target: Target, message: str = "", meta: dict | None = None, allow_empty: bool = False,
-         overwrite: list[str] = ()) -> list[int]:
+         overwrite: list[str] = (), ws=None) -> list[int]:
     """Commit open steps as layers; returns the new layer numbers.
 
     A mountpoint target commits that mount's step (through its daemon).  A
     workspace target commits every open step that has changes: live mounts
-    through their daemons, steps of dead daemons straight from the store.
+    through their daemons, steps of dead daemons straight from the store
+    (``ws``: the target's Workspace, already open in the caller, used
+    instead of opening it again).
     """
     over = [os.fsencode(p.strip("/")) for p in overwrite]
     payload = {"op": "commit", "message": message, "meta": meta or {}, "allow_empty": allow_empty,
@@ -421,28 +423,38 @@ def step(target: Target, message: str = "", meta: dict | None = None, allow_empt
     numbers = _step_live_mounts(target.workspace, payload)
     if numbers:
         return numbers
-    from stepfs.store import publish, staging
+    if ws is not None:
+        return _step_store(ws, payload, over, message, meta, allow_empty)
     from stepfs.store.workspace import Workspace
+
+    with Workspace.open(target.workspace) as opened:
+        return _step_store(opened, payload, over, message, meta, allow_empty)
+
+
+def _step_store(ws, payload: dict, over: list[bytes], message: str, meta: dict | None,
+                allow_empty: bool) -> list[int]:
+    """``step`` of a workspace target once no live daemon took it: each open
+    step through its live daemon, or straight from the store."""
+    from stepfs.store import publish, staging
 
     numbers: list[int] = []
     nothing: NothingToCommit | None = None
-    with Workspace.open(target.workspace) as ws:
-        with ws.db.read() as conn:
-            steps = staging.list_steps(conn)
-        live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
-        for st in steps:
-            mp = st["mountpoint"]
-            try:
-                if mp in live and daemon_alive(ws.run_dir, mp):
-                    numbers.append(control.request(mp, payload)["number"])
-                elif st["staged"]:
-                    numbers.append(publish.commit_step(
-                        ws, st["id"], message=message, mount=mp, meta=meta, allow_empty=allow_empty,
-                        overwrite=set(over)))
-            except NothingToCommit as exc:
-                nothing = exc
-        if not numbers and allow_empty:
-            numbers.append(publish.record_empty(ws, message=message, meta=meta))
+    with ws.db.read() as conn:
+        steps = staging.list_steps(conn)
+    live = {m.mountpoint for m in mounts.stepfs_mounts(ws.path)}
+    for st in steps:
+        mp = st["mountpoint"]
+        try:
+            if mp in live and daemon_alive(ws.run_dir, mp):
+                numbers.append(control.request(mp, payload)["number"])
+            elif st["staged"]:
+                numbers.append(publish.commit_step(
+                    ws, st["id"], message=message, mount=mp, meta=meta, allow_empty=allow_empty,
+                    overwrite=set(over)))
+        except NothingToCommit as exc:
+            nothing = exc
+    if not numbers and allow_empty:
+        numbers.append(publish.record_empty(ws, message=message, meta=meta))
     if not numbers:
         raise nothing or NothingToCommit(
             "nothing to commit: no mount of this workspace has staged changes (use --allow-empty to record an empty layer)."

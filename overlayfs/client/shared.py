@@ -18,6 +18,7 @@ import os
 
 from stepfs.store.errors import HeadMoved, HistoryError, HistoryUnreachable, NothingToCommit
 from stepfs.store.shared import attachment, sync
+from stepfs.store.shared.connecting import Connecting
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.url import HistoryURL, from_environment
 from stepfs.store.workspace import Workspace
@@ -35,6 +36,23 @@ def _url_for(ws: Workspace, given: str | None) -> HistoryURL:
                                f"(or STEPFS_HISTORY).")
         return att.url
     return url
+
+
+def _connecting(workspace: str, given: str | None) -> Connecting:
+    """Start connecting to the history the workspace is likely attached to
+    while the caller opens the workspace (``store/shared/connecting.py``)."""
+    try:
+        guess = from_environment(given) or attachment.peek(workspace)
+    except HistoryError:
+        guess = None  # the same URL is parsed again, and refused, once the workspace is open
+    return Connecting(guess)
+
+
+def _locked(remote: Remote, ws: Workspace):
+    """The history's lock, the head and this workspace's published layers
+    read with it (one query) when the workspace is attached already."""
+    att = attachment.read(ws)
+    return remote.lock(att.workspace if att is not None and att.url.name == remote.name else None)
 
 
 def _new_workspace_check(workspace: str, url: HistoryURL | None) -> None:
@@ -94,9 +112,10 @@ def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
     """``stepfs sync``: pull, then publish what was not published yet
     (with a URL given, a plain directory is made a workspace and attached)."""
     _new_workspace_check(target.workspace, from_environment(given))
-    with Workspace.open(target.workspace, create=from_environment(given) is not None) as ws:
+    with _connecting(target.workspace, given) as early, \
+            Workspace.open(target.workspace, create=from_environment(given) is not None) as ws:
         url = _url_for(ws, given)
-        with Remote.open(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             pulled = _pull(ws, remote, att)
             more, pushed = _push(ws, remote, att)
@@ -107,14 +126,14 @@ def sync_workspace(target: manage.Target, given: str | None = None) -> dict:
 
 def step(target: manage.Target, given: str | None = None, **options) -> dict:
     """``stepfs step`` on an attached workspace (see the module doc)."""
-    with Workspace.open(target.workspace) as ws:
+    with _connecting(target.workspace, given) as early, Workspace.open(target.workspace) as ws:
         url = _url_for(ws, given)
-        with Remote.open(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             pulled = _pull(ws, remote, att)
             nothing = None
             try:
-                numbers = manage.step(target, **options)
+                numbers = manage.step(target, ws=ws, **options)
             except NothingToCommit as exc:
                 numbers, nothing = [], exc
             # A daemon answers before its layer's "committed" record, which it
@@ -151,9 +170,9 @@ def rollback(target: manage.Target, given: str | None, number: int, paths: list[
     from stepfs.store.shared.reads import history_path
 
     rels = [history_path(p, allow_root=True) for p in paths] or None
-    with Workspace.open(target.workspace) as ws:
+    with _connecting(target.workspace, given) as early, Workspace.open(target.workspace) as ws:
         url = _url_for(ws, given)
-        with Remote.open(url) as remote, remote.lock():
+        with early.remote(url) as remote, _locked(remote, ws):
             att = sync.attach(ws, url, remote)
             if dry_run:
                 res = shared_rollback.rollback(ws, remote, att, number, rels, dry_run=True)
@@ -163,7 +182,7 @@ def rollback(target: manage.Target, given: str | None, number: int, paths: list[
             shared_rollback.plan(remote, number, rels)  # refused (no layer, nothing to do) before anything is written
             pulled = _pull(ws, remote, att)
             try:
-                committed = manage.step(manage.Target(ws.path),
+                committed = manage.step(manage.Target(ws.path), ws=ws,
                                         message=f"staged changes, committed before rollback to shared layer {number}")
             except NothingToCommit:
                 committed = []

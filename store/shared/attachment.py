@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 
 from stepfs.store.errors import HistoryError
@@ -51,6 +52,25 @@ def read(ws) -> Attachment | None:
     except (ValueError, KeyError, TypeError):
         raise HistoryError(f"{os.path.join(ws.store_path, FILE)} is damaged; move it away to detach the workspace "
                            f"from its shared history, then clone the history anew.") from None
+
+
+def peek(ws_path: str) -> HistoryURL | None:
+    """The URL the workspace at ``ws_path`` is attached to, read before the
+    workspace is opened (to start connecting meanwhile), or None if it
+    cannot be read: a hint only, never trusted in place of :func:`read`.
+    Neither ``.stepfs`` nor the file is followed through a symlink."""
+    try:
+        dfd = os.open(os.path.join(ws_path, STORE_DIR), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fd = os.open(FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return parse(json.loads(f.read(1 << 16))["url"])
+    except (OSError, ValueError, KeyError, TypeError, HistoryError):
+        return None
 
 
 def write(ws, att: Attachment) -> None:

@@ -11,7 +11,8 @@ Rules (FORMAT.md, "Shared history"):
 * A layer is published in ONE transaction that first moves the head by
   compare-and-swap (``UPDATE ... SET head = N+1 WHERE name = ? AND head =
   N``), then inserts the layer and its entries.  Zero rows updated: the
-  head moved, nothing is written (:class:`HeadMoved`).
+  head moved, nothing is written (:class:`HeadMoved`).  On PostgreSQL each
+  of these writes is one statement (``pgwrite``).
 * On PostgreSQL a session advisory lock per history (:meth:`Remote.lock`)
   serialises whole steps of workspaces sharing it, so the compare-and-swap
   normally succeeds; it stays the rule that makes a lost lock harmless.
@@ -22,9 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,7 +33,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
-from stepfs.store.shared import tables as T
+from stepfs.store.shared import pgconnect, pgwrite, tables as T
+from stepfs.store.shared.stall import Watchdog
 from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
 #: Seconds a statement (or a wait for the history's lock) may take.
@@ -47,8 +46,6 @@ STALL_TIMEOUT = 60
 LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
 #: The advisory lock's key that steps share and gc takes alone.
 OBJECTS_LOCK = "stepfs:objects"
-#: Rows up to which an INSERT is one statement with many VALUES.
-MULTI_VALUES_ROWS = 200
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
 
 
@@ -86,7 +83,8 @@ class Remote:
             # No pre-ping (a round trip per checkout): a dropped connection fails its
             # transaction as HistoryUnreachable, and each command has a pool of its own.
             # use_native_hstore=False: no hstore type lookup (three statements) on the first connect.
-            engine = create_engine(url.engine_url(), use_native_hstore=False, connect_args={
+            # pgconnect: the dialect asks the server nothing at the first connect.
+            engine = pgconnect.engine(url.engine_url(), use_native_hstore=False, connect_args={
                 "connect_timeout": CONNECT_TIMEOUT,
                 "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
                            f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",
@@ -107,8 +105,7 @@ class Remote:
                 conn.exec_driver_sql("BEGIN IMMEDIATE")
         self.engine = engine
         self.stall_timeout = STALL_TIMEOUT
-        self._stalled: float | None = None  # the bound a cut connection overran
-        self._timer: threading.Timer | None = None
+        self._watchdog = Watchdog()
         if url.dialect == "postgresql":
             event.listen(engine, "before_cursor_execute", self._arm)
             event.listen(engine, "after_cursor_execute", self._disarm)
@@ -125,28 +122,10 @@ class Remote:
 
     def _arm(self, conn, _cursor, statement, *_rest) -> None:
         bound = LOCK_STALL_TIMEOUT if "pg_advisory_lock(" in statement else self.stall_timeout
-        fd = conn.connection.driver_connection.pgconn.socket
-        self._timer = threading.Timer(bound, self._cut, (fd, bound))
-        self._timer.daemon = True
-        self._timer.start()
+        self._watchdog.arm(conn.connection.driver_connection.pgconn.socket, bound)
 
     def _disarm(self, *_args) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def _cut(self, fd: int, bound: float) -> None:
-        """Shut the connection's socket down: the waiting call fails at once
-        (a dropped connection: HistoryUnreachable) instead of hanging."""
-        self._stalled = bound
-        try:
-            sock = socket.socket(fileno=os.dup(fd))
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            finally:
-                sock.close()
-        except OSError:
-            pass  # closed meanwhile: nothing waits on it any more
+        self._watchdog.disarm()
 
     @classmethod
     def open(cls, url: HistoryURL) -> "Remote":
@@ -166,6 +145,7 @@ class Remote:
                 pass  # a broken connection: disposing the engine drops it
             self._conn = None
         self.engine.dispose()
+        self._watchdog.stop()
 
     def __enter__(self) -> "Remote":
         return self
@@ -229,16 +209,20 @@ class Remote:
 
     def unreachable(self, exc: BaseException) -> HistoryUnreachable:
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else type(exc).__name__
-        if self._stalled is not None:
-            first = f"the server did not answer for {self._stalled:g} s"
+        if self._watchdog.stalled is not None:
+            first = f"the server did not answer for {self._watchdog.stalled:g} s"
         return HistoryUnreachable(f"the shared history {self.url.display} cannot be reached ({first}); "
                                   f"nothing was published: start or reach the server, then run 'stepfs sync'.")
 
     @contextmanager
-    def lock(self) -> Iterator[None]:
+    def lock(self, workspace: str | None = None) -> Iterator[None]:
         """Hold the history's lock (PostgreSQL: a session advisory lock on
-        a connection of its own) for a whole step or sync.  SQLite files
-        rely on the compare-and-swap alone."""
+        the command's connection) for a whole step or sync.  SQLite files
+        rely on the compare-and-swap alone.  ``workspace``: the id whose
+        published layers (:meth:`origins`) are read with the head, in one
+        query, once the lock is held.  The lock ends with the connection's
+        session (closed here, so the next command waiting for it need not
+        wait for an unlock's round trip; a later read connects anew)."""
         if self.url.dialect != "postgresql":
             yield
             return
@@ -250,13 +234,27 @@ class Remote:
                          {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
         self._locked = True
         try:
+            if workspace is not None:
+                self._read_position(workspace)
             yield
         finally:
             self._locked, self._head, self._origins = False, None, {}
-            try:
-                conn.execute(text("SELECT pg_advisory_unlock_all()"))
-            except Exception:
-                conn.invalidate()  # a broken connection: closing it ends its session, and the lock with it
+            conn.invalidate()  # closes the session: the server drops its locks with it
+            if self._conn is conn:
+                self._conn = None
+
+    def _read_position(self, workspace: str) -> None:
+        """Under the lock: the head and ``workspace``'s published layers, one query."""
+        h, lay = T.histories, T.layers
+        q = (select(h.c.head, lay.c.origin, lay.c.number)
+             .select_from(h.outerjoin(lay, (lay.c.history == h.c.name) & (lay.c.workspace == workspace)
+                                      & lay.c.origin.is_not(None)))
+             .where(h.c.name == self.name))
+        with self.read() as conn:
+            rows = conn.execute(q).all()
+        if rows:
+            self._head = rows[0][0]
+            self._origins[workspace] = {int(o): int(n) for _h, o, n in rows if o is not None}
 
     def _ensure_schema(self) -> None:
         if self.url.dialect == "postgresql":
@@ -270,6 +268,7 @@ class Remote:
             if self.url.dialect == "postgresql":
                 # Two first clients at once: one creates, the other waits and finds it.
                 conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('stepfs:schema'))"))
+                conn.dialect.default_schema_name = conn.exec_driver_sql("SELECT current_schema()").scalar()
             names = set(conn.dialect.get_table_names(conn))
             if T.meta.name not in names:
                 T.metadata.create_all(conn)
@@ -288,10 +287,8 @@ class Remote:
     # -- objects -------------------------------------------------------------------
 
     def _insert_ignore(self, table):
-        if self.url.dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert
+        from sqlalchemy.dialects.sqlite import insert  # PostgreSQL's writes are pgwrite's
+
         return insert(table).on_conflict_do_nothing()
 
     def missing_objects(self, hashes: set[str]) -> set[str]:
@@ -321,12 +318,16 @@ class Remote:
             object_rows.append({"hash": digest, "size": offset})
         if not object_rows:
             return
+        if self.url.dialect == "postgresql":
+            with self.read() as conn:  # one statement: its own transaction
+                pgwrite.put_objects(conn, list(chunk_rows.values()), object_rows, link_rows)
+            return
         with self.tx() as conn:
             if chunk_rows:
-                self._insert_rows(conn, self._insert_ignore(T.chunks), list(chunk_rows.values()))
-            self._insert_rows(conn, self._insert_ignore(T.objects), object_rows)
+                conn.execute(self._insert_ignore(T.chunks), list(chunk_rows.values()))
+            conn.execute(self._insert_ignore(T.objects), object_rows)
             if link_rows:
-                self._insert_rows(conn, self._insert_ignore(T.object_chunks), link_rows)
+                conn.execute(self._insert_ignore(T.object_chunks), link_rows)
 
     def read_objects(self, digests: list[str]) -> dict[str, bytes]:
         """Several objects' bytes in one transaction, each chunk and each
@@ -389,52 +390,64 @@ class Remote:
 
     def create(self, layer: LayerRecord, entries: list[dict]) -> None:
         """Make the history with ``layer`` (number 0) as its first layer."""
-        try:
-            with self.tx() as conn:
-                conn.execute(T.histories.insert().values(name=self.name, head=0, created_ns=time.time_ns()))
-                self._insert_layer(conn, layer, entries)
-            self._head = 0 if self._locked else None
-        except IntegrityError:
+        if self.url.dialect == "postgresql":
+            with self.tx() as conn:  # see publish
+                made = pgwrite.create(conn, self.name, layer.as_dict(), entries, time.time_ns())
+        else:
+            try:
+                with self.tx() as conn:
+                    conn.execute(T.histories.insert().values(name=self.name, head=0, created_ns=time.time_ns()))
+                    self._insert_layer(conn, layer, entries)
+                made = True
+            except IntegrityError:
+                made = False
+        if not made:
             raise HistoryError(f"the shared history {self.url.display} exists already; make a workspace of it with "
-                               f"'stepfs clone URL DIR'.") from None
+                               f"'stepfs clone URL DIR'.")
+        self._head = 0 if self._locked else None
 
     def publish(self, expect_head: int, layer: LayerRecord, entries: list[dict]) -> int:
         """Publish ``layer`` as ``expect_head + 1`` if the head is still
         ``expect_head``; else raise HeadMoved and write nothing."""
         number = expect_head + 1
-        with self.tx() as conn:
-            moved = conn.execute(update(T.histories).where(T.histories.c.name == self.name,
-                                                           T.histories.c.head == expect_head).values(head=number))
-            if moved.rowcount != 1:
-                now = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
-                self._head = None
-                raise HeadMoved(f"the shared history {self.url.display} moved from layer {expect_head} to {now}; "
-                                f"nothing was published.", now if now is not None else -1)
-            layer.number = number
-            self._insert_layer(conn, layer, entries)
+        layer.number = number
+        if self.url.dialect == "postgresql":
+            # One statement, in a transaction of its own all the same: a
+            # connection cut before COMMIT is sent publishes nothing, even
+            # if the server runs the statement after the cut.
+            with self.tx() as conn:
+                moved = pgwrite.publish(conn, self.name, expect_head, layer.as_dict(), entries)
+            if not moved:
+                self._head_moved(expect_head)
+        else:
+            with self.tx() as conn:
+                moved = conn.execute(update(T.histories).where(T.histories.c.name == self.name,
+                                                               T.histories.c.head == expect_head).values(head=number))
+                if moved.rowcount != 1:
+                    self._head_moved(expect_head, conn)
+                self._insert_layer(conn, layer, entries)
         if self._locked:
             self._head = number
             if layer.origin is not None and layer.workspace in self._origins:
                 self._origins[layer.workspace][layer.origin] = number
         return number
 
+    def _head_moved(self, expect_head: int, conn: Connection | None = None):
+        if conn is None:
+            with self.read() as c:
+                now = c.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+        else:
+            now = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
+        self._head = None
+        raise HeadMoved(f"the shared history {self.url.display} moved from layer {expect_head} to {now}; "
+                        f"nothing was published.", now if now is not None else -1)
+
     def _insert_layer(self, conn: Connection, layer: LayerRecord, entries: list[dict]) -> None:
         row = layer.as_dict()
         row["meta"] = json.dumps(layer.meta or {}, sort_keys=True)
         conn.execute(T.layers.insert().values(history=self.name, **row))
         if entries:
-            self._insert_rows(conn, T.entries.insert(), [{"history": self.name, "layer": layer.number, **e}
-                                                         for e in entries])
-
-    def _insert_rows(self, conn: Connection, stmt, rows: list[dict]) -> None:
-        """A small step's rows on PostgreSQL: one INSERT with many VALUES
-        (one statement for the server, not one per row).  More rows:
-        executemany, which psycopg pipelines (SQLAlchemy's compiling of a
-        statement with thousands of VALUES costs more than it saves)."""
-        if self.url.dialect != "postgresql" or len(rows) > MULTI_VALUES_ROWS:
-            conn.execute(stmt, rows)
-        else:
-            conn.execute(stmt.values(rows))
+            conn.execute(T.entries.insert(), [{"history": self.name, "layer": layer.number, **e} for e in entries])
 
     def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
                newest_first: bool = False) -> list[LayerRecord]:

@@ -35,22 +35,22 @@ class Uploader:
         """Upload the objects of ``entries`` in batches: one query for
         which the history lacks, one transaction per batch that puts them."""
         oids = [s.oid for e in entries for s in (e.before, e.after) if s.kind == "file" and s.oid is not None]
-        batch: list[tuple[str, str, list[bytes]]] = []
-        size = 0
-        for oid in dict.fromkeys(oids):
-            if oid in self._done:
-                continue
-            with self.ws.db.read() as conn:
-                pieces = list(self.ws.objects.iter_chunks(conn, oid))
-            h = hashlib.sha256()
-            for p in pieces:
-                h.update(p)
-            batch.append((oid, h.hexdigest(), pieces))
-            size += sum(map(len, pieces))
-            if size >= BATCH_BYTES or len(batch) >= BATCH_OBJECTS:
-                self._flush(batch)
-                batch, size = [], 0
-        self._flush(batch)
+        todo = [oid for oid in dict.fromkeys(oids) if oid not in self._done]
+        i = 0
+        while i < len(todo):
+            batch: list[tuple[str, str, list[bytes]]] = []
+            size = 0
+            with self.ws.db.read() as conn:  # one read transaction per batch, not per object
+                while i < len(todo) and size < BATCH_BYTES and len(batch) < BATCH_OBJECTS:
+                    oid = todo[i]
+                    i += 1
+                    pieces = list(self.ws.objects.iter_chunks(conn, oid))
+                    h = hashlib.sha256()
+                    for p in pieces:
+                        h.update(p)
+                    batch.append((oid, h.hexdigest(), pieces))
+                    size += sum(map(len, pieces))
+            self._flush(batch)
 
     def _flush(self, batch: list[tuple[str, str, list[bytes]]]) -> None:
         if not batch:

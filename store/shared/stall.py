@@ -1,0 +1,71 @@
+"""Every answer of a PostgreSQL server bounded on the client: a statement
+that waits longer than its bound has its connection's socket shut down,
+so the waiting call fails at once (a dropped connection) instead of
+hanging.  The server's own timeouts cannot fire when the server is
+stopped, and a Unix socket has no keepalive.
+
+One watchdog thread per ``Remote``, started at the first statement, looks
+at the statement in flight a few times a second: arming and disarming a
+statement only swap a tuple under a lock (a timer thread started per
+statement cost more than the statement on a busy machine).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+#: Seconds between two looks of the watchdog: how late past its bound a
+#: stalled statement may be cut.
+POLL = 0.25
+
+
+class Watchdog:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._armed: tuple[float, int, float] | None = None  # (deadline, socket fd, bound)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        #: The bound a cut statement overran, once one was cut.
+        self.stalled: float | None = None
+
+    def arm(self, fd: int, bound: float) -> None:
+        with self._lock:
+            self._armed = (time.monotonic() + bound, fd, bound)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._watch, name="stepfs-history-watchdog", daemon=True)
+                self._thread.start()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._armed = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(POLL):
+            with self._lock:
+                armed = self._armed
+                if armed is None or time.monotonic() < armed[0]:
+                    continue
+                self._armed = None
+                self.stalled = armed[2]
+                _shut(armed[1])
+
+
+def _shut(fd: int) -> None:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
+    except OSError:
+        pass  # closed meanwhile: nothing waits on it any more

@@ -476,6 +476,27 @@ class Remote:
                                 .order_by(T.entries.c.path)).all()
         return [_entry_dict(r) for r in rows]
 
+    def log(self, limit: int | None = None) -> list[tuple[LayerRecord, tuple[int, int, int]]]:
+        """``stepfs log``: the layers, newest first, each with its (added,
+        modified, deleted) path counts, in ONE query (the counts grouped
+        by the server: no entry row crosses the wire).  Empty if the
+        history does not exist (it always has layer 0 otherwise)."""
+        lay, e = T.layers, T.entries
+        added = func.count(e.c.path).filter(e.c.before_kind.is_(None))
+        deleted = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_(None))
+        modified = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_not(None))
+        newest = select(lay).where(lay.c.history == self.name).order_by(lay.c.number.desc())
+        if limit is not None:
+            newest = newest.limit(limit)
+        page = newest.subquery()
+        q = (select(page, added, modified, deleted)
+             .select_from(page.outerjoin(e, (e.c.history == page.c.history) & (e.c.layer == page.c.number)))
+             .group_by(*page.c).order_by(page.c.number.desc()))
+        with self.read() as conn:
+            rows = conn.execute(q).all()
+        return [(LayerRecord(r.number, r.kind, r.created_ns, r.message, r.agent, r.mount, json.loads(r.meta),
+                             r.workspace, r.workspace_path, r.host, r.origin), (r[-3], r[-2], r[-1])) for r in rows]
+
     def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per layer: (added, modified, deleted) paths."""
         if not numbers:

@@ -99,19 +99,27 @@ def step_latency(tmp: Path, url: str, reps: int) -> dict:
     return out
 
 
-def clone_time(tmp: Path, url: str, files: int) -> dict:
+def clone_time(tmp: Path, url: str, files: int, reps: int) -> dict:
+    """``reps`` pairs, each a clone then ``cp -a`` of the same tree (the
+    ratio taken pair by pair: the machine's speed drifts between minutes)."""
     a = _ws(tmp / "big", files)
     u = url.replace("name=proj", "name=big")
     t = time.perf_counter()
     client.attach(str(a), u)
     attach_s = time.perf_counter() - t
-    t = time.perf_counter()
-    sync.clone(parse(u), str(tmp / "big-clone"))
-    clone_s = time.perf_counter() - t
-    t = time.perf_counter()
-    subprocess.run(["cp", "-a", str(a), str(tmp / "big-cp")], check=True)
-    cp_s = time.perf_counter() - t
-    return {"files": files, "attach_s": attach_s, "clone_s": clone_s, "cp_a_s": cp_s, "ratio": clone_s / cp_s}
+    clones, cps = [], []
+    for r in range(reps):
+        t = time.perf_counter()
+        sync.clone(parse(u), str(tmp / f"big-clone{r}"))
+        clones.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        subprocess.run(["cp", "-a", str(a), str(tmp / f"big-cp{r}")], check=True)
+        cps.append(time.perf_counter() - t)
+        shutil.rmtree(tmp / f"big-clone{r}")
+        shutil.rmtree(tmp / f"big-cp{r}")
+    return {"files": files, "attach_s": attach_s, "clone_median_s": statistics.median(clones),
+            "cp_a_median_s": statistics.median(cps),
+            "ratio_median": statistics.median(c / p for c, p in zip(clones, cps)), "clone_s": clones, "cp_a_s": cps}
 
 
 def log_time(url: str, layers: int) -> dict:
@@ -193,7 +201,7 @@ def main() -> int:
         if "log" in only:
             result["log"] = log_time(url, args.layers)
         if "clone" in only:
-            result["clone"] = clone_time(tmp, url, args.files)
+            result["clone"] = clone_time(tmp, url, args.files, max(1, min(args.reps, 5)))
         result["load_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
     finally:

@@ -1,0 +1,340 @@
+"""``stepfs clone``: a new workspace holding a shared history as of a layer.
+
+The workspace is built whole in a new sibling directory of the target
+(``.NAME.stepfs-clone-XXXX``: same filesystem), then published by ONE
+rename onto the target (absent, or an empty directory).  Nothing in the
+tree exists for anyone else before that rename, so none of a rollback
+switch's protections is needed: the files are written straight from the
+downloaded bytes at their own paths (no temporary file and rename each, no
+outside-change or version-token check), and made durable by one
+``syncfs`` of the filesystem instead of an fsync each.  The local store
+receives the same bytes (its objects), and the layer is recorded committed
+at once: the tree it describes appears with it or not at all.
+
+A crash before the rename leaves the target as it was (no workspace) and
+the sibling behind (its name says what it is; remove it); after it, a
+complete, durable workspace.  A target that is no longer empty when the
+rename comes (another clone into it) fails the clone with nothing
+changed there.  Where no sibling can be made (the parent is not writable)
+or the target is a mount point (a rename cannot replace it), the clone is
+written in place through the rollback machinery instead
+(``publish.write_layer``), as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import queue
+import shutil
+import stat as stat_mod
+import threading
+import time
+import uuid
+from typing import Generator, Iterator
+
+from stepfs.store import durable, layers as local_layers, publish, xattrs
+from stepfs.store.contained import NODE_KINDS, rdev_of
+from stepfs.store.errors import HistoryError, NoSuchLayer, WorkspaceError
+from stepfs.store.journal import _INSERT_ENTRIES, _INSERT_LAYER, _entry_row, intent_checksum
+from stepfs.store.layers import Entry, State
+from stepfs.store.paths import STORE_DIR
+from stepfs.store.shared import attachment, stateread
+from stepfs.store.shared.attachment import Attachment
+from stepfs.store.shared.remote import Remote
+from stepfs.store.shared.transfer import Downloader
+from stepfs.store.shared.url import HistoryURL
+
+#: The local layer's kind (``sync.SYNC``: a layer taken from the history).
+SYNC = "sync"
+#: Directory descriptors kept open while the tree is written (path order
+#: revisits few; beyond this many all but the root are closed).
+_OPEN_DIRS = 256
+
+
+def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, int, int]:
+    """Make ``directory`` (absent or empty) a workspace holding the history
+    as of layer ``at`` (default: the head), attached to it.  Returns
+    (workspace path, shared layer, local layer)."""
+    directory = os.path.abspath(directory)
+    _check_target(directory)
+    with Remote.open(url) as remote:
+        head = remote.head()
+        if head is None:
+            raise HistoryError(f"the shared history {url.display} does not exist; attach a workspace to make it "
+                               f"with 'stepfs mount WS MNT --history URL' or 'stepfs sync WS --history URL'.")
+        number = head if at is None else at
+        if not 0 <= number <= head:
+            raise NoSuchLayer(f"layer {number} does not exist in the shared history {url.display} (its head is "
+                              f"{head}).")
+        header = remote.layer(number)
+        meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}
+        message = f"clone of {url.display} at layer {number}"
+        staging = _make_staging(directory)
+        if staging is None:
+            return _clone_in_place(url, remote, directory, number, meta, message)
+        try:
+            local = _build(url, remote, staging, number, meta, message)
+            _publish_tree(staging, directory)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return os.path.realpath(directory), number, local
+
+
+def _check_target(directory: str) -> None:
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory)
+                                       or os.listdir(directory)):
+        raise WorkspaceError(f"{directory} exists and is not an empty directory; clone into a new directory.")
+
+
+def _make_staging(directory: str) -> str | None:
+    """A new empty sibling of ``directory`` to build in, or None where the
+    tree cannot be published by a rename (see the module doc)."""
+    if os.path.isdir(directory) and os.path.ismount(directory):
+        return None
+    parent, name = os.path.split(directory)
+    staging = os.path.join(parent, f".{name}.stepfs-clone-{uuid.uuid4().hex[:12]}")
+    try:
+        os.mkdir(staging, 0o700)
+    except (PermissionError, OSError) as exc:
+        if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return None
+        if exc.errno == errno.ENOENT:
+            raise WorkspaceError(f"{parent} does not exist; create it first, or clone into an existing "
+                                 f"directory.") from None
+        raise
+    return staging
+
+
+def _build(url: HistoryURL, remote: Remote, staging: str, number: int, meta: dict, message: str) -> int:
+    """The workspace in ``staging``: the tree, the store's objects and its
+    committed layer, the attachment.  Returns the local layer's number."""
+    from stepfs.store.workspace import Workspace
+
+    with Workspace.open(staging, create=True) as ws:
+        with ws.db.read() as conn:
+            base = local_layers.head(conn)
+        entries: list[Entry] = []
+        tree = _Tree(staging)
+        try:
+            for batch in _ahead(stateread.batches(remote, number)):
+                files = [s for s in batch if s.kind == "file"]
+                with ws.db.write() as conn:  # durable with the tree: syncfs, before the rename
+                    oids = ws.objects.put_many(conn, [s.data for s in files])
+                oid_of = {id(s): oid for s, oid in zip(files, oids)}
+                for s in batch:
+                    tree.make(s)
+                    entries.append(Entry(s.path, State(None), State(s.kind, s.mode, oid_of.get(id(s)), s.target,
+                                                                    None, None, s.xattrs), s.mtime_ns))
+            tree.finish()
+        finally:
+            tree.close()
+        with ws.db.write(durable=True) as conn:
+            local = local_layers.next_number(conn)
+            _INSERT_LAYER.executemany(conn, [dict(
+                number=local, state="committed", kind=SYNC, created_ns=time.time_ns(), message=message, agent="",
+                mount="", meta=json.dumps(meta, sort_keys=True), intent_sum=intent_checksum(entries, None),
+                step=None)])
+            _INSERT_ENTRIES.executemany(conn, [_entry_row(local, e) for e in entries])
+        attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
+    return local
+
+
+def _ahead(batches: Generator[list, None, None], depth: int = 2) -> Iterator[list]:
+    """``batches`` read on a thread of its own, up to ``depth`` ahead: the
+    server's answer and its checking overlap the writing of the files (the
+    reader waits on its socket, which releases the GIL).  The caller's
+    failure stops the reader at its next batch."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def read() -> None:
+        try:
+            for batch in batches:
+                while not stop.is_set():
+                    try:
+                        q.put((batch, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put((done, None))
+        except BaseException as exc:  # handed to the caller, raised there
+            q.put((None, exc))
+        finally:
+            batches.close()  # its transaction ends here, on this thread, even when stopped early
+
+    reader = threading.Thread(target=read, name="stepfs-clone-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            batch, exc = q.get()
+            if exc is not None:
+                raise exc
+            if batch is done:
+                return
+            yield batch
+    finally:
+        stop.set()
+        while reader.is_alive():  # unblock a reader waiting to put
+            try:
+                q.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        reader.join()
+
+
+def _publish_tree(staging: str, directory: str) -> None:
+    """Give the tree's root the target's mode (and owner), make all of it
+    durable, then rename it onto the target: the clone's one commit point."""
+    try:
+        st = os.lstat(directory)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        os.chmod(staging, stat_mod.S_IMODE(st.st_mode))
+        if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
+            os.chown(staging, st.st_uid, st.st_gid)
+    else:
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(staging, 0o777 & ~mask)
+    parent, name = os.path.split(directory)
+    pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        rfd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            durable.syncfs(rfd)  # every file, directory and the store's database, once
+        finally:
+            os.close(rfd)
+        try:
+            # Absent: made by this rename and never over a name made meanwhile;
+            # an empty directory: replaced (rename refuses a non-empty one).
+            durable.rename(os.fsencode(os.path.basename(staging)), os.fsencode(name), src_dir_fd=pfd,
+                           dst_dir_fd=pfd, noreplace=st is None)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise WorkspaceError(f"{directory} is not an empty directory any more (another clone or program "
+                                     f"wrote there meanwhile); nothing was written there: clone into a new "
+                                     f"directory.") from None
+            raise
+        durable.fsync(pfd)
+    finally:
+        os.close(pfd)
+
+
+_STORE = STORE_DIR.encode()
+
+
+def _check_path(path: bytes) -> tuple[bytes, bytes]:
+    """``(parent, name)`` of a path of the history, or HistoryError for one
+    that would leave the tree or enter its store."""
+    framed = b"/" + path + b"/"
+    if (b"//" in framed or b"/./" in framed or b"/../" in framed or b"\0" in path
+            or path.split(b"/", 1)[0] == _STORE):
+        raise HistoryError(f"the shared history names the path {path!r}, which is not a path inside a workspace; "
+                           f"the history is damaged: run 'stepfs verify-history'.")
+    parent, _, name = path.rpartition(b"/")
+    return parent or b".", name
+
+
+class _Tree:
+    """Writes a new tree's paths, parents first (path order), each through
+    its parent's descriptor opened without following a symlink: a path of
+    the history never leaves the tree, whatever it names."""
+
+    def __init__(self, root: str):
+        self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self.fds: dict[bytes, int] = {}
+        self.dirs: list[tuple[bytes, int, bytes | None]] = []  # modes and attributes, set last
+
+    def parent(self, path: bytes) -> int:
+        if path == b".":
+            return self.root_fd
+        fd = self.fds.get(path)
+        if fd is None:
+            if len(self.fds) >= _OPEN_DIRS:
+                self._close_dirs()
+            up, name = _check_path(path)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             dir_fd=self.parent(up))
+            except (FileNotFoundError, NotADirectoryError, OSError) as exc:
+                if isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ELOOP:
+                    raise HistoryError(f"the shared history names {path!r} below something that is not a directory "
+                                       f"in it; the history is damaged: run 'stepfs verify-history'.") from None
+                raise
+            self.fds[path] = fd
+        return fd
+
+    def make(self, s: stateread.PathState) -> None:
+        up, name = _check_path(s.path)
+        pfd = self.parent(up)
+        if s.kind == "dir":
+            os.mkdir(name, 0o700, dir_fd=pfd)  # its mode once it is filled (finish)
+            self.dirs.append((s.path, s.mode, s.xattrs))
+        elif s.kind == "file":
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=pfd)
+            try:
+                view, done = memoryview(s.data), 0
+                while done < len(view):
+                    done += os.write(fd, view[done:])
+                os.fchmod(fd, s.mode)
+                if s.xattrs:
+                    xattrs.apply_fd(fd, xattrs.decode(s.xattrs))
+                if s.mtime_ns:
+                    os.utime(fd, ns=(s.mtime_ns, s.mtime_ns))
+            finally:
+                os.close(fd)
+        elif s.kind == "symlink":
+            os.symlink(s.target, name, dir_fd=pfd)
+        elif s.kind in NODE_KINDS:
+            os.mknod(name, NODE_KINDS[s.kind] | 0o600, rdev_of(s.kind, s.target), dir_fd=pfd)
+            os.chmod(name, s.mode, dir_fd=pfd, follow_symlinks=False)
+        else:
+            raise HistoryError(f"the shared history names {s.path!r} as a {s.kind}, which this stepfs cannot make; "
+                               f"upgrade stepfs.")
+
+    def finish(self) -> None:
+        """Directory modes and attributes, deepest first (a read-only
+        directory is filled before it becomes one)."""
+        for path, mode, attrs in sorted(self.dirs, key=lambda d: -d[0].count(b"/")):
+            fd = self.parent(path)
+            os.fchmod(fd, mode)
+            xattrs.apply_fd(fd, xattrs.decode(attrs))
+
+    def _close_dirs(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+    def close(self) -> None:
+        self._close_dirs()
+        os.close(self.root_fd)
+
+
+def _clone_in_place(url: HistoryURL, remote: Remote, directory: str, number: int, meta: dict,
+                    message: str) -> tuple[str, int, int]:
+    """The clone written into ``directory`` itself by the rollback
+    machinery (where no sibling can be renamed onto it)."""
+    from stepfs.store.workspace import Workspace
+
+    states = remote.state_at(number)
+    os.makedirs(directory, exist_ok=True)
+    with Workspace.open(directory, create=True) as ws:
+        with ws.db.read() as conn:
+            base = local_layers.head(conn)
+        with ws.commit_lock():
+            down = Downloader(ws, remote)
+            down.fetch([{"after_object": row["after_object"]} for row in states.values()])
+            entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
+                       for p, row in sorted(states.items()) if row["after_kind"] is not None]
+            local = publish.write_layer(ws, entries, kind=SYNC, message=message, agent="", mount="", meta=meta,
+                                        consume_step=None)
+        attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
+        return ws.path, number, local

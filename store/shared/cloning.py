@@ -34,23 +34,19 @@ import time
 import uuid
 from typing import Generator, Iterator
 
-from stepfs.store import durable, layers as local_layers, publish, xattrs
-from stepfs.store.contained import NODE_KINDS, rdev_of
+from stepfs.store import durable, layers as local_layers, publish
 from stepfs.store.errors import HistoryError, NoSuchLayer, WorkspaceError
 from stepfs.store.journal import _INSERT_ENTRIES, _INSERT_LAYER, _entry_row, intent_checksum
 from stepfs.store.layers import Entry, State
-from stepfs.store.paths import STORE_DIR
 from stepfs.store.shared import attachment, stateread
 from stepfs.store.shared.attachment import Attachment
+from stepfs.store.shared.newtree import NewTree
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.transfer import Downloader
 from stepfs.store.shared.url import HistoryURL
 
 #: The local layer's kind (``sync.SYNC``: a layer taken from the history).
 SYNC = "sync"
-#: Directory descriptors kept open while the tree is written (path order
-#: revisits few; beyond this many all but the root are closed).
-_OPEN_DIRS = 256
 
 
 def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, int, int]:
@@ -117,17 +113,17 @@ def _build(url: HistoryURL, remote: Remote, staging: str, number: int, meta: dic
         with ws.db.read() as conn:
             base = local_layers.head(conn)
         entries: list[Entry] = []
-        tree = _Tree(staging)
+        tree = NewTree(staging)
         try:
             for batch in _ahead(stateread.batches(remote, number)):
+                writing = tree.write(batch)  # on the tree's threads, while the store takes the same bytes
                 files = [s for s in batch if s.kind == "file"]
                 with ws.db.write() as conn:  # durable with the tree: syncfs, before the rename
                     oids = ws.objects.put_many(conn, [s.data for s in files])
                 oid_of = {id(s): oid for s, oid in zip(files, oids)}
-                for s in batch:
-                    tree.make(s)
-                    entries.append(Entry(s.path, State(None), State(s.kind, s.mode, oid_of.get(id(s)), s.target,
-                                                                    None, None, s.xattrs), s.mtime_ns))
+                entries += [Entry(s.path, State(None), State(s.kind, s.mode, oid_of.get(id(s)), s.target, None, None,
+                                                             s.xattrs), s.mtime_ns) for s in batch]
+                tree.wait(writing)
             tree.finish()
         finally:
             tree.close()
@@ -225,97 +221,6 @@ def _publish_tree(staging: str, directory: str) -> None:
         durable.fsync(pfd)
     finally:
         os.close(pfd)
-
-
-_STORE = STORE_DIR.encode()
-
-
-def _check_path(path: bytes) -> tuple[bytes, bytes]:
-    """``(parent, name)`` of a path of the history, or HistoryError for one
-    that would leave the tree or enter its store."""
-    framed = b"/" + path + b"/"
-    if (b"//" in framed or b"/./" in framed or b"/../" in framed or b"\0" in path
-            or path.split(b"/", 1)[0] == _STORE):
-        raise HistoryError(f"the shared history names the path {path!r}, which is not a path inside a workspace; "
-                           f"the history is damaged: run 'stepfs verify-history'.")
-    parent, _, name = path.rpartition(b"/")
-    return parent or b".", name
-
-
-class _Tree:
-    """Writes a new tree's paths, parents first (path order), each through
-    its parent's descriptor opened without following a symlink: a path of
-    the history never leaves the tree, whatever it names."""
-
-    def __init__(self, root: str):
-        self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self.fds: dict[bytes, int] = {}
-        self.dirs: list[tuple[bytes, int, bytes | None]] = []  # modes and attributes, set last
-
-    def parent(self, path: bytes) -> int:
-        if path == b".":
-            return self.root_fd
-        fd = self.fds.get(path)
-        if fd is None:
-            if len(self.fds) >= _OPEN_DIRS:
-                self._close_dirs()
-            up, name = _check_path(path)
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             dir_fd=self.parent(up))
-            except (FileNotFoundError, NotADirectoryError, OSError) as exc:
-                if isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == errno.ELOOP:
-                    raise HistoryError(f"the shared history names {path!r} below something that is not a directory "
-                                       f"in it; the history is damaged: run 'stepfs verify-history'.") from None
-                raise
-            self.fds[path] = fd
-        return fd
-
-    def make(self, s: stateread.PathState) -> None:
-        up, name = _check_path(s.path)
-        pfd = self.parent(up)
-        if s.kind == "dir":
-            os.mkdir(name, 0o700, dir_fd=pfd)  # its mode once it is filled (finish)
-            self.dirs.append((s.path, s.mode, s.xattrs))
-        elif s.kind == "file":
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=pfd)
-            try:
-                view, done = memoryview(s.data), 0
-                while done < len(view):
-                    done += os.write(fd, view[done:])
-                os.fchmod(fd, s.mode)
-                if s.xattrs:
-                    xattrs.apply_fd(fd, xattrs.decode(s.xattrs))
-                if s.mtime_ns:
-                    os.utime(fd, ns=(s.mtime_ns, s.mtime_ns))
-            finally:
-                os.close(fd)
-        elif s.kind == "symlink":
-            os.symlink(s.target, name, dir_fd=pfd)
-        elif s.kind in NODE_KINDS:
-            os.mknod(name, NODE_KINDS[s.kind] | 0o600, rdev_of(s.kind, s.target), dir_fd=pfd)
-            os.chmod(name, s.mode, dir_fd=pfd, follow_symlinks=False)
-        else:
-            raise HistoryError(f"the shared history names {s.path!r} as a {s.kind}, which this stepfs cannot make; "
-                               f"upgrade stepfs.")
-
-    def finish(self) -> None:
-        """Directory modes and attributes, deepest first (a read-only
-        directory is filled before it becomes one)."""
-        for path, mode, attrs in sorted(self.dirs, key=lambda d: -d[0].count(b"/")):
-            fd = self.parent(path)
-            os.fchmod(fd, mode)
-            xattrs.apply_fd(fd, xattrs.decode(attrs))
-
-    def _close_dirs(self) -> None:
-        for fd in self.fds.values():
-            os.close(fd)
-        self.fds.clear()
-
-    def close(self) -> None:
-        self._close_dirs()
-        os.close(self.root_fd)
 
 
 def _clone_in_place(url: HistoryURL, remote: Remote, directory: str, number: int, meta: dict,

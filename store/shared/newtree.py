@@ -11,8 +11,7 @@ whatever it names.
 Directories are made on the caller's thread, in order; files, symlinks
 and nodes of a batch are made on a few threads at once: creating a file
 mostly waits for the filesystem's journal, and several creates wait
-together (10,000 small files: 3-8x faster than one after the other, on a
-busy machine).  Directory modes and attributes are set last, deepest
+together.  Directory modes and attributes are set last, deepest
 first, so a read-only directory is filled before it becomes one.
 """
 
@@ -28,8 +27,8 @@ from stepfs.store.errors import HistoryError
 from stepfs.store.paths import STORE_DIR
 from stepfs.store.shared.stateread import PathState
 
-#: Threads that make a batch's files.
-THREADS = 8
+#: Threads that make a batch's files (few: the machine's other work keeps its share).
+THREADS = 4
 #: Paths per task handed to a thread.
 TASK_PATHS = 64
 #: Directory descriptors kept open between batches (path order revisits

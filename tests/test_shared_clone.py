@@ -31,6 +31,8 @@ def _rich(root: Path) -> Path:
     a = _ws(root, {"README": b"hello\n", "src/main.py": b"print(1)\n", "src/deep/x/y.txt": b"y" * 5000,
                    "empty": b"", "ro/inside.txt": b"kept\n"})
     os.chmod(a / "src/main.py", 0o755)
+    os.chmod(a / "README", 0o444)
+    os.chmod(a / "empty", 0o666)  # more than the umask lets a new file have
     os.symlink("src/main.py", a / "link")
     os.chmod(a / "ro", 0o555)
     return a
@@ -58,6 +60,7 @@ def test_clone_equals_the_workspace_and_its_store_verifies(history_url, tmp_path
                 assert got[b"link"].kind == "symlink" and got[b"ro"].mode == 0o555
     assert oct(os.stat(tmp_path / "empty-target").st_mode & 0o777) == oct(0o750)  # the target's own mode kept
     assert _siblings(tmp_path) == []
+    assert os.umask(0o022) == 0o022  # the clone's umask of 0 ended with it
 
 
 def test_a_clone_cut_before_its_rename_leaves_no_workspace(history_url, tmp_path):

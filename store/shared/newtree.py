@@ -56,6 +56,7 @@ class NewTree:
 
     def __init__(self, root: str):
         self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._umask = os.umask(0)  # restored by close; nothing else of the process makes files meanwhile
         self.fds: dict[bytes, int] = {}
         self.dirs: list[tuple[bytes, int, bytes | None]] = []  # modes and attributes, set by finish
         self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="stepfs-clone-write")
@@ -115,6 +116,7 @@ class NewTree:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)  # no task may still use a descriptor closed below
+        os.umask(self._umask)
         self._close_dirs()
         os.close(self.root_fd)
 
@@ -126,12 +128,16 @@ def _make_all(todo: list[tuple[int, bytes, PathState]]) -> None:
 
 def _make(pfd: int, name: bytes, s: PathState) -> None:
     if s.kind == "file":
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=pfd)
+        # Made with its mode (the umask is 0 while the tree is written): no
+        # chmod after, except for the bits open() may drop.
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, s.mode & 0o777,
+                     dir_fd=pfd)
         try:
             view, done = memoryview(s.data), 0
             while done < len(view):
                 done += os.write(fd, view[done:])
-            os.fchmod(fd, s.mode)
+            if s.mode & ~0o777:
+                os.fchmod(fd, s.mode)
             if s.xattrs:
                 xattrs.apply_fd(fd, xattrs.decode(s.xattrs))
             if s.mtime_ns:

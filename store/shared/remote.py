@@ -494,8 +494,12 @@ class Remote:
              .group_by(*page.c).order_by(page.c.number.desc()))
         with self.read() as conn:
             rows = conn.execute(q).all()
-        return [(LayerRecord(r.number, r.kind, r.created_ns, r.message, r.agent, r.mount, json.loads(r.meta),
-                             r.workspace, r.workspace_path, r.host, r.origin), (r[-3], r[-2], r[-1])) for r in rows]
+        # Unpacked by position, and the usual empty meta not parsed: a long
+        # history's log is mostly this loop.
+        return [(LayerRecord(number, kind, created, message, agent, mount, {} if meta == "{}" else json.loads(meta),
+                             workspace, path, host, origin), (a, m, d))
+                for (_h, number, kind, created, message, agent, mount, meta, workspace, path, host, origin, a, m, d)
+                in rows]
 
     def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per layer: (added, modified, deleted) paths."""

@@ -46,7 +46,7 @@ def test_clone_equals_the_workspace_and_its_store_verifies(history_url, tmp_path
     a = _rich(tmp_path / "a")
     client.attach(str(a), history_url)
     os.mkdir(tmp_path / "empty-target", 0o750)
-    for target in (tmp_path / "new", tmp_path / "empty-target"):
+    for target in (tmp_path / "new", tmp_path / "empty-target", tmp_path / "up" / "down" / ("n" * 240)):
         path, number, local = sync.clone(parse(history_url), str(target))
         assert path == str(target) and number == 0
         assert manifest(target) == manifest(a)
@@ -59,7 +59,12 @@ def test_clone_equals_the_workspace_and_its_store_verifies(history_url, tmp_path
                 assert ws.objects.read_all(conn, got[b"src/deep/x/y.txt"].oid) == b"y" * 5000
                 assert got[b"link"].kind == "symlink" and got[b"ro"].mode == 0o555
     assert oct(os.stat(tmp_path / "empty-target").st_mode & 0o777) == oct(0o750)  # the target's own mode kept
-    assert _siblings(tmp_path) == []
+    os.mkdir(tmp_path / "real")
+    os.symlink(tmp_path / "real", tmp_path / "via-link")
+    path, _, _ = sync.clone(parse(history_url), str(tmp_path / "via-link"))
+    assert path == str(tmp_path / "real") and os.path.islink(tmp_path / "via-link")
+    assert manifest(tmp_path / "via-link") == manifest(a)
+    assert _siblings(tmp_path) == [] and _siblings(tmp_path / "up" / "down") == []
     assert os.umask(0o022) == 0o022  # the clone's umask of 0 ended with it
 
 

@@ -53,7 +53,7 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
     """Make ``directory`` (absent or empty) a workspace holding the history
     as of layer ``at`` (default: the head), attached to it.  Returns
     (workspace path, shared layer, local layer)."""
-    directory = os.path.abspath(directory)
+    directory = os.path.realpath(directory)  # a symlink to an empty directory: that directory, as before
     _check_target(directory)
     with Remote.open(url) as remote:
         head = remote.head()
@@ -76,12 +76,11 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return os.path.realpath(directory), number, local
+    return directory, number, local
 
 
 def _check_target(directory: str) -> None:
-    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.path.islink(directory)
-                                       or os.listdir(directory)):
+    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
         raise WorkspaceError(f"{directory} exists and is not an empty directory; clone into a new directory.")
 
 
@@ -91,15 +90,13 @@ def _make_staging(directory: str) -> str | None:
     if os.path.isdir(directory) and os.path.ismount(directory):
         return None
     parent, name = os.path.split(directory)
-    staging = os.path.join(parent, f".{name}.stepfs-clone-{uuid.uuid4().hex[:12]}")
+    staging = os.path.join(parent, f".{name[:100]}.stepfs-clone-{uuid.uuid4().hex[:12]}")
     try:
+        os.makedirs(parent, exist_ok=True)  # as a clone in place makes them
         os.mkdir(staging, 0o700)
-    except (PermissionError, OSError) as exc:
-        if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    except OSError as exc:
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return None
-        if exc.errno == errno.ENOENT:
-            raise WorkspaceError(f"{parent} does not exist; create it first, or clone into an existing "
-                                 f"directory.") from None
         raise
     return staging
 

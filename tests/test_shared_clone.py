@@ -117,6 +117,30 @@ def test_a_clone_killed_at_its_rename_leaves_no_workspace_and_can_be_run_again(p
     assert len(left) == 1 and manifest(tmp_path / left[0]) == manifest(a)  # whole, but not a workspace anyone sees
     path, _, _ = sync.clone(parse(pg_url), str(tmp_path / "t"))
     assert manifest(Path(path)) == manifest(a)
+    assert _siblings(tmp_path) == []  # the dead clone's sibling, removed by the next clone into t
+
+
+def test_a_clone_in_progress_keeps_its_sibling_from_another_clone_s_sweep(history_url, tmp_path):
+    a = _rich(tmp_path / "a")
+    client.attach(str(a), history_url)
+    seen = {}
+
+    class Meanwhile:
+        def before(self, op, args):
+            if op == "syncfs" and not seen:
+                seen["siblings"] = _siblings(tmp_path)
+                sync.clone(parse(history_url), str(tmp_path / "t"))  # a second clone into t, which sweeps
+                seen["kept"] = set(seen["siblings"]) <= set(_siblings(tmp_path))
+
+        def after(self, op, args):
+            pass
+
+    with durable.installed(Meanwhile()), pytest.raises(WorkspaceError, match="not an empty directory any more"):
+        sync.clone(parse(history_url), str(tmp_path / "t"))
+    assert len(seen["siblings"]) == 1 and seen["kept"]  # the first clone's sibling survived the second's sweep
+    assert manifest(tmp_path / "t") == manifest(a) and _siblings(tmp_path) == []
+    with Workspace.open(str(tmp_path / "t")) as ws:
+        assert verify.verify(ws).ok
 
 
 def test_a_target_written_meanwhile_is_left_alone_and_the_clone_fails_clearly(history_url, tmp_path):

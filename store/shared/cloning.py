@@ -12,8 +12,9 @@ receives the same bytes (its objects), and the layer is recorded committed
 at once: the tree it describes appears with it or not at all.
 
 A crash before the rename leaves the target as it was (no workspace) and
-the sibling behind (its name says what it is; remove it); after it, a
-complete, durable workspace.  A target that is no longer empty when the
+the sibling behind, which the next clone into the same target removes
+(each clone holds an ``flock`` on its sibling: a free one is a dead
+clone's); after it, a complete, durable workspace.  A target that is no longer empty when the
 rename comes (another clone into it) fails the clone with nothing
 changed there.  Where no sibling can be made (the parent is not writable)
 or the target is a mount point (a rename cannot replace it), the clone is
@@ -24,9 +25,11 @@ written in place through the rollback machinery instead
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 import queue
+import re
 import shutil
 import stat as stat_mod
 import threading
@@ -67,15 +70,18 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
         header = remote.layer(number)
         meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}
         message = f"clone of {url.display} at layer {number}"
-        staging = _make_staging(directory)
-        if staging is None:
+        made = _make_staging(directory)
+        if made is None:
             return _clone_in_place(url, remote, directory, number, meta, message)
+        staging, held = made
         try:
             local = _build(url, remote, staging, number, meta, message)
             _publish_tree(staging, directory)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        finally:
+            os.close(held)
     return directory, number, local
 
 
@@ -84,21 +90,66 @@ def _check_target(directory: str) -> None:
         raise WorkspaceError(f"{directory} exists and is not an empty directory; clone into a new directory.")
 
 
-def _make_staging(directory: str) -> str | None:
-    """A new empty sibling of ``directory`` to build in, or None where the
-    tree cannot be published by a rename (see the module doc)."""
+#: What follows a sibling's prefix: a clone's own (its flock held until it ends).
+_SIBLING_ID = re.compile(r"[0-9a-f]{12}")
+
+
+def _make_staging(directory: str) -> tuple[str, int] | None:
+    """A new empty sibling of ``directory`` to build in and the descriptor
+    holding its ``flock`` (close it when done), or None where the tree
+    cannot be published by a rename (see the module doc).  The siblings a
+    crashed clone of the same target left (their lock free: the process is
+    gone) are removed first.  A sibling is made under another name and
+    locked before it takes its swept name, so a clone never removes one
+    that is still being built."""
     if os.path.isdir(directory) and os.path.ismount(directory):
         return None
     parent, name = os.path.split(directory)
-    staging = os.path.join(parent, f".{name[:100]}.stepfs-clone-{uuid.uuid4().hex[:12]}")
+    prefix = f".{name[:100]}.stepfs-clone-"
+    fresh = os.path.join(parent, f".{name[:100]}.stepfs-cloning-{uuid.uuid4().hex[:12]}")
     try:
         os.makedirs(parent, exist_ok=True)  # as a clone in place makes them
-        os.mkdir(staging, 0o700)
+        os.mkdir(fresh, 0o700)
     except OSError as exc:
         if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
             return None
         raise
-    return staging
+    try:
+        held = os.open(fresh, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except BaseException:
+        os.rmdir(fresh)
+        raise
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _sweep(parent, prefix)
+        staging = os.path.join(parent, prefix + uuid.uuid4().hex[:12])
+        os.rename(fresh, staging)
+    except BaseException:
+        os.close(held)
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    return staging, held
+
+
+def _sweep(parent: str, prefix: str) -> None:
+    """Remove the siblings of ``prefix`` no live clone holds."""
+    for entry in os.scandir(parent):
+        if not (entry.name.startswith(prefix) and _SIBLING_ID.fullmatch(entry.name[len(prefix):])
+                and entry.is_dir(follow_symlinks=False)):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone meanwhile (another clone swept it), or not ours to open
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # a clone in progress
+        try:
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def _build(url: HistoryURL, remote: Remote, staging: str, number: int, meta: dict, message: str) -> int:

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
-from stepfs.store.shared import pgconnect, pgwrite, tables as T
+from stepfs.store.shared import pgconnect, pgread, pgwrite, tables as T
 from stepfs.store.shared.stall import Watchdog
 from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
@@ -230,8 +230,7 @@ class Remote:
             conn = self._pinned()
             # With it, the objects' lock shared (store/shared/gc.py takes it
             # exclusively): no gc runs between an upload and its layer.
-            conn.execute(text("SELECT pg_advisory_lock(hashtext(:k)), pg_advisory_lock_shared(hashtext(:o))"),
-                         {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
+            pgread.lock(conn, "stepfs:" + self.name, OBJECTS_LOCK)
         self._locked = True
         try:
             if workspace is not None:
@@ -245,22 +244,17 @@ class Remote:
 
     def _read_position(self, workspace: str) -> None:
         """Under the lock: the head and ``workspace``'s published layers, one query."""
-        h, lay = T.histories, T.layers
-        q = (select(h.c.head, lay.c.origin, lay.c.number)
-             .select_from(h.outerjoin(lay, (lay.c.history == h.c.name) & (lay.c.workspace == workspace)
-                                      & lay.c.origin.is_not(None)))
-             .where(h.c.name == self.name))
         with self.read() as conn:
-            rows = conn.execute(q).all()
-        if rows:
-            self._head = rows[0][0]
-            self._origins[workspace] = {int(o): int(n) for _h, o, n in rows if o is not None}
+            head, origins = pgread.position(conn, self.name, workspace)
+        if head is not None:
+            self._head = head
+            self._origins[workspace] = origins
 
     def _ensure_schema(self) -> None:
         if self.url.dialect == "postgresql":
             try:  # the usual case, one round trip: the schema is there
                 with self.read() as conn:
-                    facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
+                    facts = pgread.facts(conn)
                 return self._check_format(facts)
             except ProgrammingError:
                 pass  # no stepfs_meta yet: made below, under a lock

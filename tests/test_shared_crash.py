@@ -19,7 +19,7 @@ from store_kit import Stager
 from stepfs.overlayfs.client import manage
 from stepfs.overlayfs.client import shared as client
 from stepfs.store import publish
-from stepfs.store.shared import pgwrite, remote as remote_mod, sync
+from stepfs.store.shared import remote as remote_mod, sync
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.url import parse
 from stepfs.store.workspace import Workspace
@@ -39,12 +39,15 @@ def _before(obj, name):
 
 
 def _inside(url):
-    """Killed while the publish waits on the server inside its one
-    statement's transaction (tests/pglock.py holds the history's row)."""
+    """Killed while the publish waits on the server inside its
+    transaction, the uploads sent in its round trip committed ahead of it
+    (tests/pglock.py holds the history's row)."""
     def wrap(obj, name):
         real = getattr(obj, name)
 
         def wrapper(*a, **k):
+            if not any("UPDATE stepfs_histories" in sql for sql, _params in a[1]):
+                return real(*a, **k)  # the lock's round trip
             held = head_row_locked(url)
             held.__enter__()  # kept (referenced below) until the kill drops the connection
             threading.Thread(target=lambda: (waiting_publisher(url), _kill_self()), daemon=True).start()
@@ -72,8 +75,8 @@ POINTS = {
     "after the pull's local layer": (publish, "write_layer", _after),
     "before the local commit": (manage, "step", _before),
     "after the local commit": (manage, "step", _after),
-    "after the uploads, before the head's transaction": (Remote, "publish", _before),
-    "inside the head's transaction": (pgwrite, "publish", _inside),
+    "before the publish's round trip (uploads held back)": (Remote, "publish", _before),
+    "inside the head's transaction": (Remote, "_pipeline", _inside),
     "after the head's transaction": (Remote, "publish", _after),
 }
 

@@ -24,7 +24,10 @@ _FACTS = f"SELECT key, value FROM {T.meta.name}"
 _LOCK = "SELECT pg_advisory_lock(hashtext(%(k)s)), pg_advisory_lock_shared(hashtext(%(o)s))"
 
 # Run after the lock statement, never in it: a statement's snapshot is
-# taken when it starts, which would be before a lock it waited for.
+# taken when it starts, which would be before a lock it waited for.  The
+# two go in one pipeline (``Remote.lock``): the server runs them in order,
+# and at READ COMMITTED each statement of the pipeline's implicit
+# transaction takes a snapshot of its own when it starts.
 _POSITION = f"""
 SELECT h.head, l.origin, l.number
 FROM {T.histories.name} AS h
@@ -40,15 +43,20 @@ def facts(conn: Connection) -> dict[str, str]:
     return dict(conn.exec_driver_sql(_FACTS).all())
 
 
-def lock(conn: Connection, key: str, objects_key: str) -> None:
+def lock_statement(key: str, objects_key: str) -> tuple[str, dict]:
     """Wait for the session advisory lock ``key``, then take ``objects_key`` shared."""
-    conn.exec_driver_sql(_LOCK, {"k": key, "o": objects_key}).all()
+    return _LOCK, {"k": key, "o": objects_key}
 
 
-def position(conn: Connection, history: str, workspace: str) -> tuple[int | None, dict[int, int]]:
-    """The head of ``history`` (None if it does not exist) and
-    ``{origin: shared number}`` of the layers ``workspace`` published."""
-    rows = conn.exec_driver_sql(_POSITION, {"workspace": workspace, "history": history}).all()
+def position_statement(history: str, workspace: str) -> tuple[str, dict]:
+    """The head of ``history`` with the layers ``workspace`` published (read :func:`position`)."""
+    return _POSITION, {"workspace": workspace, "history": history}
+
+
+def position(rows: list[tuple]) -> tuple[int | None, dict[int, int]]:
+    """The head (None if the history does not exist) and ``{origin: shared
+    number}`` of the workspace's published layers, from the rows of
+    :func:`position_statement`."""
     if not rows:
         return None, {}
     return rows[0][0], {int(o): int(n) for _h, o, n in rows if o is not None}

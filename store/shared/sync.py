@@ -259,7 +259,7 @@ def push(ws, remote: Remote, att: Attachment) -> list[tuple[int, int]]:
     ``[(local number, shared number)]``.  Raises HeadMoved (nothing of that
     layer written) if another workspace published first: pull, then push."""
     pos = position(ws, remote, att)
-    up = Uploader(ws, remote)
+    up = Uploader(ws, remote, ride=True)  # each layer's small batches travel in its publish's round trip
     out = []
     at = pos.at
     for n in pos.unpublished:

@@ -122,10 +122,14 @@ def _record(ws, att: Attachment, number: int, kind: str, message: str, agent: st
 
 
 def position(ws, remote: Remote, att: Attachment) -> Position:
+    published = remote.origins(att.workspace)
+    # Only the local layers above the newest one published: a push
+    # publishes oldest first, so every own layer below it is published, and
+    # every sync layer below it applied a shared layer older than it.
+    newest = max([att.base, *published])
     with ws.db.read() as conn:
         rows = conn.execute(select(L.c.number, L.c.kind, L.c.meta).where(
-            L.c.state == "committed", L.c.number > att.base).order_by(L.c.number)).all()
-    published = remote.origins(att.workspace)
+            L.c.state == "committed", L.c.number > newest).order_by(L.c.number)).all()
     at = max([att.at, *published.values()])
     unpublished = []
     for number, kind, meta in rows:

@@ -535,11 +535,20 @@ class Remote:
         return found[0]
 
     def entries(self, number: int) -> list[dict]:
+        return self.entries_of([number])[number]
+
+    def entries_of(self, numbers: list[int]) -> dict[int, list[dict]]:
+        """The entries of each of the layers ``numbers``, by path, in one query."""
+        out: dict[int, list[dict]] = {n: [] for n in numbers}
+        if not numbers:
+            return out
         with self.read() as conn:
-            rows = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
-                                .where(T.entries.c.history == self.name, T.entries.c.layer == number)
-                                .order_by(T.entries.c.path)).all()
-        return [_entry_dict(r) for r in rows]
+            rows = conn.execute(select(T.entries.c.layer, *[T.entries.c[c] for c in ENTRY_COLUMNS])
+                                .where(T.entries.c.history == self.name, T.entries.c.layer.in_(numbers))
+                                .order_by(T.entries.c.layer, T.entries.c.path)).all()
+        for r in rows:
+            out[r.layer].append(_entry_dict(r))
+        return out
 
     def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per layer: (added, modified, deleted) paths."""

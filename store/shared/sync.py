@@ -170,7 +170,7 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
     if head <= pos.at:
         return []
     incoming = [r for r in remote.layers(after=pos.at) if r.workspace != att.workspace or r.origin is None]
-    rows = {r.number: remote.entries(r.number) for r in incoming}
+    rows = remote.entries_of([r.number for r in incoming])  # one query, not one per layer
     mine = _local_paths(ws, pos.unpublished)
     clashes: dict[bytes, int] = {}
     for r in incoming:

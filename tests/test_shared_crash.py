@@ -1,6 +1,7 @@
 """A step on an attached workspace killed (SIGKILL) at each point of the
-shared protocol: pull applied or not, local commit done or not, objects
-uploaded, inside the head's transaction, after it.  After each kill the
+shared protocol: pull applied or not, local commit done or not, before the
+publish's round trip, inside the head's transaction, once the publish
+answered but before its COMMIT (nothing published), after it.  After each kill the
 next ``sync`` leaves the workspace and the history agreeing: the step's
 change is in the history exactly once and a clone equals the workspace."""
 
@@ -69,6 +70,18 @@ def _after(obj, name):
     return wrapper
 
 
+def _after_publish_statement(obj, name):
+    """Killed once the publish answered, its transaction open, COMMIT not sent."""
+    real = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        out = real(*a, **k)
+        if any("UPDATE stepfs_histories" in sql for sql, _params in a[1]):
+            _kill_self()
+        return out
+    return wrapper
+
+
 #: point -> (object, attribute, wrap): where the child kills itself.
 POINTS = {
     "before the pull's local layer": (publish, "write_layer", _before),
@@ -77,6 +90,7 @@ POINTS = {
     "after the local commit": (manage, "step", _after),
     "before the publish's round trip (uploads held back)": (Remote, "publish", _before),
     "inside the head's transaction": (Remote, "_pipeline", _inside),
+    "after the publish answered, before its COMMIT": (Remote, "_pipeline", _after_publish_statement),
     "after the head's transaction": (Remote, "publish", _after),
 }
 
@@ -116,6 +130,9 @@ def test_step_killed_at_each_point_recovers(point, pg_url, tmp_path):
             os._exit(3)  # not reached when the point is on the path
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (point, status)
+    if point == "after the publish answered, before its COMMIT":
+        with Remote.open(parse(pg_url)) as r:
+            assert r.head() == 1  # b's layer only: a transaction never committed publishes nothing
     # Recovery: the next sync, then a step for what is still staged.
     client.sync_workspace(manage.Target(str(a)))
     try:

@@ -17,7 +17,7 @@ from stepfs.store.errors import HistoryError
 from stepfs.store.shared.remote import LayerRecord, Remote
 from stepfs.store.shared.url import parse
 from test_shared_history import _entry, _record
-from test_shared_pgwrite import _count_statements
+from test_shared_pgwrite import _Trips
 
 
 def _log(url: str, *extra: str) -> dict:
@@ -46,16 +46,16 @@ def _history(url: str, layers: int) -> None:
 @pytest.mark.parametrize("layers", [3, 40])
 def test_log_is_one_query_whatever_the_history_s_length(pg_url, monkeypatch, layers):
     _history(pg_url, layers)
-    seen = _count_statements(monkeypatch)
+    trips = _Trips(monkeypatch)
     full = _log(pg_url)
     # the schema check, then the layers with their counts
-    assert len(seen) == 2, seen
+    assert (len(trips.statements), trips.round_trips) == (2, 2), trips.statements
     assert [r["number"] for r in full["layers"]] == list(range(layers, -1, -1))
     assert [(r["added"], r["modified"], r["deleted"]) for r in full["layers"]] == [(1, 1, 1)] * layers + [(1, 0, 0)]
     assert full["layers"][0]["host"] == "host" and full["layers"][0]["workspace_path"] == "/ws"
-    seen.clear()
+    trips.clear()
     page = _log(pg_url, "--limit", "2")
-    assert len(seen) == 2, seen
+    assert (len(trips.statements), trips.round_trips) == (2, 2), trips.statements
     assert [r["number"] for r in page["layers"]] == [layers, layers - 1]
     assert page["layers"] == full["layers"][:2]
 

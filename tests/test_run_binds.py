@@ -1,0 +1,143 @@
+"""Real-mount tier: ``stepfs run`` serves the top-level unversioned trees
+from the kernel through binds in the run's own mount namespace
+(``overlayfs/client/binds.py``), driven by real tools: an npm-like
+installer into a ``node_modules`` that does not exist yet, ``rm -rf``,
+``mv``, ``python -m venv``, a step and a rollback around such trees, and a
+confined run whose symlink in ``node_modules`` points at a decoy outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import manifest, stepfs
+from mountguard import private_tmp  # noqa: F401
+from stepfs.overlayfs.client import binds, mounts
+
+pytestmark = [pytest.mark.mount,
+              pytest.mark.skipif(os.geteuid() != 0, reason="binds in a mount namespace need root")]
+NPM = Path(__file__).resolve().parents[1] / "bench" / "npm_like.py"
+TRAMPOLINE = os.path.abspath(binds.__file__)
+
+
+def bind_points(mp: Path) -> str:
+    """A shell snippet printing to stderr the mount points under ``mp`` the
+    command's namespace has (mountinfo's fifth field), each as 'bind: PATH'."""
+    return f"awk '$5 ~ \"^{mp}/\" {{print \"bind: \" $5}}' /proc/self/mountinfo >&2"
+
+
+def bound(r) -> list[str]:
+    return [line[6:] for line in r.stderr.decode().splitlines() if line.startswith("bind: ")]
+
+
+def supervisors(workspace: Path) -> list[int]:
+    """Processes running the binds trampoline for ``workspace``."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if os.fsencode(TRAMPOLINE) in args and os.fsencode(str(workspace)) in args:
+            out.append(int(pid))
+    return out
+
+
+def wait_gone(workspace: Path, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while supervisors(workspace):
+        assert time.monotonic() < deadline, f"supervisors left: {supervisors(workspace)}"
+        time.sleep(0.05)
+
+
+def run(workspace: Path, mp: Path, script: str, *opts: str, timeout: float = 240):
+    r = stepfs("run", workspace, "--json", "--mountpoint", mp, *opts, "--", "bash", "-c", script,
+               cwd=workspace, timeout=timeout)
+    wait_gone(workspace)
+    assert mounts.stepfs_mounts(str(workspace)) == []
+    return r
+
+
+def host_mounts_under(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(str(path))]
+
+
+@pytest.mark.timeout(300)
+def test_npm_into_a_new_node_modules_then_rm_rf_and_mv(workspace, private_tmp):
+    (workspace / "package.json").write_text("{}\n")
+    mp = private_tmp / "mnt"
+    # node_modules does not exist when the run starts: its mkdir is made and bound for the command.
+    r = run(workspace, mp, f"{sys.executable} {NPM} node_modules --files 600 && "
+                           f"mkdir -p node_modules/pkg-1/node_modules/inner && {bind_points(mp)}")
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == [f"{mp}/node_modules"]  # the nested node_modules is not bound
+    assert b"go through the mount" not in r.stderr
+    files = [p for p in (workspace / "node_modules").rglob("*") if p.is_file()]
+    assert len(files) == 600
+    assert (workspace / "node_modules/pkg-1/node_modules/inner").is_dir()
+    assert json.loads(r.stdout.decode().strip().splitlines()[-1])["number"] is None  # nothing versioned
+    assert host_mounts_under(private_tmp) == []  # nothing propagated out of the run's namespace
+    # It exists when the next run starts: bound at once; rm -rf removes it, binds and all.
+    r = run(workspace, mp, f"{bind_points(mp)} && rm -rf node_modules && test ! -e node_modules")
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == [f"{mp}/node_modules"]
+    assert not (workspace / "node_modules").exists()
+    # mv of a bound tree (an unversioned name, then a versioned one), and rmdir of an empty one.
+    r = run(workspace, mp, f"{sys.executable} {NPM} node_modules --files 40 && mv node_modules .venv && "
+                           f"mv .venv vendored && mkdir .tox && rmdir .tox && {bind_points(mp)}")
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == []
+    assert not (workspace / "node_modules").exists() and not (workspace / ".tox").exists()
+    assert len([p for p in (workspace / "vendored").rglob("*") if p.is_file()]) == 40
+    card = json.loads(r.stdout.decode().strip().splitlines()[-1])["card"]
+    assert len([f for f in card["files"] if f["path"].startswith("vendored/") and f["kind"] != "dir"]) == 40
+
+
+@pytest.mark.timeout(300)
+def test_venv_a_step_and_a_rollback_leave_bound_trees_untouched(workspace, private_tmp):
+    (workspace / "calc.py").write_text("one\n")
+    mp = private_tmp / "mnt"
+    r = run(workspace, mp, f"{sys.executable} -m venv --without-pip .venv && .venv/bin/python -c 'print(7)' && "
+                           f"{sys.executable} {NPM} node_modules --files 100 && echo two > calc.py && {bind_points(mp)}")
+    assert r.returncode == 0, r.stderr.decode()
+    assert sorted(bound(r)) == [f"{mp}/.venv", f"{mp}/node_modules"]
+    assert (workspace / ".venv/pyvenv.cfg").is_file()
+    card = json.loads(r.stdout.decode().strip().splitlines()[-1])["card"]
+    assert [f["path"] for f in card["files"]] == ["calc.py"]
+    trees = manifest(workspace / ".venv"), manifest(workspace / "node_modules")
+    r = run(workspace, mp, "echo three > calc.py && touch node_modules/late.js")
+    assert r.returncode == 0, r.stderr.decode()
+    trees = manifest(workspace / ".venv"), manifest(workspace / "node_modules")
+    result = stepfs("rollback", workspace, "0")
+    assert result.returncode == 0, result.stderr
+    assert (workspace / "calc.py").read_text() == "one\n"
+    assert (manifest(workspace / ".venv"), manifest(workspace / "node_modules")) == trees
+
+
+@pytest.mark.timeout(240)
+def test_confined_run_may_write_below_a_bind_but_not_through_a_symlink_out(workspace, private_tmp, tmp_path):
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "keep").write_text("keep me\n")
+    (workspace / "node_modules").mkdir()
+    (workspace / "node_modules" / "out").symlink_to(decoy)
+    mp = private_tmp / "mnt"
+    r = run(workspace, mp, f"{bind_points(mp)}; echo ok > node_modules/inside.js && "
+                               "mkdir node_modules/pkg && echo x > node_modules/pkg/a.js; "
+                               "echo bad > node_modules/out/pwned; echo rc=$? >&2; echo bad >> node_modules/out/keep; "
+                               "rm -f node_modules/out/keep; mkdir node_modules/out/dir; exit 0", "--confine")
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == [f"{mp}/node_modules"]
+    assert b"rc=1" in r.stderr and b"Permission denied" in r.stderr
+    assert (workspace / "node_modules/inside.js").read_text() == "ok\n"
+    assert (workspace / "node_modules/pkg/a.js").read_text() == "x\n"
+    assert sorted(p.name for p in decoy.iterdir()) == ["keep"]
+    assert (decoy / "keep").read_text() == "keep me\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import manifest, stepfs
+from conftest import manifest, sh, stepfs
 from mountguard import private_tmp  # noqa: F401
 from stepfs.overlayfs.client import binds, mounts
 
@@ -141,3 +141,21 @@ def test_confined_run_may_write_below_a_bind_but_not_through_a_symlink_out(works
     assert (workspace / "node_modules/pkg/a.js").read_text() == "x\n"
     assert sorted(p.name for p in decoy.iterdir()) == ["keep"]
     assert (decoy / "keep").read_text() == "keep me\n"
+
+
+@pytest.mark.timeout(240)
+def test_a_reused_mount_shows_other_processes_what_a_run_did_below_its_binds(workspace, mount):
+    m = mount(workspace)
+    sh(f"{sys.executable} {NPM} node_modules --files 40", m.mountpoint)  # through the daemon: outside any run
+    before = sorted(str(p) for p in m.path("node_modules").rglob("*"))
+    assert len(before) > 40 and m.path("node_modules/pkg-1/index.js").is_file()
+    r = stepfs("run", m.mountpoint, "--", "bash", "-c",
+               f"{bind_points(Path(m.mountpoint))}; rm -rf node_modules/pkg-1 && mkdir node_modules/fresh",
+               cwd=m.mountpoint, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    wait_gone(workspace)
+    assert bound(r) == [f"{m.mountpoint}/node_modules"]
+    # This process's kernel had cached the tree through the daemon; it sees the run's changes at once.
+    assert not m.path("node_modules/pkg-1/index.js").exists() and not m.path("node_modules/pkg-1").exists()
+    assert m.path("node_modules/fresh").is_dir()
+    assert "fresh" in os.listdir(m.path("node_modules"))

@@ -131,6 +131,20 @@ def plan(mountpoint: str) -> tuple[str, list[str]] | None:
     return None
 
 
+def forget(mountpoint: str, names: list[str]) -> None:
+    """After a run: the daemon never saw what the run did below its binds,
+    so make the kernel of every other process look those trees up again
+    (the mount caches names and attributes for a minute)."""
+    from stepfs.overlayfs.client import control
+    from stepfs.store.errors import StepfsError
+
+    try:
+        control.request(mountpoint, {"op": "invalidate", "paths": ["/" + n for n in names]}, timeout=10.0)
+    except StepfsError as exc:
+        print(f"stepfs: the mount {mountpoint} may show its unversioned trees as they were for a minute ({exc}).",
+              file=sys.stderr)
+
+
 def trampoline_argv(workspace: str, mountpoint: str, names: list[str], command: list[str]) -> list[str]:
     """The argv that runs ``command`` (already wrapped by Landlock's
     trampoline if confined) under the binds of ``names``."""

@@ -93,8 +93,12 @@ def run_in(mountpoint: str, command: list[str], policy: "confine_mod.Policy | No
                 log.error("%s: command not found", command[0])
                 return 127, False, confinement.describe() if confinement else None
         phase("running")
-        code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
-            mountpoint, pid, command, confinement), **popen)
+        try:
+            code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
+                mountpoint, pid, command, confinement), **popen)
+        finally:
+            if bound is not None:
+                binds_mod.forget(mountpoint, bound[1])
         return code, started, confinement.describe() if confinement else None
     finally:
         if confinement:

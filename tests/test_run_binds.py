@@ -159,3 +159,16 @@ def test_a_reused_mount_shows_other_processes_what_a_run_did_below_its_binds(wor
     assert not m.path("node_modules/pkg-1/index.js").exists() and not m.path("node_modules/pkg-1").exists()
     assert m.path("node_modules/fresh").is_dir()
     assert "fresh" in os.listdir(m.path("node_modules"))
+
+
+@pytest.mark.timeout(240)
+def test_a_run_inside_a_run_can_remove_a_bound_tree(workspace, private_tmp):
+    (workspace / "node_modules" / "pkg").mkdir(parents=True)
+    (workspace / "node_modules" / "pkg" / "index.js").write_text("x\n")
+    mp = private_tmp / "mnt"
+    inner = private_tmp / "inner.sh"
+    inner.write_text(f"{bind_points(mp)}; rm -rf node_modules && test ! -e node_modules\n")
+    r = run(workspace, mp, f"{sys.executable} -m stepfs.cli.main run . -- bash {inner}")
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == [f"{mp}/node_modules"] and b"go through the mount" not in r.stderr
+    assert not (workspace / "node_modules").exists()

@@ -60,6 +60,8 @@ MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
 SI_KERNEL = 0x80
+#: Set for the command of a run with binds (its namespace and filter are inherited by nested runs).
+INSIDE_ENV = "STEPFS_BINDS"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 GLOB_CHARS = set("*?[\\!")
 
@@ -111,6 +113,8 @@ def plan(mountpoint: str) -> tuple[str, list[str]] | None:
     from stepfs.overlayfs.client import control, mounts
     from stepfs.store.errors import StepfsError
 
+    if os.environ.get(INSIDE_ENV):
+        return None  # a run inside a run: the outer supervisor serves it (a second listener is refused: EBUSY)
     if seccomp.machine() not in seccomp.ARCHES:
         reason = f"no seccomp filter for {seccomp.machine()}"
     elif os.geteuid() != 0:
@@ -291,8 +295,8 @@ class Supervisor:
                     name = self._name(n, dirfd_arg, path_arg)
                     if name in self.binds.bound:
                         self.binds.detach(name)
-        except OSError:
-            pass  # not sure: let the call run as it would without binds
+        except Exception:  # noqa: BLE001  not sure: let the call run as it would without binds
+            pass
         seccomp.respond(self.fd, n.id, cont=True)
 
     def _make(self, n, name: str, mode: int) -> None:
@@ -307,9 +311,12 @@ class Supervisor:
 
     def serve_once(self) -> bool:
         """Answer one notification; False when no process uses the filter any more."""
-        n = seccomp.recv(self.fd)
-        if n is not None:
-            self.handle(n)
+        try:
+            n = seccomp.recv(self.fd)
+            if n is not None:
+                self.handle(n)
+        except OSError as exc:  # a supervisor that died would fail the command's mkdirs with ENOSYS
+            print(f"stepfs: binds: {exc}", file=sys.stderr)
         return True
 
     def idle(self, timeout: float) -> bool:
@@ -380,6 +387,9 @@ def supervise(sup: Supervisor | None, child: int) -> int:
         # (their mkdir/rmdir would fail ENOSYS with no listener).
         try:
             os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # nobody waiting on the run's output waits for us too
+                os.dup2(null, fd)
             while not sup.idle(60.0):
                 pass
         finally:
@@ -450,13 +460,17 @@ def main(argv: list[str]) -> None:
         try:
             listener = seccomp.install()
         except OSError as exc:
+            fds_sent = False
             child_end.sendall(f"no:{exc.strerror}".encode())
         else:
+            fds_sent = True
             socket.send_fds(child_end, [b"ok"], [listener])
             os.close(listener)  # the command must never answer its own calls
         child_end.recv(2)  # "go": the parent has the listener, or has taken the binds off
         child_end.close()
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if fds_sent:
+            os.environ[INSIDE_ENV] = "1"
         _exec(command)
     child_end.close()
     msg, fds, _flags, _addr = socket.recv_fds(parent_end, 256, 1)

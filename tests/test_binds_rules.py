@@ -98,3 +98,16 @@ def test_trampoline_argv_wraps_the_command():
     assert argv[4:] == ["--workspace", "/w", "--mount", "/m", "--name", "node_modules", "--name", ".venv",
                         "--", "sh", "-c", "true"]
     assert binds._parse(argv[4:]) == ("/w", "/m", ["node_modules", ".venv"], ["sh", "-c", "true"])
+
+
+def test_plan_falls_back_once_and_quietly_inside_a_run(monkeypatch, capsys):
+    monkeypatch.setattr(binds, "_told", False)
+    monkeypatch.delenv(binds.INSIDE_ENV, raising=False)
+    monkeypatch.setattr(binds.os, "geteuid", lambda: 1000)
+    assert binds.plan("/nowhere") is None and binds.plan("/nowhere") is None
+    err = capsys.readouterr().err
+    assert err.count("unversioned trees go through the mount in this run") == 1 and "needs root" in err
+    monkeypatch.setattr(binds, "_told", False)
+    monkeypatch.setenv(binds.INSIDE_ENV, "1")
+    assert binds.plan("/nowhere") is None
+    assert capsys.readouterr().err == ""

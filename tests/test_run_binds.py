@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -172,3 +173,35 @@ def test_a_run_inside_a_run_can_remove_a_bound_tree(workspace, private_tmp):
     assert r.returncode == 0, r.stderr.decode()
     assert bound(r) == [f"{mp}/node_modules"] and b"go through the mount" not in r.stderr
     assert not (workspace / "node_modules").exists()
+
+
+#: Runs a command where seccomp(2) fails ENOSYS (installed through prctl, which stays allowed).
+NO_SECCOMP = """
+import ctypes, os, platform, sys
+from stepfs.overlayfs.client import seccomp as s
+audit, nr, _calls = s.ARCHES[platform.machine()]
+prog = [(s.BPF_LD_W_ABS, 0, 0, s.OFF_ARCH), (s.BPF_JEQ_K, 0, 3, audit), (s.BPF_LD_W_ABS, 0, 0, s.OFF_NR),
+        (s.BPF_JEQ_K, 0, 1, nr), (s.BPF_RET_K, 0, 0, 0x00050000 | 38), (s.BPF_RET_K, 0, 0, s.RET_ALLOW)]
+table = (s._SockFilter * len(prog))(*[s._SockFilter(*i) for i in prog])
+fprog = s._SockFprog(len(prog), table)
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0 and libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) == 0
+os.execvp(sys.argv[1], sys.argv[1:])
+"""
+
+
+@pytest.mark.timeout(240)
+def test_without_seccomp_notification_the_run_says_so_once_and_uses_the_passthrough(workspace, private_tmp):
+    (workspace / "node_modules" / "pkg").mkdir(parents=True)
+    (workspace / "node_modules" / "pkg" / "index.js").write_text("x\n")
+    mp = private_tmp / "mnt"
+    r = subprocess.run([sys.executable, "-c", NO_SECCOMP, sys.executable, "-m", "stepfs.cli.main", "run", str(workspace),
+                        "--mountpoint", str(mp), "--", "bash", "-c",
+                        f"{bind_points(mp)}; mkdir .venv && rm -rf node_modules && test ! -e node_modules"],
+                       cwd=workspace, capture_output=True, timeout=120)
+    wait_gone(workspace)
+    assert mounts.stepfs_mounts(str(workspace)) == []
+    assert r.returncode == 0, r.stderr.decode()
+    assert bound(r) == []  # the binds made before the filter failed were taken off
+    assert r.stderr.decode().count("unversioned trees go through the mount in this run (no seccomp") == 1
+    assert not (workspace / "node_modules").exists() and (workspace / ".venv").is_dir()

@@ -134,9 +134,12 @@ def test_confined_run_may_write_below_a_bind_but_not_through_a_symlink_out(works
     r = run(workspace, mp, f"{bind_points(mp)}; echo ok > node_modules/inside.js && "
                                "mkdir node_modules/pkg && echo x > node_modules/pkg/a.js; "
                                "echo bad > node_modules/out/pwned; echo rc=$? >&2; echo bad >> node_modules/out/keep; "
-                               "rm -f node_modules/out/keep; mkdir node_modules/out/dir; exit 0", "--confine")
+                               "rm -f node_modules/out/keep; mkdir node_modules/out/dir; "
+                           f"mkdir .venv && echo v > .venv/f && {bind_points(mp)}; exit 0", "--confine")
     assert r.returncode == 0, r.stderr.decode()
-    assert bound(r) == [f"{mp}/node_modules"]
+    # Before and after the command made .venv (bound as it was made, writable below under Landlock too).
+    assert bound(r) == [f"{mp}/node_modules", f"{mp}/node_modules", f"{mp}/.venv"]
+    assert (workspace / ".venv/f").read_text() == "v\n"
     assert b"rc=1" in r.stderr and b"Permission denied" in r.stderr
     assert (workspace / "node_modules/inside.js").read_text() == "ok\n"
     assert (workspace / "node_modules/pkg/a.js").read_text() == "x\n"

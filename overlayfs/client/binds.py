@@ -221,6 +221,19 @@ class Binds:
         self.bound.add(name)
         return True
 
+    def empty(self, name: str) -> bool:
+        """Whether ``workspace/NAME`` has no entries (True if it cannot be read:
+        then the call decides)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.ws_fd)
+        except OSError:
+            return True
+        try:
+            with os.scandir(fd) as entries:
+                return next(entries, None) is None
+        finally:
+            os.close(fd)
+
     def detach(self, name: str) -> None:
         """Take the bind off ``mount/NAME`` (lazily: open descriptors in it keep working)."""
         self.bound.discard(name)
@@ -262,6 +275,7 @@ class Supervisor:
         self.binds = binds
         self.fd = listener
         self.calls = seccomp.names()
+        seccomp.sync_wakeups(listener)
 
     def _name(self, n, dirfd_arg: int | None, path_arg: int) -> str | None:
         path = seccomp.read_string(n.pid, n.args[path_arg])
@@ -288,6 +302,9 @@ class Supervisor:
             elif call in ("rmdir", "unlinkat"):
                 name = self._name(n, None, 0) if call == "rmdir" else self._name(n, 0, 1)
                 if name in self.binds.bound:
+                    if not self.binds.empty(name):
+                        # What the call would answer without the bind; the tree stays fast ('rmdir x || true').
+                        return seccomp.respond(self.fd, n.id, error=errno.ENOTEMPTY)
                     self.binds.detach(name)
             elif call in ("rename", "renameat", "renameat2"):
                 ends = ((None, 0), (None, 1)) if call == "rename" else ((0, 1), (2, 3))

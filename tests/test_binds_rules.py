@@ -111,3 +111,20 @@ def test_plan_falls_back_once_and_quietly_inside_a_run(monkeypatch, capsys):
     monkeypatch.setenv(binds.INSIDE_ENV, "1")
     assert binds.plan("/nowhere") is None
     assert capsys.readouterr().err == ""
+
+
+def test_plan_binds_nothing_in_a_read_only_mount(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from stepfs.overlayfs.client import control, mounts
+
+    monkeypatch.setattr(binds, "_told", False)
+    monkeypatch.delenv(binds.INSIDE_ENV, raising=False)
+    monkeypatch.setattr(binds.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(mounts, "find", lambda mp: SimpleNamespace(workspace="/ws"))
+    answer = {"unversioned": {"defaults": ["node_modules/"]}, "readonly": None}
+    monkeypatch.setattr(control, "request", lambda mp, req, timeout: answer)
+    assert binds.plan("/m") == ("/ws", ["node_modules"])
+    answer["readonly"] = "the store's disk is full"
+    assert binds.plan("/m") is None
+    assert "the mount is read-only: the store's disk is full" in capsys.readouterr().err

@@ -122,13 +122,17 @@ def plan(mountpoint: str) -> tuple[str, list[str]] | None:
     else:
         entry = mounts.find(mountpoint)
         try:
-            rules = control.request(mountpoint, {"op": "ping"}, timeout=5.0).get("unversioned") or {}
+            ping = control.request(mountpoint, {"op": "ping"}, timeout=5.0)
+            rules = ping.get("unversioned") or {}
+            if ping.get("readonly"):  # the daemon refuses writes: a bind must not get round it
+                rules, reason = None, f"the mount is read-only: {ping['readonly']}"
         except StepfsError as exc:
             rules, reason = None, f"the mount did not say its rules: {exc}"
         if rules is not None and entry is not None and entry.workspace:
             names = plan_names(rules)
             return (entry.workspace, names) if names else None
-        reason = "the mount did not say its rules" if rules is None else "no workspace for the mount"
+        if rules is not None:
+            reason = "no workspace for the mount"
     if not _told:
         _told = True
         print(f"stepfs: unversioned trees go through the mount in this run ({reason}).", file=sys.stderr)

@@ -37,9 +37,9 @@ import time
 import uuid
 from typing import Generator, Iterator
 
-from stepfs.store import durable, layers as local_layers, publish
+from stepfs.store import durable, entrytable, layers as local_layers, publish
 from stepfs.store.errors import HistoryError, NoSuchLayer, WorkspaceError
-from stepfs.store.journal import _INSERT_ENTRIES, _INSERT_LAYER, _entry_row, intent_checksum
+from stepfs.store.journal import _INSERT_LAYER, intent_checksum
 from stepfs.store.layers import Entry, State
 from stepfs.store.shared import attachment, stateread
 from stepfs.store.shared.attachment import Attachment
@@ -181,7 +181,7 @@ def _build(url: HistoryURL, remote: Remote, staging: str, number: int, meta: dic
                 number=local, state="committed", kind=SYNC, created_ns=time.time_ns(), message=message, agent="",
                 mount="", meta=json.dumps(meta, sort_keys=True), intent_sum=intent_checksum(entries, None),
                 step=None)])
-            _INSERT_ENTRIES.executemany(conn, [_entry_row(local, e) for e in entries])
+            entrytable.insert(conn, local, entries)
         attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
     return local
 

@@ -19,6 +19,8 @@ mount; the mount's request path does not touch the history):
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -34,10 +36,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from pgserver import PgServer  # noqa: E402
 from store_kit import Stager  # noqa: E402
 
+from stepfs.cli import main as cli_main  # noqa: E402
 from stepfs.overlayfs.client import manage, shared as client  # noqa: E402
 from stepfs.store import publish  # noqa: E402
 from stepfs.store.shared import sync  # noqa: E402
-from stepfs.store.shared.remote import LayerRecord, Remote  # noqa: E402
+from stepfs.store.shared import tables as T  # noqa: E402
+from stepfs.store.shared.remote import ENTRY_COLUMNS, LayerRecord, Remote  # noqa: E402
 from stepfs.store.shared.url import parse  # noqa: E402
 from stepfs.store.workspace import Workspace  # noqa: E402
 
@@ -135,19 +139,31 @@ def floor(tmp: Path, url: str, reps: int) -> dict:
     return out
 
 
-def clone_time(tmp: Path, url: str, files: int) -> dict:
+def clone_time(tmp: Path, url: str, files: int, reps: int) -> dict:
+    """``reps`` pairs, each a clone then ``cp -a`` of the same tree (the
+    ratio taken pair by pair: the machine's speed drifts between minutes)."""
     a = _ws(tmp / "big", files)
     u = url.replace("name=proj", "name=big")
     t = time.perf_counter()
     client.attach(str(a), u)
     attach_s = time.perf_counter() - t
-    t = time.perf_counter()
-    sync.clone(parse(u), str(tmp / "big-clone"))
-    clone_s = time.perf_counter() - t
-    t = time.perf_counter()
-    subprocess.run(["cp", "-a", str(a), str(tmp / "big-cp")], check=True)
-    cp_s = time.perf_counter() - t
-    return {"files": files, "attach_s": attach_s, "clone_s": clone_s, "cp_a_s": cp_s, "ratio": clone_s / cp_s}
+    clones, cps = [], []
+    for r in range(reps):
+        # Each starts on a clean page cache: the clone's one syncfs would
+        # otherwise also write back what the cp -a (or a removal) before it left.
+        os.sync()
+        t = time.perf_counter()
+        sync.clone(parse(u), str(tmp / f"big-clone{r}"))
+        clones.append(time.perf_counter() - t)
+        os.sync()
+        t = time.perf_counter()
+        subprocess.run(["cp", "-a", str(a), str(tmp / f"big-cp{r}")], check=True)
+        cps.append(time.perf_counter() - t)
+        shutil.rmtree(tmp / f"big-clone{r}")
+        shutil.rmtree(tmp / f"big-cp{r}")
+    return {"files": files, "attach_s": attach_s, "clone_median_s": statistics.median(clones),
+            "cp_a_median_s": statistics.median(cps),
+            "ratio_median": statistics.median(c / p for c, p in zip(clones, cps)), "clone_s": clones, "cp_a_s": cps}
 
 
 def log_time(url: str, layers: int) -> dict:
@@ -155,16 +171,44 @@ def log_time(url: str, layers: int) -> dict:
     with Remote.open(u) as r:
         rec = LayerRecord(0, "baseline", 1, "m", "", "", {}, "w" * 32, "/ws", "host", None)
         r.create(rec, [])
-        for n in range(layers):
-            r.publish(n, rec, [])
+        # Built in one transaction (a publish each would be a durable commit
+        # each): every layer adds, changes and removes a symlink, as a step would.
+        rows, entries = [], []
+        for n in range(1, layers + 1):
+            rows.append({**rec.as_dict(), "number": n, "kind": "step", "meta": "{}", "history": u.name})
+            for i, (before, after) in enumerate(((None, "symlink"), ("symlink", "symlink"), ("symlink", None))):
+                entries.append({c: None for c in ENTRY_COLUMNS} | {
+                    "history": u.name, "layer": n, "path": f"d{n % 50}/l{n}-{i}".encode(),
+                    "before_kind": before, "before_mode": 0o777 if before else None,
+                    "before_target": b"t" if before else None, "after_kind": after,
+                    "after_mode": 0o777 if after else None, "after_target": b"t" if after else None})
+        with r.tx() as conn:
+            conn.execute(T.layers.insert(), rows)
+            conn.execute(T.entries.insert(), entries)
+            conn.execute(T.histories.update().where(T.histories.c.name == u.name).values(head=layers))
+    def cli(*extra: str) -> float:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", "--history", u.text, *extra], check=True,
+                       capture_output=True)
+        return time.perf_counter() - t
+
+    def inside(*extra: str) -> float:
+        """The command in this process (interpreter and imports paid already):
+        connect, schema check, the log's query, the rendering."""
+        args = cli_main.build_parser().parse_args(["log", "--history", u.text, *extra])
+        t = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            args.func(args)
+        return time.perf_counter() - t
+
+    out = {"layers": layers}
+    for name, extra in (("limit_50", ("--limit", "50")), ("all_json", ("--json",))):
+        out[f"log_{name}_in_process_median_s"] = statistics.median(inside(*extra) for _ in range(5))
+        out[f"log_{name}_cli_median_s"] = statistics.median(cli(*extra) for _ in range(3))
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", "--history", u.text, "--limit", "50"],
-                   check=True, capture_output=True)
-    limited = time.perf_counter() - t
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "stepfs.cli.main", "log", "--history", u.text, "--json"], check=True,
-                   capture_output=True)
-    return {"layers": layers, "log_limit_50_s": limited, "log_all_json_s": time.perf_counter() - t}
+    subprocess.run([sys.executable, "-c", "import sqlalchemy.dialects.postgresql.psycopg, psycopg"], check=True)
+    out["python_sqlalchemy_psycopg_import_s"] = time.perf_counter() - t
+    return out
 
 
 def sync_behind(tmp: Path, url: str) -> dict:
@@ -204,7 +248,7 @@ def main() -> int:
         if "log" in only:
             result["log"] = log_time(url, args.layers)
         if "clone" in only:
-            result["clone"] = clone_time(tmp, url, args.files)
+            result["clone"] = clone_time(tmp, url, args.files, max(1, min(args.reps, 5)))
         result["load_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
     finally:

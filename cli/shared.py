@@ -126,13 +126,14 @@ def cmd_log_shared(args) -> int:
     from stepfs.store.errors import HistoryError
 
     with _remote(args) as remote:
-        if remote.head() is None:
-            raise HistoryError(f"the shared history {remote.url.display} does not exist; attach a workspace to make "
-                               f"it ('stepfs sync WS --history URL').")
-        found = remote.layers(newest_first=True, limit=args.limit)
-        counts = remote.counts([r.number for r in found])
+        # One query: a long history costs one round trip (--limit 0 still asks for
+        # one layer, to tell an empty answer from a history that does not exist).
+        found = remote.log(limit=None if args.limit is None else max(args.limit, 1))
         display = remote.url.display
-    rows = [_row(r, counts) for r in found]
+    if not found:
+        raise HistoryError(f"the shared history {display} does not exist; attach a workspace to make "
+                           f"it ('stepfs sync WS --history URL').")
+    rows = [_row(r, {r.number: c}) for r, c in found[:args.limit]]
     lines = [f"{r['number']:>4}  {r['time']}  {r['kind']:<8}  files +{r['added']} ~{r['modified']} -{r['deleted']}"
              f"  {quote(r['host'])}:{quote(r['workspace_path'])}"
              f"{'  [' + quote(r['agent']) + ']' if r['agent'] else ''}  {quote(r['message'])}" for r in rows]

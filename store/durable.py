@@ -20,6 +20,9 @@ Operations (the ``op`` names a hook sees):
 ``mkdir``   a directory created in the workspace
 ``symlink`` a symlink created (as a temporary name)
 ``write``   ``pwrite`` of object bytes into a file being published
+``syncfs``  ``syncfs`` of a whole new tree's filesystem (a clone: every
+            file and directory it wrote, before the one rename that
+            publishes the tree)
 ``commit``  the COMMIT of a writing database transaction (``args[0]``
             is true for a durable one: ``synchronous=FULL``)
 ==========  ==========================================================
@@ -241,6 +244,33 @@ def _rename_noreplace(src: bytes, dst: bytes, *, src_dir_fd: int, dst_dir_fd: in
     if err == errno.EINVAL:
         return os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
     raise OSError(err, os.strerror(err), dst)
+
+
+_syncfs = None
+
+
+def syncfs(fd: int) -> None:
+    """``syncfs(2)`` of the filesystem holding ``fd`` (one call for every
+    file a clone wrote, instead of an fsync each); ``args``: ``(fd,)``.
+    Raises ``OSError`` on failure (Linux 5.8+ reports write-back errors)."""
+    global _syncfs
+    hook = _hook
+    if hook is not None:
+        hook.before("syncfs", (fd,))
+    if _syncfs is None:
+        import ctypes  # noqa: PLC0415  (only a clone needs it)
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.syncfs
+        fn.argtypes = (ctypes.c_int,)
+        fn.restype = ctypes.c_int
+        _syncfs = (fn, ctypes.get_errno)
+    fn, get_errno = _syncfs
+    if fn(fd) != 0:
+        err = get_errno()
+        raise OSError(err, os.strerror(err))
+    if hook is not None:
+        hook.after("syncfs", (fd,))
 
 
 def unlink(name: bytes, *, dir_fd: int) -> None:

@@ -274,3 +274,23 @@ def test_verify_with_a_custom_hasher():
         assert any("." in oid for oid in oids)  # the suffixed ids are verified too
         assert all(objects.verify(conn, oid) == [] for oid in oids)
     db.close()
+
+
+def test_put_many_stores_each_content_once_and_never_merges_colliding_bytes(db):
+    """``put_many`` (a clone's batch): the same ids ``put_bytes`` would
+    give, a repeated content stored once, colliding keys kept apart (a
+    weak hasher forces them), a key already stored compared byte for byte,
+    a content too big to be inline chunked as ``put_bytes`` does."""
+    objects = ObjectStore(hasher=weak_hasher)
+    blobs = [b"blob %d\n" % i for i in range(600)]  # ~2 per key of 256
+    big = random.Random(3).randbytes(3 * MiB)
+    with db.write() as conn:
+        before = objects.put_bytes(conn, blobs[5])
+        batch = [*blobs, blobs[7], big, blobs[5], b""]
+        oids = objects.put_many(conn, batch)
+        assert [objects.read_all(conn, oid) for oid in oids] == batch
+        assert oids[5] == oids[-2] == before and oids[7] == oids[600]
+        assert len(set(oids)) == len(set(batch))
+        assert count(conn, schema.objects) == len(set(batch))
+        assert oids == [objects.put_bytes(conn, b) for b in batch]  # put again: found, not stored anew
+        assert count(conn, schema.objects) == len(set(batch))

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 
 from stepfs.store import layers as local_layers, publish, schema, staging, tokens
-from stepfs.store.errors import HistoryError, NoSuchLayer, SharedConflict, WorkspaceError
+from stepfs.store.errors import HistoryError, SharedConflict
 from stepfs.store.layers import Entry, State
 from stepfs.store.recovery import holds
 from stepfs.store.shared import attachment
@@ -282,35 +282,9 @@ def push(ws, remote: Remote, att: Attachment) -> list[tuple[int, int]]:
 
 def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, int, int]:
     """Make ``directory`` (absent or empty) a workspace holding the history
-    as of layer ``at`` (default: the head), attached to it.  Returns
-    (workspace path, shared layer, local layer)."""
-    from stepfs.store.workspace import Workspace
+    as of layer ``at`` (default: the head), attached to it
+    (``store.shared.cloning``).  Returns (workspace path, shared layer,
+    local layer)."""
+    from stepfs.store.shared import cloning
 
-    directory = os.path.abspath(directory)
-    if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-        raise WorkspaceError(f"{directory} exists and is not an empty directory; clone into a new directory.")
-    with Remote.open(url) as remote:
-        head = remote.head()
-        if head is None:
-            raise HistoryError(f"the shared history {url.display} does not exist; attach a workspace to make it "
-                               f"with 'stepfs mount WS MNT --history URL' or 'stepfs sync WS --history URL'.")
-        number = head if at is None else at
-        if not 0 <= number <= head:
-            raise NoSuchLayer(f"layer {number} does not exist in the shared history {url.display} (its head is "
-                              f"{head}).")
-        states = remote.state_at(number)
-        header = remote.layer(number)
-        os.makedirs(directory, exist_ok=True)
-        with Workspace.open(directory, create=True) as ws:
-            with ws.db.read() as conn:
-                base = local_layers.head(conn)
-            with ws.commit_lock():
-                down = Downloader(ws, remote)
-                down.fetch([{"after_object": row["after_object"]} for row in states.values()])
-                entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
-                           for p, row in sorted(states.items()) if row["after_kind"] is not None]
-                meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}
-                local = publish.write_layer(ws, entries, kind=SYNC, message=f"clone of {url.display} at layer {number}",
-                                            agent="", mount="", meta=meta, consume_step=None)
-            attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
-            return ws.path, number, local
+    return cloning.clone(url, directory, at)

@@ -272,7 +272,7 @@ class Remote:
             names = set(conn.dialect.get_table_names(conn))
             if T.meta.name not in names:
                 T.metadata.create_all(conn)
-                conn.execute(T.meta.insert(), [{"key": "format_version", "value": str(T.SHARED_FORMAT)},
+                conn.execute(T.meta.insert(), [{"key": "format_version", "value": str(T.CREATED_FORMAT)},
                                                {"key": "hash_algorithm", "value": T.HASH}])
                 return
             facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
@@ -450,8 +450,11 @@ class Remote:
             conn.execute(T.entries.insert(), [{"history": self.name, "layer": layer.number, **e} for e in entries])
 
     def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
-               newest_first: bool = False) -> list[LayerRecord]:
+               newest_first: bool = False, kept_only: bool = False) -> list[LayerRecord]:
+        """Layer headers; ``kept_only``: not those ``stepfs prune`` dropped (``prune.py``)."""
         q = select(T.layers).where(T.layers.c.history == self.name, T.layers.c.number > after)
+        if kept_only:
+            q = q.where(T.layers.c.kind != "pruned")
         if upto is not None:
             q = q.where(T.layers.c.number <= upto)
         q = q.order_by(T.layers.c.number.desc() if newest_first else T.layers.c.number)

@@ -36,7 +36,7 @@ from stepfs.store import layers as local_layers, publish, schema, staging, token
 from stepfs.store.errors import HistoryError, NoSuchLayer, SharedConflict, WorkspaceError
 from stepfs.store.layers import Entry, State
 from stepfs.store.recovery import holds
-from stepfs.store.shared import attachment
+from stepfs.store.shared import attachment, catchup, prune as shared_prune
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.remote import LayerRecord, Remote
 from stepfs.store.shared.transfer import Downloader, Uploader
@@ -165,11 +165,16 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
                            f"attach a workspace to make it again with 'stepfs mount --history URL'.")
     if head <= pos.at:
         return []
-    incoming = [r for r in remote.layers(after=pos.at) if r.workspace != att.workspace or r.origin is None]
+    listed = remote.layers(after=pos.at)
+    fold = catchup.fold_layer(listed)  # behind the oldest kept layer: sync from the fold's result
+    incoming = [r for r in listed if (r.workspace != att.workspace or r.origin is None)
+                and r.kind != shared_prune.PRUNED and r is not fold]
     rows = {r.number: remote.entries(r.number) for r in incoming}
+    if fold is not None:
+        rows[fold.number] = catchup.changed_rows(ws, remote.entries(fold.number))
     mine = _local_paths(ws, pos.unpublished)
     clashes: dict[bytes, int] = {}
-    for r in incoming:
+    for r in ([fold] if fold is not None else []) + incoming:
         for e in rows[r.number]:
             if any(_overlap(e["path"], q) for q in mine):
                 clashes.setdefault(e["path"], r.number)
@@ -181,6 +186,9 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
         down = Downloader(ws, remote)  # under the lock: gc cannot sweep what the layer will name
         down.fetch([row for r in incoming for row in rows[r.number]])
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
+        if fold is not None:
+            plans.insert(0, (fold, catchup.entries(ws, down, rows[fold.number])))
+            incoming.insert(0, fold)
         _check_disk(ws, att, plans)
         final = {e.path: e.after for _r, entries in plans for e in entries}
         for r, entries in plans:
@@ -295,7 +303,9 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
             raise NoSuchLayer(f"layer {number} does not exist in the shared history {url.display} (its head is "
                               f"{head}).")
         states = remote.state_at(number)
-        header = remote.layer(number)
+        header = remote.layer(number)  # read after the states: a prune committed before them shows here
+        if header.kind == shared_prune.PRUNED:
+            raise shared_prune.pruned_error(remote, number, "cannot clone: ")
         os.makedirs(directory, exist_ok=True)
         with Workspace.open(directory, create=True) as ws:
             with ws.db.read() as conn:

@@ -12,8 +12,11 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Column, ForeignKey, ForeignKeyConstraint, Index, Integer, LargeBinary,
                         MetaData, PrimaryKeyConstraint, String, Table, Text)
 
-#: The shared schema's own version (``stepfs_meta.format_version``).
-SHARED_FORMAT = 1
+#: The newest shared format this stepfs reads (``stepfs_meta.format_version``):
+#: 1, or 2 once a history of the database was pruned (``prune.py``).  New
+#: databases are made at 1, which older stepfs read too.
+SHARED_FORMAT = 2
+CREATED_FORMAT = 1
 HASH = "sha256"
 
 metadata = MetaData()

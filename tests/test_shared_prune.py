@@ -296,7 +296,7 @@ def test_publish_without_the_lock_waits_for_the_fold(pg_url, tmp_path):
     _verified(pg_url)
 
 
-def test_prune_killed_at_each_point_leaves_before_or_after(pg_url, tmp_path):
+def test_prune_killed_at_each_point_leaves_before_or_after(pg_server, pg_url, tmp_path):
     a, _b = _build(pg_url, tmp_path)
     before_rows = _rows(pg_url)
     states = _states(pg_url, range(7))
@@ -338,6 +338,21 @@ def test_prune_killed_at_each_point_leaves_before_or_after(pg_url, tmp_path):
     assert proc.returncode == 19, err.decode()
     assert _rows(pg_url) == before_rows
 
+    # 3b. The server stopped there (its backends end, their transactions rolled back): exit 19, before.
+    held = _meta_row_locked(pg_url)
+    proc = _prune_process(pg_url)
+    try:
+        _waiting(pg_url, "stepfs_meta")
+    finally:
+        try:
+            pg_server.stop()
+        finally:
+            held.close()
+            pg_server.start()
+    _out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 19, err.decode()
+    assert _rows(pg_url) == before_rows
+
     # 4. Killed after COMMIT, before gc-history (as --no-gc): after; gc-history frees the rest later.
     res = _ok(stepfs("prune", "--history", pg_url, "--keep-last", "2", "--no-gc", "--json"))
     assert res["keep_from"] == 5 and "gc" not in res
@@ -349,3 +364,22 @@ def test_prune_killed_at_each_point_leaves_before_or_after(pg_url, tmp_path):
     _verified(pg_url)
     got = Path(_ok(stepfs("clone", pg_url, tmp_path / "c", "--json"))["workspace"])
     assert manifest(got) == manifest(a)
+
+
+def test_prune_on_both_backends(history_url, tmp_path):
+    """The library call on an SQLite history too (no gc-history there)."""
+    a = _workspace(tmp_path / "a", {"f.txt": b"0\n", "g.txt": b"g\n"})
+    _ok(stepfs("sync", a, "--history", history_url))
+    for i in range(1, 4):
+        _stage(a, {"f.txt": b"%d\n" % i})
+        _step(a, f"s{i}")
+    before = _states(history_url, range(4))
+    with Remote.open(parse(history_url)) as remote:
+        res = shared_prune.prune(remote, keep_last=2)
+        assert (res.keep_from, res.pruned, res.folded_paths) == (2, [0, 1], 2)
+        assert shared_prune.oldest_kept(remote) == 2 and shared_prune.is_pruned(remote, 1)
+        assert remote.verify()[1] == []
+    after = _states(history_url, range(2, 4))
+    assert after == {n: before[n] for n in (2, 3)}
+    r = stepfs("cat", "--history", history_url, "1", "f.txt")
+    assert r.returncode == 11, r.stderr.decode()

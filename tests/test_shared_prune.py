@@ -383,3 +383,42 @@ def test_prune_on_both_backends(history_url, tmp_path):
     assert after == {n: before[n] for n in (2, 3)}
     r = stepfs("cat", "--history", history_url, "1", "f.txt")
     assert r.returncode == 11, r.stderr.decode()
+
+
+def _commit_here(ws: Path, files: dict[str, bytes]) -> int:
+    """A local layer not yet published (as a step whose push was cut off)."""
+    from store_kit import Stager
+    from stepfs.store import publish
+
+    with Workspace.open(str(ws)) as w:
+        st = Stager(w)
+        for rel, data in files.items():
+            st.file(rel, data)
+        return publish.commit_step(w, st.step)
+
+
+def test_behind_the_fold_with_unpublished_layers(pg_url, tmp_path):
+    """Unpublished layers of a workspace behind the fold: a path only it
+    changed is kept and published; a path the pruned layers changed too is
+    refused (exit 7, nothing written) until the workspace gives it up."""
+    a, _b = _build(pg_url, tmp_path)
+    c = Path(_ok(stepfs("clone", pg_url, tmp_path / "c", "--at", "1", "--json"))["workspace"])
+    _commit_here(c, {"keep.txt": b"changed by c only\n", "new_in_c.txt": b"c\n"})
+    d = Path(_ok(stepfs("clone", pg_url, tmp_path / "d", "--at", "1", "--json"))["workspace"])
+    _commit_here(d, {"edit.txt": b"d's edit\n"})  # edit.txt changed in 4 and 6 too
+    _ok(stepfs("prune", "--history", pg_url, "--keep-last", "2"))
+
+    res = _ok(stepfs("sync", c, "--json"))
+    assert res["pulled"][0]["shared"] == 5 and res["published"][0]["shared"] == 7
+    assert (c / "keep.txt").read_bytes() == b"changed by c only\n" and (c / "new_in_c.txt").read_bytes() == b"c\n"
+    assert (c / "edit.txt").read_bytes() == b"v6\n"
+    got = Path(_ok(stepfs("clone", pg_url, tmp_path / "c7", "--json"))["workspace"])
+    assert manifest(got) == manifest(c)
+
+    before = manifest(d)
+    refused = stepfs("sync", d)
+    assert refused.returncode == 7, refused.stderr.decode()
+    assert "edit.txt (shared layer 5)" in refused.stderr.decode()
+    assert manifest(d) == before
+    _verified(pg_url)
+    assert stepfs("verify", c).returncode == 0 and stepfs("verify", d).returncode == 0

@@ -10,12 +10,16 @@ result instead:
   holds (captured into the local store, so the local layer can be rolled
   back) to K's state;
 * every path the workspace's own layers ever named that K's snapshot
-  lacks and the disk still has becomes an entry to "absent".
+  lacks and the disk still has becomes an entry to "absent";
+* a path one of its unpublished layers changed is judged by the state it
+  held before that layer (its position's state): only if K's differs did
+  the history change it too, and then the pull refuses it.
 
 These entries then go through the pull's usual checks and its atomic
 publish as one local ``sync`` layer (``shared_layer`` = K); the layers
 above K follow as usual.  A path among them that the workspace staged or
-has not published is refused as a whole (exit 7), as in any pull.  What
+changed in a layer not yet published is refused as a whole (exit 7), as
+in any pull.  What
 this cannot see: a path created before the workspace's position and
 deleted in the pruned range that no layer of this workspace named is left
 on its disk (untracked); an edit made outside stepfs to a path K also
@@ -31,7 +35,7 @@ import stat as stat_mod
 
 from sqlalchemy import select
 
-from stepfs.store import schema
+from stepfs.store import layers as local_layers, schema
 from stepfs.store.contained import kind_of
 from stepfs.store.plan import capture
 from stepfs.store.records import Entry, State
@@ -90,15 +94,59 @@ def known_paths(ws) -> set[bytes]:
         return {bytes(p) for p in conn.execute(select(schema.entries.c.path).distinct()).scalars()}
 
 
-def changed_rows(ws, snapshot: list[dict]) -> list[dict]:
-    """The rows of K's snapshot the disk does not hold, and a deletion row
-    for each known path K lacks that the disk has (module doc)."""
-    out = [row for row in snapshot if not disk_holds(ws, row)]
+def own_bases(ws, unpublished: list[int]) -> dict[bytes, State]:
+    """The state each path held before this workspace's unpublished layers
+    changed it (the before state of its oldest entry among them): the state
+    as of its position, which its disk no longer shows."""
+    out: dict[bytes, State] = {}
+    with ws.db.read() as conn:
+        for n in unpublished:
+            for e in local_layers.entries(conn, n):
+                out.setdefault(e.path, e.before)
+    return out
+
+
+def _state_is(ws, s: State, row: dict) -> bool:
+    """Whether local state ``s`` is shared entry ``row``'s after state."""
+    kind = row["after_kind"]
+    if s.kind is None or kind is None:
+        return s.kind is None and kind is None
+    if s.kind != kind:
+        return False
+    if kind == "symlink":
+        return s.target == row["after_target"]
+    if s.mode != row["after_mode"]:
+        return False
+    if kind == "file":
+        h = hashlib.sha256()
+        with ws.db.read() as conn:
+            for piece in ws.objects.iter_chunks(conn, s.oid):
+                h.update(piece)
+        return h.hexdigest() == row["after_object"]
+    return kind == "dir" or s.target == row["after_target"]
+
+
+_ABSENT = {"after_kind": None, "after_mode": None, "after_object": None, "after_target": None,
+           "after_xattrs": None, "after_mtime_ns": None, "after_link": None}
+
+
+def changed_rows(ws, snapshot: list[dict], unpublished: list[int]) -> list[dict]:
+    """The rows of K's snapshot the workspace does not hold as of its
+    position, and a deletion row for each known path K lacks that it has
+    (module doc).  A path an unpublished layer of its own changed is judged
+    by the state it held before (``own_bases``): only if that differs from
+    K's did the history change it too (and the pull refuses it)."""
+    bases = own_bases(ws, unpublished)
+    out = []
+    for row in snapshot:
+        base = bases.get(row["path"])
+        if not (disk_holds(ws, row) if base is None else _state_is(ws, base, row)):
+            out.append(row)
     named = {row["path"] for row in snapshot}
-    for path in sorted(known_paths(ws) - named):
-        if ws.root.lstat_or_none(path) is not None:
-            out.append({"path": path, "after_kind": None, "after_mode": None, "after_object": None,
-                        "after_target": None, "after_xattrs": None, "after_mtime_ns": None, "after_link": None})
+    for path in sorted((known_paths(ws) | set(bases)) - named):
+        base = bases.get(path)
+        if (ws.root.lstat_or_none(path) is not None) if base is None else base.kind is not None:
+            out.append({"path": path, **_ABSENT})
     return out
 
 

@@ -171,7 +171,7 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
                 and r.kind != shared_prune.PRUNED and r is not fold]
     rows = {r.number: remote.entries(r.number) for r in incoming}
     if fold is not None:
-        rows[fold.number] = catchup.changed_rows(ws, remote.entries(fold.number))
+        rows[fold.number] = catchup.changed_rows(ws, remote.entries(fold.number), pos.unpublished)
     mine = _local_paths(ws, pos.unpublished)
     clashes: dict[bytes, int] = {}
     for r in ([fold] if fold is not None else []) + incoming:

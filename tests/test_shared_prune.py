@@ -383,6 +383,13 @@ def test_prune_on_both_backends(history_url, tmp_path):
     assert after == {n: before[n] for n in (2, 3)}
     r = stepfs("cat", "--history", history_url, "1", "f.txt")
     assert r.returncode == 11, r.stderr.decode()
+    with Remote.open(parse(history_url)) as remote:
+        with remote.tx() as conn:  # damage: an entry left in a pruned layer, a kept layer marked pruned
+            conn.execute(T.entries.insert().values(history=remote.name, layer=1, path=b"stray"))
+            conn.execute(T.layers.update().where(T.layers.c.number == 3).values(kind="pruned"))
+        problems = remote.verify()[1]
+    assert any("pruned layer" in p and "newer than a kept one" in p for p in problems), problems
+    assert "2 entries of proj belong to pruned layers" in problems, problems  # the stray one and 3's
 
 
 def _commit_here(ws: Path, files: dict[str, bytes]) -> int:

@@ -8,6 +8,7 @@ prune killed at each of its points leaves the history before or after."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -429,3 +430,34 @@ def test_behind_the_fold_with_unpublished_layers(pg_url, tmp_path):
     assert manifest(d) == before
     _verified(pg_url)
     assert stepfs("verify", c).returncode == 0 and stepfs("verify", d).returncode == 0
+
+
+def test_live_mounts_step_across_a_prune(pg_url, mount, tmp_path):
+    """Real mounts: b's mount is behind when the history is pruned; its
+    next step takes the fold's result (the mount shows it at once) and
+    publishes on top; a's mount keeps stepping."""
+    a = _workspace(tmp_path / "a", {"common.txt": b"base\n", "old.txt": b"old\n"})
+    _ok(stepfs("sync", a, "--history", pg_url))
+    b = Path(_ok(stepfs("clone", pg_url, tmp_path / "b", "--json"))["workspace"])
+    ma, mb = mount(a), mount(b)
+    (mb.mountpoint / "notes.txt").write_bytes(b"b's notes, staged across the prune\n")
+    for i in range(1, 5):
+        (ma.mountpoint / "common.txt").write_bytes(b"a %d\n" % i)
+        if i == 2:
+            os.unlink(ma.mountpoint / "old.txt")
+        assert _ok(stepfs("step", ma.mountpoint, "-m", f"a{i}", "--json"))["published"][0]["shared"] == i
+    res = _ok(stepfs("prune", "--history", pg_url, "--keep-last", "2", "--json"))
+    assert res["keep_from"] == 3 and res["gc"]["objects"] >= 1
+    res = _ok(stepfs("step", mb.mountpoint, "-m", "b after the prune", "--json"))
+    assert [p["shared"] for p in res["pulled"]] == [3, 4] and res["published"][0]["shared"] == 5
+    assert (mb.mountpoint / "common.txt").read_bytes() == b"a 4\n"
+    assert not (mb.mountpoint / "old.txt").exists()
+    (ma.mountpoint / "from_a.txt").write_bytes(b"A\n")
+    res = _ok(stepfs("step", ma.mountpoint, "-m", "a5", "--json"))
+    assert [p["shared"] for p in res["pulled"]] == [5] and res["published"][0]["shared"] == 6
+    assert (ma.mountpoint / "notes.txt").read_bytes() == b"b's notes, staged across the prune\n"
+    _ok(stepfs("sync", mb.mountpoint))
+    assert manifest(a) == manifest(b)
+    r = stepfs("cat", "--history", pg_url, "2", "common.txt")
+    assert r.returncode == 11, r.stderr.decode()
+    _verified(pg_url)

@@ -27,8 +27,6 @@ CONFLICTS_EXAMPLE = "stepfs conflicts drop 3 4   |   stepfs conflicts drop ~/pro
 
 
 def register(add) -> None:
-    from stepfs.cli.shared import add_history_option
-
     sp = add("gc", cmd_gc, GC_HELP, GC_EXAMPLE)
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
     sp.add_argument("--dry-run", action="store_true", help="print what would be freed; change nothing")
@@ -43,7 +41,9 @@ def register(add) -> None:
     sp.add_argument("--max-size", metavar="SIZE", help="drop more old layers until the kept ones fit in SIZE (2G)")
     sp.add_argument("--dry-run", action="store_true", help="print what would be dropped; change nothing")
     sp.add_argument("--no-gc", action="store_true", help="do not run gc afterwards")
-    add_history_option(sp)
+    sp.add_argument("--history", metavar="URL",
+                    help="prune this shared history's layers instead of a workspace's (STEPFS_HISTORY is not "
+                         "read here: pruning a shared history is asked for by name)")
 
     sp = add("du", cmd_du, DU_HELP, DU_EXAMPLE)
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
@@ -103,14 +103,13 @@ def cmd_gc(args) -> int:
 
 
 def cmd_prune(args) -> int:
-    from stepfs.cli import shared
     from stepfs.overlayfs.client import manage
     from stepfs.store import prune
     from stepfs.store.workspace import Workspace
 
     within = prune.parse_duration(args.keep_within) if args.keep_within else None
     size = prune.parse_size(args.max_size) if args.max_size else None
-    if shared.wanted(args):
+    if args.history:  # never from STEPFS_HISTORY alone: a shared history is not pruned by accident
         return _prune_shared(args, within, size)
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         result = prune.prune(ws, keep_last=args.keep_last, keep_within_ns=within, max_size=size,

@@ -112,6 +112,11 @@ def test_prune_keeps_every_kept_layer_and_answers_pruned(pg_url, tmp_path):
     assert _states(pg_url, range(7)) == before
     bad = stepfs("prune", a, "--history", pg_url, "--keep-last", "3")
     assert bad.returncode == 2 and "no workspace" in bad.stderr.decode()
+    env_only = subprocess.run([sys.executable, "-m", "stepfs.cli.main", "prune", str(a), "--keep-last", "3",
+                               "--no-gc", "--json"], capture_output=True, timeout=WAIT,
+                              env={**os.environ, "STEPFS_HISTORY": pg_url})
+    assert env_only.returncode == 0, env_only.stderr.decode()  # the workspace's own store, not the history
+    assert _states(pg_url, range(7)) == before
 
     res = _ok(stepfs("prune", "--history", pg_url, "--keep-last", "3", "--json"))
     assert res["keep_from"] == 4 and res["pruned"] == [0, 1, 2, 3] and not res["dry_run"]
@@ -174,6 +179,13 @@ def test_keep_within_and_max_size(pg_url, tmp_path):
     assert _ok(stepfs("cat", "--history", pg_url, "2", "f.txt")) == "2\n" * 50_000
     with Remote.open(parse(pg_url)) as remote, remote.read() as conn:
         assert shared_prune.referenced_bytes(conn, remote.name, 2) <= size
+        created = dict(conn.execute(select(T.layers.c.number, T.layers.c.created_ns)).all())
+        assert shared_prune.choose(conn, remote.name, keep_within_ns=10, now_ns=created[3] + 5) == 3
+        assert shared_prune.choose(conn, remote.name, keep_within_ns=10, now_ns=created[3] + 10**12) == 3  # the head
+        assert shared_prune.choose(conn, remote.name, keep_within_ns=created[3] - created[2],
+                                   now_ns=created[3]) is None  # 2 is the oldest kept already
+        assert shared_prune.choose(conn, remote.name, keep_last=1, keep_within_ns=created[3] - created[2],
+                                   now_ns=created[3]) is None  # kept if either rule keeps it
     _verified(pg_url)
 
 

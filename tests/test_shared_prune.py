@@ -473,3 +473,16 @@ def test_live_mounts_step_across_a_prune(pg_url, mount, tmp_path):
     r = stepfs("cat", "--history", pg_url, "2", "common.txt")
     assert r.returncode == 11, r.stderr.decode()
     _verified(pg_url)
+
+
+def test_gc_history_makes_its_indexes_on_an_older_database(pg_url, tmp_path):
+    a = _workspace(tmp_path / "a", {"f.txt": b"0\n"})
+    _ok(stepfs("sync", a, "--history", pg_url))
+    names = [i.name for i in T.GC_INDEXES]
+    with _connect(pg_url) as conn:
+        for n in names:
+            conn.execute(f"DROP INDEX {n}")  # as a database made before them
+    _ok(stepfs("gc-history", "--history", pg_url))
+    with _connect(pg_url) as conn:
+        have = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename LIKE 'stepfs_%'")}
+    assert set(names) <= have

@@ -97,3 +97,15 @@ entries = Table(
     ForeignKeyConstraint(["history", "layer"], ["stepfs_layers.history", "stepfs_layers.number"]),
 )
 Index("stepfs_entries_path", entries.c.history, entries.c.path, entries.c.layer)
+# What gc-history's deletes look up: each object or chunk deleted is checked
+# against the rows whose foreign keys name it, a scan of the whole table per
+# key without these (9.4 s against 0.35 s for the 1,910 objects a prune of
+# 190 layers of a 10,000-file history left).  gc makes them on a database
+# made before them (``gc.ensure_indexes``).
+GC_INDEXES = [
+    Index("stepfs_entries_before_object", entries.c.before_object,
+          postgresql_where=entries.c.before_object.is_not(None)),
+    Index("stepfs_entries_after_object", entries.c.after_object,
+          postgresql_where=entries.c.after_object.is_not(None)),
+    Index("stepfs_object_chunks_chunk", object_chunks.c.chunk),
+]

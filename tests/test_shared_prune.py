@@ -139,6 +139,8 @@ def test_prune_keeps_every_kept_layer_and_answers_pruned(pg_url, tmp_path):
     assert not (tmp_path / "c3").exists() or not any((tmp_path / "c3").iterdir())
     r = stepfs("rollback", a, "2", "--history", pg_url)
     assert r.returncode == 11 and "cannot roll back past the oldest kept layer" in r.stderr.decode()
+    r = stepfs("rollback", a, "99", "--history", pg_url)
+    assert r.returncode == 11 and "does not exist" in r.stderr.decode() and "past" not in r.stderr.decode()
     assert _ok(stepfs("cat", "--history", pg_url, "4", "edit.txt")) == "v4\n"
     for (o, n), text in diffs_before.items():
         assert _ok(stepfs("diff", "--history", pg_url, o, n)) == text

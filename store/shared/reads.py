@@ -38,10 +38,11 @@ def history_path(text: str, allow_root: bool = False) -> bytes:
 
 def require_layer(remote: Remote, number: int, doing: str = "") -> int:
     """The history's head, if layer ``number`` is in it and kept; else
-    NoSuchLayer (LayerPruned for a layer ``stepfs prune`` dropped)."""
+    NoSuchLayer (LayerPruned for a layer ``stepfs prune`` dropped, its
+    message after ``doing``)."""
     head = remote.head()
     if head is None or not 0 <= number <= head:
-        raise NoSuchLayer(f"{doing}layer {number} does not exist in the shared history {remote.url.display}"
+        raise NoSuchLayer(f"layer {number} does not exist in the shared history {remote.url.display}"
                           f"{'' if head is None else f' (its head is {head})'}; 'stepfs log --history URL' "
                           f"lists its layers.")
     prune.require_kept(remote, number, doing)

@@ -188,7 +188,6 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
         if fold is not None:
             plans.insert(0, (fold, catchup.entries(ws, down, rows[fold.number])))
-            incoming.insert(0, fold)
         _check_disk(ws, att, plans)
         final = {e.path: e.after for _r, entries in plans for e in entries}
         for r, entries in plans:

@@ -488,3 +488,65 @@ def test_gc_history_makes_its_indexes_on_an_older_database(pg_url, tmp_path):
     with _connect(pg_url) as conn:
         have = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE tablename LIKE 'stepfs_%'")}
     assert set(names) <= have
+
+
+def _kill_at(obj, name, after: bool):
+    import os as _os
+
+    real = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        if not after:
+            _os.kill(_os.getpid(), signal.SIGKILL)
+        out = real(*a, **k)
+        _os.kill(_os.getpid(), signal.SIGKILL)
+        return out
+    return wrapper
+
+
+def test_a_catch_up_killed_before_or_after_its_layer_recovers(pg_url, tmp_path):
+    """The pull of a workspace behind the fold, SIGKILLed before its local
+    layer, after its capture of the disk, and after its layer: the next
+    sync leaves it equal to the head."""
+    from stepfs.overlayfs.client import manage, shared as client
+    from stepfs.store import publish
+    from stepfs.store.shared import catchup
+
+    a, _b = _build(pg_url, tmp_path)
+    points = [(catchup, "changed_rows", False), (catchup, "entries", True), (publish, "write_layer", True)]
+    behind = [Path(_ok(stepfs("clone", pg_url, tmp_path / f"c{i}", "--at", "1", "--json"))["workspace"])
+              for i in range(len(points))]
+    _ok(stepfs("prune", "--history", pg_url, "--keep-last", "2"))
+    for (obj, name, after), c in zip(points, behind):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                setattr(obj, name, _kill_at(obj, name, after))
+                client.sync_workspace(manage.Target(str(c)))
+            finally:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (name, status)
+        _ok(stepfs("sync", c))
+        assert manifest(c) == manifest(a), name
+        assert stepfs("verify", c).returncode == 0
+    _verified(pg_url)
+
+
+def test_prune_killed_while_waiting_for_the_history_lock(pg_url, tmp_path):
+    _build(pg_url, tmp_path)
+    before_rows = _rows(pg_url)
+    with Remote.open(parse(pg_url)) as holder, holder.lock():  # a step in progress
+        proc = _prune_process(pg_url)
+        deadline = time.monotonic() + WAIT
+        with _connect(pg_url) as conn:
+            while not conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                   "AND NOT granted").fetchone()[0]:
+                assert time.monotonic() < deadline, "the prune did not wait for the history's lock"
+                time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(WAIT)
+    assert _rows(pg_url) == before_rows
+    res = _ok(stepfs("prune", "--history", pg_url, "--keep-last", "2", "--json"))
+    assert res["keep_from"] == 5
+    _verified(pg_url)

@@ -6,9 +6,14 @@ mount; the mount's request path does not touch the history):
   against an attached workspace's step (pull, commit, upload, CAS publish);
 * clone of an N-file history against ``cp -a`` of the same tree;
 * ``log`` of the shared history (one query) with L layers;
-* sync of a workspace 10 layers behind.
+* sync of a workspace 10 layers behind;
+* the floor under a shared step here (``--only floor``, with ``step``):
+  a new session with one single-row durable commit, the commit alone on a
+  held session, and one 8 KiB write with ``fdatasync`` on the local disk,
+  psycopg alone (no stepfs): what any client pays per step for a new
+  connection and one flushed transaction on this machine at this load.
 
-    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R] [--only step,sync,log,clone]
+    .venv/bin/python bench/shared_history.py [--files N] [--layers L] [--reps R] [--only step,floor,sync,log,clone]
 """
 
 from __future__ import annotations
@@ -95,6 +100,41 @@ def step_latency(tmp: Path, url: str, reps: int) -> dict:
     return out
 
 
+def floor(tmp: Path, url: str, reps: int) -> dict:
+    import psycopg
+
+    conninfo = url.split("&name=")[0]
+    with psycopg.connect(conninfo, autocommit=True) as c:
+        c.execute("CREATE TABLE bench_floor (id bigint, v text)")
+
+    def session_commit():
+        with psycopg.connect(conninfo, autocommit=True) as c:
+            c.execute("INSERT INTO bench_floor VALUES (1, 'x')")
+
+    def flush():
+        fd = os.open(tmp / "floor.bin", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"x" * 8192)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    def timed(fn) -> dict:
+        xs = []
+        for _ in range(max(reps, 20)):
+            t = time.perf_counter()
+            fn()
+            xs.append(time.perf_counter() - t)
+        return {"median_ms": 1e3 * statistics.median(xs), "p95_ms": 1e3 * _p95(xs)}
+
+    with psycopg.connect(conninfo, autocommit=True) as held:
+        out = {"session_and_commit": timed(session_commit),
+               "commit_on_held_session": timed(lambda: held.execute("INSERT INTO bench_floor VALUES (1, 'x')")),
+               "local_8k_fdatasync": timed(flush)}
+        held.execute("DROP TABLE bench_floor")
+    return out
+
+
 def clone_time(tmp: Path, url: str, files: int) -> dict:
     a = _ws(tmp / "big", files)
     u = url.replace("name=proj", "name=big")
@@ -145,7 +185,8 @@ def main() -> int:
     p.add_argument("--files", type=int, default=10000)
     p.add_argument("--layers", type=int, default=10000)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--only", default="step,sync,log,clone", help="comma-separated: step, sync, log, clone")
+    p.add_argument("--only", default="step,floor,sync,log,clone",
+                   help="comma-separated: step, floor, sync, log, clone")
     args = p.parse_args()
     only = set(args.only.split(","))
     server = PgServer(durable=True)  # PostgreSQL's defaults: every commit flushed, as SQLite's are
@@ -156,6 +197,8 @@ def main() -> int:
         result = {"load_before": os.getloadavg()}
         if "step" in only:
             result["step"] = step_latency(tmp, url, args.reps)
+        if "floor" in only:
+            result["floor"] = floor(tmp, url, args.reps)
         if "sync" in only:
             result["sync_10_behind"] = sync_behind(tmp, url)
         if "log" in only:

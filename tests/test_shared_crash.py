@@ -1,6 +1,7 @@
 """A step on an attached workspace killed (SIGKILL) at each point of the
-shared protocol: pull applied or not, local commit done or not, objects
-uploaded, inside the head's transaction, after it.  After each kill the
+shared protocol: pull applied or not, local commit done or not, before the
+publish's round trip, inside the head's transaction, once the publish
+answered but before its COMMIT (nothing published), after it.  After each kill the
 next ``sync`` leaves the workspace and the history agreeing: the step's
 change is in the history exactly once and a clone equals the workspace."""
 
@@ -19,7 +20,7 @@ from store_kit import Stager
 from stepfs.overlayfs.client import manage
 from stepfs.overlayfs.client import shared as client
 from stepfs.store import publish
-from stepfs.store.shared import pgwrite, remote as remote_mod, sync
+from stepfs.store.shared import remote as remote_mod, sync
 from stepfs.store.shared.remote import Remote
 from stepfs.store.shared.url import parse
 from stepfs.store.workspace import Workspace
@@ -39,12 +40,15 @@ def _before(obj, name):
 
 
 def _inside(url):
-    """Killed while the publish waits on the server inside its one
-    statement's transaction (tests/pglock.py holds the history's row)."""
+    """Killed while the publish waits on the server inside its
+    transaction, the uploads sent in its round trip committed ahead of it
+    (tests/pglock.py holds the history's row)."""
     def wrap(obj, name):
         real = getattr(obj, name)
 
         def wrapper(*a, **k):
+            if not any("UPDATE stepfs_histories" in sql for sql, _params in a[1]):
+                return real(*a, **k)  # the lock's round trip
             held = head_row_locked(url)
             held.__enter__()  # kept (referenced below) until the kill drops the connection
             threading.Thread(target=lambda: (waiting_publisher(url), _kill_self()), daemon=True).start()
@@ -66,14 +70,27 @@ def _after(obj, name):
     return wrapper
 
 
+def _after_publish_statement(obj, name):
+    """Killed once the publish answered, its transaction open, COMMIT not sent."""
+    real = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        out = real(*a, **k)
+        if any("UPDATE stepfs_histories" in sql for sql, _params in a[1]):
+            _kill_self()
+        return out
+    return wrapper
+
+
 #: point -> (object, attribute, wrap): where the child kills itself.
 POINTS = {
     "before the pull's local layer": (publish, "write_layer", _before),
     "after the pull's local layer": (publish, "write_layer", _after),
     "before the local commit": (manage, "step", _before),
     "after the local commit": (manage, "step", _after),
-    "after the uploads, before the head's transaction": (Remote, "publish", _before),
-    "inside the head's transaction": (pgwrite, "publish", _inside),
+    "before the publish's round trip (uploads held back)": (Remote, "publish", _before),
+    "inside the head's transaction": (Remote, "_pipeline", _inside),
+    "after the publish answered, before its COMMIT": (Remote, "_pipeline", _after_publish_statement),
     "after the head's transaction": (Remote, "publish", _after),
 }
 
@@ -113,6 +130,9 @@ def test_step_killed_at_each_point_recovers(point, pg_url, tmp_path):
             os._exit(3)  # not reached when the point is on the path
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (point, status)
+    if point == "after the publish answered, before its COMMIT":
+        with Remote.open(parse(pg_url)) as r:
+            assert r.head() == 1  # b's layer only: a transaction never committed publishes nothing
     # Recovery: the next sync, then a step for what is still staged.
     client.sync_workspace(manage.Target(str(a)))
     try:

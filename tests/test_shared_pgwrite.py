@@ -8,44 +8,88 @@ when nobody takes it."""
 
 from __future__ import annotations
 
+import os
 import time
 
-from sqlalchemy import event
+import psycopg
 
 from pglock import _connect
 from test_shared_history import _stage, _step, _ws
 from stepfs.overlayfs.client import shared as client
 from stepfs.store.shared.connecting import Connecting
-from stepfs.store.shared.remote import LayerRecord, Remote, sha256_hex
+from stepfs.store.shared.remote import RIDE_BYTES, LayerRecord, Remote, sha256_hex
 from stepfs.store.shared.url import parse
 
 WAIT = 30
 
 
-def _count_statements(monkeypatch) -> list[str]:
-    seen: list[str] = []
-    real = Remote.__init__
+class _Trips:
+    """What the driver sends: every statement, and the round trips they take
+    (a statement alone, or a pipeline of several, waits once for the server)."""
 
-    def init(self, url):
-        real(self, url)
-        event.listen(self.engine, "before_cursor_execute", lambda _c, _cu, statement, *_a: seen.append(statement))
+    def __init__(self, monkeypatch):
+        self.statements: list[str] = []
+        self.piped: list[bool] = []  # each statement: sent in a pipeline
+        self.round_trips = 0
+        real_execute, real_pipeline = psycopg.Cursor.execute, psycopg.Connection.pipeline
+        trips = self
 
-    monkeypatch.setattr(Remote, "__init__", init)
-    return seen
+        def execute(cur, query, *args, **kwargs):
+            trips.statements.append(" ".join(str(query).split()))
+            trips.piped.append(cur.connection._pipeline is not None)
+            if cur.connection._pipeline is None:
+                trips.round_trips += 1
+            return real_execute(cur, query, *args, **kwargs)
+
+        def pipeline(conn):
+            trips.round_trips += 1
+            return real_pipeline(conn)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", execute)
+        monkeypatch.setattr(psycopg.Connection, "pipeline", pipeline)
+
+    def clear(self) -> None:
+        self.statements.clear()
+        self.piped.clear()
+        self.round_trips = 0
 
 
-def test_a_step_costs_the_same_seven_statements_for_1_and_100_files(pg_url, tmp_path, monkeypatch):
+def test_a_step_costs_the_same_four_round_trips_for_1_and_100_files(pg_url, tmp_path, monkeypatch):
     a = _ws(tmp_path / "a", {"f.txt": b"0\n"})
     client.attach(str(a), pg_url)
-    seen = _count_statements(monkeypatch)
+    trips = _Trips(monkeypatch)
     counts = {}
     for n in (1, 100):
         _stage(a, {f"n{n}-{i}.txt": f"{n} {i}\n".encode() for i in range(n)})
-        seen.clear()
+        trips.clear()
         assert _step(a, f"{n} files")["published"]
-        counts[n] = len(seen)
-    # schema check, lock, head with own layers, upload, BEGIN, publish, COMMIT
-    assert counts == {1: 7, 100: 7}, counts
+        counts[n] = (len(trips.statements), trips.round_trips)
+    # schema check; lock with head and own layers; the upload (its own
+    # transaction), BEGIN and publish; COMMIT alone, once the publish answered
+    assert counts == {1: (9, 4), 100: (9, 4)}, counts
+    st = trips.statements
+    assert "pg_advisory_lock" in st[1] and "stepfs_histories" in st[2] and trips.piped[1:3] == [True, True]
+    assert st[3] == "BEGIN" and "stepfs_object_chunks" in st[4] and st[5] == "COMMIT"
+    assert st[6] == "BEGIN" and "UPDATE stepfs_histories" in st[7] and trips.piped[3:8] == [True] * 5
+    assert st[8] == "COMMIT" and not trips.piped[8]
+
+
+def test_a_big_upload_goes_ahead_of_the_publish_on_its_own(pg_url, tmp_path, monkeypatch):
+    a = _ws(tmp_path / "a", {"f.txt": b"0\n"})
+    client.attach(str(a), pg_url)
+    big = os.urandom(RIDE_BYTES + 1)  # no two chunks alike: all of it is sent
+    _stage(a, {"big.bin": big})
+    trips = _Trips(monkeypatch)
+    assert _step(a, "big")["published"]
+    puts = [i for i, st in enumerate(trips.statements) if "stepfs_object_chunks" in st]
+    assert len(puts) == 1 and not trips.piped[puts[0]]  # its own round trip, ahead of the publish's
+    r = Remote.open(parse(pg_url))
+    try:
+        head = r.head()
+        row = [e for e in r.entries(head) if e["path"] == b"big.bin"][0]
+        assert r.read_object(row["after_object"]) == big
+    finally:
+        r.close()
 
 
 def test_the_dialect_reads_the_server_from_the_session_start(pg_url):

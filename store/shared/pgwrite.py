@@ -2,17 +2,22 @@
 parameters (``unnest``), whatever the number of rows (FORMAT.md,
 "Ordering rules"):
 
-* :func:`put_objects`: chunks, objects and chunk lists of a batch, every
-  insert ignoring a key already there (idempotent); run alone on the
-  command's autocommit connection, it is its own transaction, committed
-  without waiting for the server's disk (see ``_PUT_OBJECTS``);
-* :func:`publish`: the head's compare-and-swap and, only if it moved, the
-  layer row and its entries.  Data-modifying CTEs of one statement commit
-  or roll back together, and the foreign keys are checked at its end, so
-  a crash or a dropped connection leaves no layer or the whole layer.
-  ``Remote`` runs it between BEGIN and COMMIT: the server may still run a
-  statement that was sent before the connection was cut, and must then
-  roll it back, not commit it on its own.
+* the upload: chunks, objects and chunk lists of a batch, every insert
+  ignoring a key already there (idempotent), its own transaction,
+  committed without waiting for the server's disk (see ``_PUT_OBJECTS``).
+  :func:`put_objects` runs it alone on the command's autocommit
+  connection; :func:`put_statements` gives it, between a BEGIN and a
+  COMMIT of its own, to send in the publish's pipeline ahead of the
+  publish's own BEGIN (``Remote.put_objects``);
+* the publish (:func:`publish_statement`): the head's compare-and-swap
+  and, only if it moved, the layer row and its entries.  Data-modifying
+  CTEs of one statement commit or roll back together, and the foreign
+  keys are checked at its end, so a crash or a dropped connection leaves
+  no layer or the whole layer.  ``Remote.publish`` sends BEGIN and it
+  (after the uploads that ride along) in one round trip, and COMMIT in
+  another once it answered: the server may still run a statement that was
+  sent before the connection was cut, and must then roll it back, not
+  commit it on its own.
 
 The SQL text is fixed whatever the number of rows: nothing is compiled per
 step (SQLAlchemy's compiling of a multi-row VALUES cost more than the round
@@ -93,22 +98,35 @@ _CREATE = _layer_statement(f"""
   RETURNING head""")
 
 
-def put_objects(conn: Connection, chunks: list[dict], objects: list[dict], links: list[dict]) -> None:
-    """Insert a batch's rows (as ``Remote.put_objects`` builds them) in one statement."""
-    conn.exec_driver_sql(_PUT_OBJECTS, {
+def _put_params(chunks: list[dict], objects: list[dict], links: list[dict]) -> dict:
+    return {
         "chunk_hash": [r["hash"] for r in chunks], "chunk_size": [r["size"] for r in chunks],
         "chunk_data": [r["data"] for r in chunks],
         "object_hash": [r["hash"] for r in objects], "object_size": [r["size"] for r in objects],
         "link_object": [r["object"] for r in links], "link_seq": [r["seq"] for r in links],
         "link_offset": [r["offset"] for r in links], "link_chunk": [r["chunk"] for r in links],
-    })
+    }
 
 
-def publish(conn: Connection, history: str, expect: int, layer: dict, entries: list[dict]) -> bool:
-    """Move ``history``'s head from ``expect`` to ``expect + 1`` and insert
-    the layer (``LayerRecord.as_dict()``) and its entries, in one statement;
-    False if the head was not ``expect`` (nothing written)."""
-    return conn.exec_driver_sql(_PUBLISH, _params(history, expect + 1, layer, entries, expect=expect)).scalar() == 1
+def put_objects(conn: Connection, chunks: list[dict], objects: list[dict], links: list[dict]) -> None:
+    """Insert a batch's rows (as ``Remote.put_objects`` builds them) in one
+    statement, its own transaction (run on an autocommit connection)."""
+    conn.exec_driver_sql(_PUT_OBJECTS, _put_params(chunks, objects, links))
+
+
+def put_statements(chunks: list[dict], objects: list[dict], links: list[dict]) -> list[tuple[str, dict | None]]:
+    """The same batch as statements for a pipeline (``Remote._pipeline``,
+    where statements without a Sync between them share one implicit
+    transaction): the insert between a BEGIN and a COMMIT of its own."""
+    return [("BEGIN", None), (_PUT_OBJECTS, _put_params(chunks, objects, links)), ("COMMIT", None)]
+
+
+def publish_statement(history: str, expect: int, layer: dict, entries: list[dict]) -> tuple[str, dict]:
+    """The statement that moves ``history``'s head from ``expect`` to
+    ``expect + 1`` and inserts the layer (``LayerRecord.as_dict()``) and its
+    entries; it returns one row, ``1`` if it did and ``0`` if the head was
+    not ``expect`` (nothing of the layer written)."""
+    return _PUBLISH, _params(history, expect + 1, layer, entries, expect=expect)
 
 
 def create(conn: Connection, history: str, layer: dict, entries: list[dict], created_ns: int) -> bool:

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
 from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
-from stepfs.store.shared import pgconnect, pgwrite, tables as T
+from stepfs.store.shared import pgconnect, pgread, pgwrite, tables as T
 from stepfs.store.shared.stall import Watchdog
 from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
@@ -44,6 +44,9 @@ STATEMENT_TIMEOUT = 120
 #: stopped, and a Unix socket has no keepalive); the lock's wait gets longer.
 STALL_TIMEOUT = 60
 LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
+#: At most this many bytes of a step's upload wait to ride in its publish's
+#: round trip (``Remote.put_objects``); more is sent ahead of it.
+RIDE_BYTES = 1 << 20
 #: The advisory lock's key that steps share and gc takes alone.
 OBJECTS_LOCK = "stepfs:objects"
 ENTRY_COLUMNS = [c.name for c in T.entries.columns if c.name not in ("history", "layer")]
@@ -111,6 +114,10 @@ class Remote:
             event.listen(engine, "after_cursor_execute", self._disarm)
             event.listen(engine, "handle_error", self._disarm)
         self._conn: Connection | None = None  # PostgreSQL: the command's one connection (see _pinned)
+        # PostgreSQL: small upload batches held back to ride ahead of the
+        # next publish in its round trip, each its own transaction (put_objects).
+        self._riding: list[tuple[str, dict]] = []
+        self._riding_bytes = 0
         # While the history's lock is held no other workspace publishes, so the
         # head and this workspace's published layers read once stay true
         # (this process's own publishes update them): a step reads each once.
@@ -164,6 +171,13 @@ class Remote:
             self._conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         return self._conn
 
+    def _send_riding(self) -> None:
+        """Uploads held back for a publish that another statement comes
+        before: sent now (the caller may read them)."""
+        if self._riding:
+            riding, self._riding, self._riding_bytes = self._riding, [], 0
+            self._pipeline(riding, self.stall_timeout)
+
     @contextmanager
     def tx(self) -> Iterator[Connection]:
         """One transaction: committed on success, rolled back on any error;
@@ -173,6 +187,7 @@ class Remote:
                 with self.engine.begin() as conn:
                     yield conn
                 return
+            self._send_riding()
             conn = self._pinned()
             conn.exec_driver_sql("BEGIN")
             try:
@@ -194,6 +209,7 @@ class Remote:
                 yield conn
             return
         with self._translated():
+            self._send_riding()
             yield self._pinned()
 
     @contextmanager
@@ -226,16 +242,24 @@ class Remote:
         if self.url.dialect != "postgresql":
             yield
             return
+        lock = pgread.lock_statement("stepfs:" + self.name, OBJECTS_LOCK)
         with self._translated():
             conn = self._pinned()
             # With it, the objects' lock shared (store/shared/gc.py takes it
-            # exclusively): no gc runs between an upload and its layer.
-            conn.execute(text("SELECT pg_advisory_lock(hashtext(:k)), pg_advisory_lock_shared(hashtext(:o))"),
-                         {"k": "stepfs:" + self.name, "o": OBJECTS_LOCK})
+            # exclusively): no gc runs between an upload and its layer.  The
+            # head and own layers are read right after it, in the same round trip.
+            if workspace is None:
+                self._pipeline([lock], LOCK_STALL_TIMEOUT)
+            else:
+                _, rows = self._pipeline([lock, pgread.position_statement(self.name, workspace)],
+                                         LOCK_STALL_TIMEOUT)
         self._locked = True
         try:
             if workspace is not None:
-                self._read_position(workspace)
+                head, origins = pgread.position(rows)
+                if head is not None:
+                    self._head = head
+                    self._origins[workspace] = origins
             yield
         finally:
             self._locked, self._head, self._origins = False, None, {}
@@ -243,24 +267,40 @@ class Remote:
             if self._conn is conn:
                 self._conn = None
 
-    def _read_position(self, workspace: str) -> None:
-        """Under the lock: the head and ``workspace``'s published layers, one query."""
-        h, lay = T.histories, T.layers
-        q = (select(h.c.head, lay.c.origin, lay.c.number)
-             .select_from(h.outerjoin(lay, (lay.c.history == h.c.name) & (lay.c.workspace == workspace)
-                                      & lay.c.origin.is_not(None)))
-             .where(h.c.name == self.name))
-        with self.read() as conn:
-            rows = conn.execute(q).all()
-        if rows:
-            self._head = rows[0][0]
-            self._origins[workspace] = {int(o): int(n) for _h, o, n in rows if o is not None}
+    def _pipeline(self, statements: list[tuple[str, dict | None]], bound: float) -> list[list[tuple] | None]:
+        """PostgreSQL: run ``statements`` in one round trip (a pipeline of
+        the extended protocol, one Sync at its end: the server runs them in
+        order; those outside an explicit BEGIN ... COMMIT are ONE implicit
+        transaction, committed when the Sync arrives; an error skips the
+        rest up to the Sync).  Returns each one's rows
+        (None for a statement that returns none).  The answer is bounded as
+        every statement's is (``_arm``)."""
+        import psycopg  # PostgreSQL histories only
+
+        conn = self._pinned()
+        raw = conn.connection.driver_connection
+        self._watchdog.arm(raw.pgconn.socket, bound)
+        try:
+            cursors = []
+            with raw.pipeline():
+                for sql, params in statements:
+                    cur = raw.cursor()
+                    cur.execute(sql, params)
+                    cursors.append(cur)
+            return [cur.fetchall() if cur.description is not None else None for cur in cursors]
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            conn.invalidate()
+            raise self.unreachable(exc) from None
+        except psycopg.Error as exc:  # as SQLAlchemy raises it (IntegrityError, ...)
+            raise DBAPIError.instance(statements[-1][0], None, exc, psycopg.Error, dialect=self.engine.dialect) from exc
+        finally:
+            self._watchdog.disarm()
 
     def _ensure_schema(self) -> None:
         if self.url.dialect == "postgresql":
             try:  # the usual case, one round trip: the schema is there
                 with self.read() as conn:
-                    facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
+                    facts = pgread.facts(conn)
                 return self._check_format(facts)
             except ProgrammingError:
                 pass  # no stepfs_meta yet: made below, under a lock
@@ -303,9 +343,13 @@ class Remote:
         ``pieces``; idempotent, one transaction."""
         self.put_objects([(digest, pieces)])
 
-    def put_objects(self, batch: list[tuple[str, list[bytes]]]) -> None:
+    def put_objects(self, batch: list[tuple[str, list[bytes]]], ride: bool = False) -> None:
         """Store several objects in one transaction (idempotent: a key
-        already present is left as it is)."""
+        already present is left as it is).  ``ride`` (PostgreSQL, a batch
+        of a step's upload): a batch held back while those held come to at
+        most :data:`RIDE_BYTES` is sent in the next :meth:`publish`'s round
+        trip, still its own transaction ahead of the publish's; any other
+        use of the connection sends it first."""
         chunk_rows: dict[str, dict] = {}
         object_rows, link_rows = [], []
         for digest, pieces in batch:
@@ -319,6 +363,11 @@ class Remote:
         if not object_rows:
             return
         if self.url.dialect == "postgresql":
+            size = sum(r["size"] for r in chunk_rows.values())
+            if ride and self._riding_bytes + size <= RIDE_BYTES:
+                self._riding += pgwrite.put_statements(list(chunk_rows.values()), object_rows, link_rows)
+                self._riding_bytes += size
+                return
             with self.read() as conn:  # one statement: its own transaction
                 pgwrite.put_objects(conn, list(chunk_rows.values()), object_rows, link_rows)
             return
@@ -412,12 +461,28 @@ class Remote:
         number = expect_head + 1
         layer.number = number
         if self.url.dialect == "postgresql":
-            # One statement, in a transaction of its own all the same: a
-            # connection cut before COMMIT is sent publishes nothing, even
-            # if the server runs the statement after the cut.
-            with self.tx() as conn:
-                moved = pgwrite.publish(conn, self.name, expect_head, layer.as_dict(), entries)
-            if not moved:
+            # The uploads held back (each its own transaction), BEGIN and the
+            # publish in one round trip, then COMMIT in a round trip of its
+            # own once they all succeeded: a connection cut before COMMIT is
+            # sent publishes nothing, even if the server runs the statement
+            # after the cut.
+            riding, self._riding, self._riding_bytes = self._riding, [], 0
+            with self._translated():
+                conn = self._pinned()
+                try:
+                    rows = self._pipeline([*riding, ("BEGIN", None),
+                                           pgwrite.publish_statement(self.name, expect_head, layer.as_dict(), entries)],
+                                          self.stall_timeout)
+                except HistoryUnreachable:
+                    raise  # the connection is closed: the server rolls the transaction back
+                except BaseException:
+                    try:
+                        conn.exec_driver_sql("ROLLBACK")
+                    except Exception:
+                        conn.invalidate()  # closing it ends the transaction on the server
+                    raise
+                conn.exec_driver_sql("COMMIT")
+            if rows[-1][0][0] != 1:
                 self._head_moved(expect_head)
         else:
             with self.tx() as conn:
@@ -473,11 +538,20 @@ class Remote:
         return found[0]
 
     def entries(self, number: int) -> list[dict]:
+        return self.entries_of([number])[number]
+
+    def entries_of(self, numbers: list[int]) -> dict[int, list[dict]]:
+        """The entries of each of the layers ``numbers``, by path, in one query."""
+        out: dict[int, list[dict]] = {n: [] for n in numbers}
+        if not numbers:
+            return out
         with self.read() as conn:
-            rows = conn.execute(select(*[T.entries.c[c] for c in ENTRY_COLUMNS])
-                                .where(T.entries.c.history == self.name, T.entries.c.layer == number)
-                                .order_by(T.entries.c.path)).all()
-        return [_entry_dict(r) for r in rows]
+            rows = conn.execute(select(T.entries.c.layer, *[T.entries.c[c] for c in ENTRY_COLUMNS])
+                                .where(T.entries.c.history == self.name, T.entries.c.layer.in_(numbers))
+                                .order_by(T.entries.c.layer, T.entries.c.path)).all()
+        for r in rows:
+            out[r.layer].append(_entry_dict(r))
+        return out
 
     def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per layer: (added, modified, deleted) paths."""

@@ -122,10 +122,14 @@ def _record(ws, att: Attachment, number: int, kind: str, message: str, agent: st
 
 
 def position(ws, remote: Remote, att: Attachment) -> Position:
+    published = remote.origins(att.workspace)
+    # Only the local layers above the newest one published: a push
+    # publishes oldest first, so every own layer below it is published, and
+    # every sync layer below it applied a shared layer older than it.
+    newest = max([att.base, *published])
     with ws.db.read() as conn:
         rows = conn.execute(select(L.c.number, L.c.kind, L.c.meta).where(
-            L.c.state == "committed", L.c.number > att.base).order_by(L.c.number)).all()
-    published = remote.origins(att.workspace)
+            L.c.state == "committed", L.c.number > newest).order_by(L.c.number)).all()
     at = max([att.at, *published.values()])
     unpublished = []
     for number, kind, meta in rows:
@@ -169,9 +173,9 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
     fold = catchup.fold_layer(listed)  # behind the oldest kept layer: sync from the fold's result
     incoming = [r for r in listed if (r.workspace != att.workspace or r.origin is None)
                 and r.kind != shared_prune.PRUNED and r is not fold]
-    rows = {r.number: remote.entries(r.number) for r in incoming}
+    rows = remote.entries_of([r.number for r in incoming] + ([fold.number] if fold is not None else []))
     if fold is not None:
-        rows[fold.number] = catchup.changed_rows(ws, remote.entries(fold.number), pos.unpublished)
+        rows[fold.number] = catchup.changed_rows(ws, rows[fold.number], pos.unpublished)
     mine = _local_paths(ws, pos.unpublished)
     clashes: dict[bytes, int] = {}
     for r in ([fold] if fold is not None else []) + incoming:
@@ -266,7 +270,7 @@ def push(ws, remote: Remote, att: Attachment) -> list[tuple[int, int]]:
     ``[(local number, shared number)]``.  Raises HeadMoved (nothing of that
     layer written) if another workspace published first: pull, then push."""
     pos = position(ws, remote, att)
-    up = Uploader(ws, remote)
+    up = Uploader(ws, remote, ride=True)  # each layer's small batches travel in its publish's round trip
     out = []
     at = pos.at
     for n in pos.unpublished:

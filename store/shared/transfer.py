@@ -27,8 +27,10 @@ ASK_FIRST = 256 << 10
 class Uploader:
     """Uploads the objects of local states, each once."""
 
-    def __init__(self, ws, remote: Remote):
-        self.ws, self.remote = ws, remote
+    def __init__(self, ws, remote: Remote, ride: bool = False):
+        """``ride``: small batches may be sent with the next publish
+        (``Remote.put_objects``): a step's upload, published right after."""
+        self.ws, self.remote, self.ride = ws, remote, ride
         self._done: dict[str, str] = {}  # local oid -> shared hash
 
     def upload(self, entries: list[Entry]) -> None:
@@ -59,7 +61,7 @@ class Uploader:
             missing = {d for _, d, _ in batch}  # cheaper to send than to ask: the insert ignores what is there
         else:
             missing = self.remote.missing_objects({d for _, d, _ in batch})
-        self.remote.put_objects([(d, pieces) for _, d, pieces in batch if d in missing])
+        self.remote.put_objects([(d, pieces) for _, d, pieces in batch if d in missing], ride=self.ride)
         for oid, d, _ in batch:
             self._done[oid] = d
 

@@ -17,6 +17,7 @@ after mounting (the workspace itself is in the page cache either way).
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Callable
 from . import report
 from .context import BENCH_DIR, Context, drop_caches, log, sh, timed
 from .targets import Target
+from stepfs.overlayfs.client import mounts
 
 
 @dataclass
@@ -94,9 +96,36 @@ def _npm_create(ctx: Context, mp: Path) -> dict:
                                 f"--files {ctx.cfg.npm_files}", mp)}
 
 
+#: Times a shell command inside ``stepfs run`` (its own start and commit left out): argv[1] is where
+#: the seconds go, argv[2] the command.
+_TIMER = ("import subprocess, sys, time; t = time.perf_counter(); subprocess.run(sys.argv[2], shell=True, "
+          "check=True, stdout=subprocess.DEVNULL); open(sys.argv[1], 'w').write(repr(time.perf_counter() - t))")
+
+
+def _in_run(ctx: Context, mp: Path, cmd: str) -> float:
+    """Seconds of ``cmd`` run by ``stepfs run`` in the live mount ``mp`` (the
+    way an agent's tool call runs; README "Unversioned paths")."""
+    out = ctx.tmp / "run-seconds"
+    sh(f"{sys.executable} -m stepfs.cli.main run {mp} -- {sys.executable} -c {shlex.quote(_TIMER)} {out} "
+       f"{shlex.quote(cmd)}", mp)
+    seconds = float(out.read_text())
+    out.unlink()
+    return seconds
+
+
 def _npm_unversioned(ctx: Context, mp: Path) -> dict:
-    create = timed(f"{sys.executable} {BENCH_DIR / 'npm_like.py'} node_modules --files {ctx.cfg.npm_files}", mp)
-    return {"npm_create_unversioned": create, "rm_rf_unversioned": timed("rm -rf node_modules", mp)}
+    create = f"{sys.executable} {BENCH_DIR / 'npm_like.py'} node_modules --files {ctx.cfg.npm_files}"
+    entry = mounts.find(str(mp))
+    if entry is None or not entry.workspace:  # not stepfs: any process is served alike
+        c, r = timed(create, mp), timed("rm -rf node_modules", mp)
+        return {"npm_create_unversioned": c, "rm_rf_unversioned": r,
+                "npm_create_unversioned_outside_run": c, "rm_rf_unversioned_outside_run": r}
+    # stepfs: the create in one run (node_modules made during it), rm -rf in the next (bound from the start).
+    out = {"npm_create_unversioned": _in_run(ctx, mp, create),
+           "rm_rf_unversioned": _in_run(ctx, mp, "rm -rf node_modules")}
+    out["npm_create_unversioned_outside_run"] = timed(create, mp)
+    out["rm_rf_unversioned_outside_run"] = timed("rm -rf node_modules", mp)
+    return out
 
 
 # -- close-write latency (the version-token guard) -----------------------------------
@@ -142,8 +171,12 @@ WORKLOADS: list[Workload] = [
     Workload("npm_create", {"npm_create": "npm-like creation of tiny files in nested directories "
                                           "(one Python process; create-write-close each)"}, _npm_create),
     Workload("npm_unversioned", {
-        "npm_create_unversioned": "the same into node_modules (stepfs: unversioned, README \"Unversioned paths\")",
-        "rm_rf_unversioned": "rm -rf of that node_modules"}, _npm_unversioned),
+        "npm_create_unversioned": "the same into node_modules (stepfs: unversioned, by a command of 'stepfs run': "
+                                  "bound, README \"Unversioned paths\")",
+        "rm_rf_unversioned": "rm -rf of that node_modules (stepfs: in the next 'stepfs run')",
+        "npm_create_unversioned_outside_run": "the same by a process outside 'stepfs run' (stepfs: the daemon's "
+                                              "passthrough)",
+        "rm_rf_unversioned_outside_run": "rm -rf of that node_modules outside 'stepfs run'"}, _npm_unversioned),
     Workload("close_write_4k", {"close_write_4k": "close(2) latency after rewriting an existing 4 KiB file "
                                                   "(stepfs: flush = version-token guard + staging)"},
              _close_write, _prepare_4k, kind="latency", reps=lambda ctx: 1),

@@ -27,7 +27,8 @@ from typing import Callable, Iterator
 from stepfs.store.errors import CorruptObject, LayerPruned, NoSuchLayer
 from stepfs.store.keytext import from_db, to_db
 from stepfs.store.paths import DB_NAME, STORE_DIR
-from stepfs.store.records import Entry, Layer, State
+from stepfs.store import entryrows
+from stepfs.store.records import Entry, Layer
 
 #: Store formats whose tables these queries were written for: a store of
 #: another format is read through ``Workspace.open`` (which upgrades or refuses it).
@@ -35,19 +36,12 @@ FORMATS = frozenset({7})
 HASH_ALGORITHM = "xxh3_128"
 #: Object ids per ``IN`` list (SQLite bounds the variables of one statement).
 BATCH = 5000
-_ENTRY_COLUMNS = ("path, before_kind, before_mode, before_oid, before_target, before_uid, before_gid, before_xattrs, "
-                  "after_kind, after_mode, after_oid, after_target, after_uid, after_gid, after_xattrs, "
-                  "after_mtime_ns, after_link")
 
 
 def xxh3_hex(data) -> str:
     import xxhash
 
     return xxhash.xxh3_128_hexdigest(data)
-
-
-def _b(v) -> bytes | None:
-    return bytes(v) if v is not None else None
 
 
 #: A stored key as hex and back (format 7: keys are bytes in the database).
@@ -57,16 +51,6 @@ _db = to_db
 
 #: Prefix of an inline object's id among the pieces :meth:`Rows.stored` counts.
 INLINE = "inline:"
-
-
-def entry_from_tuple(r) -> Entry:
-    """An :class:`Entry` from a row of :data:`_ENTRY_COLUMNS`."""
-    return Entry(
-        path=bytes(r[0]),
-        before=State(r[1], r[2], _key(r[3]), _b(r[4]), r[5], r[6], _b(r[7])),
-        after=State(r[8], r[9], _key(r[10]), _b(r[11]), r[12], r[13], _b(r[14])),
-        after_mtime_ns=r[15], after_link=_b(r[16]),
-    )
 
 
 def decode_chunk(base_row: Callable[[str], tuple | None], cid: str, data, codec_: int, size: int,
@@ -160,19 +144,13 @@ class Rows:
             sql += " LIMIT ?"
             params += (limit,)
         rows = self.fetch(sql, params)
-        counts = ("SELECT layer, SUM(CASE WHEN before_kind IS NULL THEN 1 ELSE 0 END), "
-                  "SUM(CASE WHEN after_kind IS NULL THEN 1 ELSE 0 END), COUNT(path) FROM entries")
         by_layer: dict[int, tuple[int, int, int]] = {}
         if limit is not None or number is not None:
             numbers = [r[0] for r in rows]
             for i in range(0, len(numbers), BATCH):
-                part = numbers[i:i + BATCH]
-                for layer, a, d, t in self.fetch(counts + f" WHERE layer IN ({', '.join('?' * len(part))})"
-                                                 " GROUP BY layer", tuple(part)):
-                    by_layer[layer] = (int(a or 0), int(d or 0), int(t or 0))
+                by_layer.update(entryrows.layer_counts(self.fetch, numbers[i:i + BATCH]))
         else:
-            for layer, a, d, t in self.fetch(counts + " GROUP BY layer", ()):
-                by_layer[layer] = (int(a or 0), int(d or 0), int(t or 0))
+            by_layer = entryrows.layer_counts(self.fetch)
         out = []
         for number_, state, kind, created_ns, message, agent, mount, meta in rows:
             a, d, t = by_layer.get(number_, (0, 0, 0))
@@ -198,8 +176,7 @@ class Rows:
 
     def entries(self, number: int) -> list[Entry]:
         """Layer ``number``'s entries in path order."""
-        return [entry_from_tuple(r) for r in
-                self.fetch(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE layer = ? ORDER BY path", (number,))]
+        return entryrows.layer_entries(self.fetch, number)
 
     # -- objects -----------------------------------------------------------------
 
@@ -269,11 +246,11 @@ class Rows:
         """Stored bytes each committed layer added (the first layer to
         reference a chunk gets its bytes), for ``numbers`` (default: every
         one).  Reads the entries of every layer up to the newest asked, in
-        one statement (:data:`_ADDED_BYTES`; row by row in Python this was
+        one statement (``entryrows.added_bytes``; row by row in Python this was
         about a third of a 20-layer ``log``); :meth:`added_bytes_by_rows`
         is the same answer computed row by row."""
         top = max(numbers) if numbers else 2 ** 62
-        out = {int(layer): int(total or 0) for layer, total in self.fetch(_ADDED_BYTES, (top, top))}
+        out = {int(layer): int(total or 0) for layer, total in entryrows.added_bytes(self.fetch, top)}
         wanted = numbers if numbers is not None else [
             r[0] for r in self.fetch("SELECT number FROM layers WHERE state = 'committed'", ())]
         return {n: out.get(n, 0) for n in wanted}
@@ -281,14 +258,13 @@ class Rows:
     def added_bytes_by_rows(self, numbers: list[int] | None = None) -> dict[int, int]:
         """:meth:`added_bytes` from the rows, in Python (the reference the
         tests compare the statement with)."""
-        rows = self.fetch("SELECT layer, before_oid, after_oid FROM entries WHERE layer IN "
-                          "(SELECT number FROM layers WHERE state = 'committed') ORDER BY layer", ())
+        rows = entryrows.committed_refs(self.fetch)
         if numbers is not None and numbers:
             top = max(numbers)
             rows = [r for r in rows if r[0] <= top]
         by_layer: dict[int, set[str]] = {}
         for layer, b, a in rows:
-            by_layer.setdefault(layer, set()).update(_key(x) for x in (b, a) if x)
+            by_layer.setdefault(layer, set()).update(x for x in (b, a) if x)
         chunks = self.chunks_of(set().union(*by_layer.values()) if by_layer else set())
         sizes = self.stored()
         seen: set[str] = set()
@@ -304,35 +280,6 @@ class Rows:
         wanted = numbers if numbers is not None else [
             r[0] for r in self.fetch("SELECT number FROM layers WHERE state = 'committed'", ())]
         return {n: out.get(n, 0) for n in wanted}
-
-
-#: What each committed layer up to ``?`` added: each object goes to the
-#: first layer naming it, each piece (a chunk, a delta's base chunk, an
-#: inline object and its base) to the first layer of an object holding it.
-_ADDED_BYTES = """
-WITH refs(layer, oid) AS (
-    SELECT e.layer, e.before_oid FROM entries e JOIN layers l ON l.number = e.layer
-     WHERE l.state = 'committed' AND e.layer <= ? AND e.before_oid IS NOT NULL
-    UNION ALL
-    SELECT e.layer, e.after_oid FROM entries e JOIN layers l ON l.number = e.layer
-     WHERE l.state = 'committed' AND e.layer <= ? AND e.after_oid IS NOT NULL),
-first_obj(oid, layer) AS (SELECT oid, MIN(layer) FROM refs GROUP BY oid),
-pieces(inline, piece, layer) AS (
-    SELECT 0, oc.cid, f.layer FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
-      JOIN chunks c ON c.cid = oc.cid
-    UNION ALL
-    SELECT 0, c.base, f.layer FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
-      JOIN chunks c ON c.cid = oc.cid WHERE c.base IS NOT NULL
-    UNION ALL
-    SELECT 1, o.oid, f.layer FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL
-    UNION ALL
-    SELECT 1, o.base, f.layer FROM first_obj f JOIN objects o ON o.oid = f.oid
-     WHERE o.data IS NOT NULL AND o.base IS NOT NULL),
-first_piece(inline, piece, layer) AS (SELECT inline, piece, MIN(layer) FROM pieces GROUP BY inline, piece)
-SELECT fp.layer, SUM(CASE WHEN fp.inline = 0 THEN (SELECT length(data) FROM chunks WHERE cid = fp.piece)
-                          ELSE (SELECT length(data) FROM objects WHERE oid = fp.piece AND data IS NOT NULL) END)
-  FROM first_piece fp GROUP BY fp.layer
-"""
 
 
 def open_readonly(workspace: str):

@@ -31,14 +31,14 @@ from typing import Callable, ContextManager
 
 from sqlalchemy import bindparam, exists, select
 
-from stepfs.store import codec, schema
+from stepfs.store import codec, entrytable, schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import StepfsError
 from stepfs.store.objects import chunk_bytes, inline_bytes
 
 # (``ws`` arguments are ``store.workspace.Workspace``s; not imported: publish
 # calls this module at a commit's end, and workspace imports publish.)
-C, OC, E, L, O = schema.chunks, schema.object_chunks, schema.entries, schema.layers, schema.objects
+C, OC, L, O = schema.chunks, schema.object_chunks, schema.layers, schema.objects
 log = logging.getLogger("stepfs.store")
 
 #: Files bigger than this are left as they are (a delta pays for small edits
@@ -72,10 +72,6 @@ _INLINE_ROW = Prepared(select(O.c.data, O.c.codec, O.c.size, O.c.base, O.c.is_ba
 _MARK_BASE = Prepared(O.update().where(O.c.oid == bindparam("b_oid")).values(is_base=bindparam("b_mark")))
 _INLINE_DELTA = Prepared(O.update().where(O.c.oid == bindparam("b_oid"), O.c.codec != bindparam("b_delta"))
                          .values(data=bindparam("b_data"), codec=bindparam("b_codec"), base=bindparam("b_base")))
-_PAIRS = Prepared(select(E.c.before_oid, E.c.after_oid, O.c.size, O.c.data.is_not(None))
-                  .join(O, O.c.oid == E.c.after_oid)
-                  .where(E.c.layer == bindparam("n"), E.c.before_kind == bindparam("k1"),
-                         E.c.after_kind == bindparam("k2"), E.c.before_oid != E.c.after_oid))
 _ChunkRow = namedtuple("_ChunkRow", "data codec size base")
 _InlineRow = namedtuple("_InlineRow", "data codec size base is_base")
 
@@ -205,7 +201,7 @@ def deltify_inline(conn, before_oid: str, after_oid: str, level: int = codec.DEL
 def deltify_layer(conn, number: int, level: int = codec.DELTA_LEVEL) -> tuple[int, int]:
     """Deltas for the files layer ``number`` modified, through ``conn`` (a
     write transaction).  Returns ``(rows rewritten, stored bytes saved)``."""
-    pairs = _PAIRS.execute(conn, {"n": number, "k1": "file", "k2": "file"})
+    pairs = entrytable.modified_files(conn, number)
     done = saved = 0
     for before_oid, after_oid, size, inline in pairs:
         if inline:
@@ -263,8 +259,7 @@ def after_commit(ws, number: int, go: Callable[[], bool] | None = None,
     try:
         stopped = False
         with ws.db.read() as conn:
-            for before_oid, after_oid, size, inline in _PAIRS.execute(
-                    conn, {"n": number, "k1": "file", "k2": "file"}):
+            for before_oid, after_oid, size, inline in entrytable.modified_files(conn, number):
                 if go is not None and not go():
                     stopped = True
                     break

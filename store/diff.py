@@ -17,32 +17,20 @@ import difflib
 import stat as stat_mod
 from typing import TYPE_CHECKING
 
-from sqlalchemy import or_, select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import schema
+from stepfs.store import entrytable
 from stepfs.store.contained import NODE_KINDS
-from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
+from stepfs.store.history import require_layer, state_from_rows
 from stepfs.store import records
 from stepfs.store.records import TEXT_LIMIT, Change, Entry, State, count_lines, text_lines  # noqa: F401  (their home before records.py)
 from stepfs.store.objects import ObjectStore
-
-E, L = schema.entries, schema.layers
-
 
 if TYPE_CHECKING:
     from stepfs.store.workspace import Workspace
 
 
 # -- which paths changed ------------------------------------------------------------
-
-
-def path_condition(paths: list[bytes] | None):
-    """SQL condition on entry paths: each of ``paths`` and everything below
-    it (``None`` or ``b"."`` among them: every path)."""
-    if not paths or b"." in paths:
-        return E.c.path.is_not(None)
-    return or_(*[(E.c.path == p) | under(p) for p in paths])
 
 
 def changes_between(conn: Connection, old: int, new: int, paths: list[bytes] | None = None) -> list[Change]:
@@ -52,11 +40,8 @@ def changes_between(conn: Connection, old: int, new: int, paths: list[bytes] | N
     require_layer(conn, old)
     require_layer(conn, new)
     lo, hi = min(old, new), max(old, new)
-    committed = select(L.c.number).where(L.c.state == "committed")
-    touched = select(E.c.path).where(E.c.layer > lo, E.c.layer <= hi, E.c.layer.in_(committed),
-                                     path_condition(paths))
     by_path: dict[bytes, list] = {}
-    for row in committed_rows(conn, E.c.path.in_(touched)):
+    for row in entrytable.rows_touched(conn, lo, hi, paths):
         by_path.setdefault(bytes(row.path), []).append(row)
     out = []
     for path, rows in sorted(by_path.items()):

@@ -16,12 +16,12 @@ import os
 
 from sqlalchemy import select
 
-from stepfs.store import schema
+from stepfs.store import entrytable, schema
 from stepfs.store.cardrows import Rows
 from stepfs.store.units import human  # noqa: F401  (its callers' name for it)
 from stepfs.store.workspace import Workspace
 
-E, L, C, OC = schema.entries, schema.layers, schema.chunks, schema.object_chunks
+C, OC = schema.chunks, schema.object_chunks
 #: Object ids per ``IN`` list.
 _BATCH = 5000
 
@@ -49,9 +49,7 @@ def usage(ws: Workspace) -> dict:
 
     with ws.db.read() as conn:
         sizes = _stored(conn)
-        rows = conn.execute(select(E.c.layer, E.c.path, E.c.before_oid, E.c.after_oid)
-                            .where(E.c.layer.in_(select(L.c.number).where(L.c.state == "committed")))
-                            .order_by(E.c.layer, E.c.path)).all()
+        rows = entrytable.committed_object_refs(conn)
         staged = set(conn.execute(select(schema.staged.c.oid).where(schema.staged.c.oid.is_not(None))).scalars())
         conflicts = set(conn.execute(select(schema.conflicts.c.oid)
                                      .where(schema.conflicts.c.oid.is_not(None))).scalars())

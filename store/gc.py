@@ -40,7 +40,7 @@ from typing import Callable
 from sqlalchemy import select, text
 
 from stepfs.store import durable as durable_calls
-from stepfs.store import schema
+from stepfs.store import entrytable, schema
 from stepfs.store.objects import generation
 from stepfs.store.workspace import Workspace
 
@@ -48,19 +48,17 @@ log = logging.getLogger("stepfs.store")
 
 #: Objects no row names: every object of a generation below :gen that no
 #: entry, staged row or conflict references.
-_UNREFERENCED = """
+_UNREFERENCED = f"""
     SELECT o.oid FROM objects o WHERE o.gen < :gen
-      AND o.oid NOT IN (SELECT before_oid FROM entries WHERE before_oid IS NOT NULL)
-      AND o.oid NOT IN (SELECT after_oid FROM entries WHERE after_oid IS NOT NULL)
+      AND {entrytable.unreferenced_sql("o.oid")}
       AND o.oid NOT IN (SELECT oid FROM staged WHERE oid IS NOT NULL)
       AND o.oid NOT IN (SELECT oid FROM conflicts WHERE oid IS NOT NULL)
 """
 #: Objects only conflicts keep (counted apart: the user drops them).
-_CONFLICT_ONLY = """
+_CONFLICT_ONLY = f"""
     SELECT count(*), coalesce(sum(o.size), 0) FROM objects o
      WHERE o.oid IN (SELECT oid FROM conflicts WHERE oid IS NOT NULL)
-       AND o.oid NOT IN (SELECT before_oid FROM entries WHERE before_oid IS NOT NULL)
-       AND o.oid NOT IN (SELECT after_oid FROM entries WHERE after_oid IS NOT NULL)
+       AND {entrytable.unreferenced_sql("o.oid")}
        AND o.oid NOT IN (SELECT oid FROM staged WHERE oid IS NOT NULL)
 """
 

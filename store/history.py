@@ -17,12 +17,13 @@ import stat as stat_mod
 
 from sqlalchemy import select
 
-from stepfs.store import schema
+from stepfs.store import entrytable, schema
 from stepfs.store.errors import ContainmentError, NoSuchPath
-from stepfs.store.layers import State, entry_from_row
+from stepfs.store.entrytable import entry_from_row
+from stepfs.store.records import State
 from stepfs.store.workspace import STORE_DIR, Workspace
 
-L, E = schema.layers, schema.entries
+L = schema.layers
 
 
 #: Symbolic links followed while resolving one user path (as the kernel's MAXSYMLINKS).
@@ -126,17 +127,10 @@ def require_layer(conn, number: int) -> None:
 def state_at(conn, path: bytes, number: int) -> State | None:
     """The state of ``path`` after layer ``number``; None if it was never
     touched by any layer (then the workspace holds it as it is now)."""
-    committed = select(L.c.number).where(L.c.state == "committed")
-    row = conn.execute(
-        select(E).where(E.c.path == path, E.c.layer <= number, E.c.layer.in_(committed))
-        .order_by(E.c.layer.desc()).limit(1)
-    ).first()
+    row = entrytable.newest_at_or_before(conn, path, number)
     if row is not None:
         return entry_from_row(row).after
-    row = conn.execute(
-        select(E).where(E.c.path == path, E.c.layer > number, E.c.layer.in_(committed))
-        .order_by(E.c.layer).limit(1)
-    ).first()
+    row = entrytable.oldest_after(conn, path, number)
     if row is not None:
         return entry_from_row(row).before
     return None
@@ -154,27 +148,6 @@ def state_from_rows(rows: list, number: int) -> tuple[State, int | None] | None:
         return entry_from_row(row).after, row.after_mtime_ns
     row = min(rows, key=lambda r: r.layer)
     return entry_from_row(row).before, None
-
-
-def committed_rows(conn, where, order_by_path: bool = True) -> list:
-    """Committed entry rows matching the SQL condition ``where``.
-
-    A join with the layer, not ``layer IN (committed layers)``: given that
-    list, SQLite probed (path, layer) once per committed layer for every
-    path, so a rollback of 10,000 paths over 10,000 layers took ~110 s."""
-    q = select(E).join(L, L.c.number == E.c.layer).where(where, L.c.state == "committed")
-    if order_by_path:
-        q = q.order_by(E.c.path, E.c.layer)
-    return conn.execute(q).all()
-
-
-def under(path: bytes):
-    """SQL condition: entry paths strictly below directory ``path``
-    (``b"."`` is the workspace root: every path)."""
-    if path == b".":
-        return E.c.path.is_not(None)
-    prefix = path + b"/"
-    return (E.c.path >= prefix) & (E.c.path < path + b"0")  # '0' follows '/' in byte order
 
 
 def file_bytes(ws: Workspace, number: int, path: str, mountpoint: str | None = None) -> bytes:

@@ -12,13 +12,13 @@ import os
 import xxhash
 from sqlalchemy import bindparam, func, select, update
 
-from stepfs.store import schema
+from stepfs.store import entrytable, schema
 from stepfs.store.db import Prepared
 from stepfs.store.errors import PublishFailed, StoreUnavailable
 from stepfs.store.layers import Entry, State
 from stepfs.store.wsparts import WorkspaceParts
 
-L, E = schema.layers, schema.entries
+L = schema.layers
 
 
 # The statements every commit runs, built once (building a Core statement
@@ -28,12 +28,6 @@ _LAYER_COLUMNS = ["number", "state", "kind", "created_ns", "message", "agent", "
 
 
 _INSERT_LAYER = Prepared(L.insert(), _LAYER_COLUMNS)
-
-
-_ENTRY_COLUMNS = [c.name for c in E.columns]
-
-
-_INSERT_ENTRIES = Prepared(E.insert(), _ENTRY_COLUMNS)
 
 
 _MARK_COMMITTED = Prepared(update(L).where(L.c.number == bindparam("n")).values(state=bindparam("state")))
@@ -73,20 +67,6 @@ def _state_parts(s: State) -> tuple[bytes, ...]:
             s.xattrs if s.xattrs is not None else b"\0")
 
 
-def _entry_row(layer: int, e: Entry) -> dict:
-    return {
-        "layer": layer, "path": e.path,
-        "before_kind": e.before.kind, "before_mode": e.before.mode,
-        "before_oid": e.before.oid, "before_target": e.before.target,
-        "after_kind": e.after.kind, "after_mode": e.after.mode,
-        "after_oid": e.after.oid, "after_target": e.after.target,
-        "after_mtime_ns": e.after_mtime_ns,
-        "before_uid": e.before.uid, "before_gid": e.before.gid, "before_xattrs": e.before.xattrs,
-        "after_uid": e.after.uid, "after_gid": e.after.gid, "after_xattrs": e.after.xattrs,
-        "after_link": e.after_link,
-    }
-
-
 def _prepare_failure(exc: OSError) -> PublishFailed:
     return PublishFailed(
         f"could not write the step's new files ({_why(exc)}); nothing in the workspace was changed and "
@@ -101,7 +81,7 @@ def _withdraw_intent(ws: WorkspaceParts, number: int, cause: OSError) -> None:
     (rewriting every new file from the store)."""
     try:
         with ws.db.write(durable=True) as conn:
-            conn.execute(E.delete().where(E.c.layer == number))
+            entrytable.delete_layer(conn, number)
             conn.execute(L.delete().where((L.c.number == number) & (L.c.state == "pending")))
     except StoreUnavailable:
         raise _pending_failure(number, cause) from None

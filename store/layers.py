@@ -11,13 +11,13 @@ from __future__ import annotations
 from sqlalchemy import func, literal_column, select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import schema
+from stepfs.store import entrytable, schema
 from stepfs.store.db import Prepared
 from stepfs.store.cardrows import Rows
 from stepfs.store.errors import NoSuchLayer
 from stepfs.store.records import Entry, Layer, State  # noqa: F401  (their home before records.py)
 
-L, E = schema.layers, schema.entries
+L = schema.layers
 
 
 def head(conn: Connection) -> int:
@@ -60,19 +60,5 @@ def missing(conn: Connection, number: int) -> NoSuchLayer:
 
 
 def entries(conn: Connection, number: int) -> list[Entry]:
-    return Rows.over(conn).entries(number)
-
-
-def entry_from_row(r) -> Entry:
-    def t(v):
-        return bytes(v) if v is not None else None
-
-    return Entry(
-        path=bytes(r.path),
-        before=State(r.before_kind, r.before_mode, r.before_oid, t(r.before_target),
-                     r.before_uid, r.before_gid, t(r.before_xattrs)),
-        after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target),
-                    r.after_uid, r.after_gid, t(r.after_xattrs)),
-        after_mtime_ns=r.after_mtime_ns,
-        after_link=t(r.after_link),
-    )
+    """Layer ``number``'s entries in path order (``entrytable.layer_entries``)."""
+    return entrytable.layer_entries(conn, number)

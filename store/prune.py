@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import keys, schema
+from stepfs.store import entrytable, keys, schema
 from stepfs.store.errors import InputError
-from stepfs.store.layers import Entry, entry_from_row
+from stepfs.store.entrytable import entry_from_row
+from stepfs.store.layers import Entry
 from stepfs.store.workspace import Workspace
 
-L, E, M = schema.layers, schema.entries, schema.meta
+L, M = schema.layers, schema.meta
 
 
 @dataclass
@@ -99,8 +100,7 @@ def referenced_bytes(conn, keep_from: int) -> int:
     store would hold after prune and gc, less row overhead."""
     folded = [e for e in _fold(conn, keep_from)]
     oids = {s.oid for e in folded for s in (e.before, e.after) if s.oid}
-    for (b, a) in conn.execute(select(E.c.before_oid, E.c.after_oid).where(E.c.layer > keep_from)):
-        oids.update(x for x in (b, a) if x)
+    oids |= entrytable.referenced_oids(conn, after=keep_from)
     oids.update(conn.execute(select(schema.staged.c.oid).where(schema.staged.c.oid.is_not(None))).scalars())
     oids.update(conn.execute(select(schema.conflicts.c.oid).where(schema.conflicts.c.oid.is_not(None))).scalars())
     if not oids:
@@ -127,8 +127,7 @@ def referenced_bytes(conn, keep_from: int) -> int:
 def _fold(conn, keep_from: int) -> list[Entry]:
     """Layer ``keep_from``'s entries after folding every committed layer
     below it into it (see the module doc), sorted by path."""
-    committed = select(L.c.number).where(L.c.state == "committed", L.c.number <= keep_from)
-    rows = conn.execute(select(E).where(E.c.layer.in_(committed)).order_by(E.c.path, E.c.layer)).all()
+    rows = entrytable.fold_rows(conn, keep_from)
     out: list[Entry] = []
     newest: dict[bytes, int] = {}  # path -> the layer of its newest entry up to keep_from
     linked: dict[bytes, int] = {}  # path of a folded link -> the layer that made the link
@@ -163,7 +162,7 @@ def prune(ws: Workspace, keep_last: int | None = None, keep_within_ns: int | Non
     """Drop the layers the rules do not keep, folding them into the oldest
     kept one (module doc).  Runs under the commit lock; recovery has run
     (``Workspace.open``), so no layer is pending."""
-    from stepfs.store.publish import _entry_row, intent_checksum
+    from stepfs.store.publish import intent_checksum
 
     if keep_last is None and keep_within_ns is None and max_size is None:
         raise InputError("say what to keep: --keep-last N, --keep-within DURATION or --max-size SIZE.")
@@ -178,9 +177,7 @@ def prune(ws: Workspace, keep_last: int | None = None, keep_within_ns: int | Non
         with ws.db.write(durable=True) as conn:
             folded = _fold(conn, keep)
             step = conn.execute(select(L.c.step).where(L.c.number == keep)).scalar()
-            conn.execute(E.delete().where(E.c.layer <= keep))
-            if folded:
-                conn.execute(E.insert(), [_entry_row(keep, e) for e in folded])
+            entrytable.replace_through(conn, keep, folded)
             conn.execute(L.update().where(L.c.number == keep).values(intent_sum=intent_checksum(folded, step)))
             conn.execute(L.update().where(L.c.number < keep, L.c.state == "committed").values(state="pruned"))
             conn.execute(M.delete().where(M.c.key == "pruned_below"))

@@ -109,14 +109,14 @@ import logging
 import os
 import time
 
-from stepfs.store import durable, refs, staging, tokens  # noqa: F401  (tokens: tests reach it here)
+from stepfs.store import durable, entrytable, refs, staging, tokens  # noqa: F401  (tokens: tests reach it here)
 from stepfs.store.errors import CommitConflict, NothingToCommit, StepfsError, StoreUnavailable
 from stepfs.store.layers import Entry, next_number
 from stepfs.store.workspace import Workspace
 # The protocol's parts, under the names callers and tests have always used.
 from stepfs.store.completion import OUTSIDE_CHANGE, _complete, _DirSync, _record_outside  # noqa: F401
 from stepfs.store.journal import (  # noqa: F401
-    _CONSUME_STEP, _FIRST_IN_STATE, _INSERT_ENTRIES, _INSERT_LAYER, _entry_row, _pending_failure,
+    _CONSUME_STEP, _FIRST_IN_STATE, _INSERT_LAYER, _pending_failure,
     _prepare_failure, _withdraw_intent, intent_checksum,
 )
 from stepfs.store.plan import LEAF_KINDS, PRECAPTURE_MAX, Plan, _Before, capture, plan_step, precapture  # noqa: F401
@@ -330,7 +330,7 @@ class Commit:
                         meta=json.dumps(self.meta or {}, sort_keys=True),
                         intent_sum=intent_checksum(entries, self.consume_step), step=self.consume_step,
                     )])
-                    _INSERT_ENTRIES.executemany(conn, [_entry_row(number, e) for e in entries])
+                    entrytable.insert(conn, number, entries)
                     syncing = durable.start_fsync_all(unsynced)
                     prep = durable.run_meanwhile(_switch_prep, ws, entries)
             except BaseException as exc:

@@ -43,17 +43,15 @@ import stat as stat_mod
 import time
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import cards, diff, publish, recovery, schema, tokens
+from stepfs.store import cards, diff, entrytable, publish, recovery, tokens
 from stepfs.store.contained import DEVICE_KINDS, kind_of
 from stepfs.store.errors import CommitConflict, HeadMoved, LayerPruned, NothingToRollBack
-from stepfs.store.history import committed_rows, require_layer, state_from_rows
-from stepfs.store.layers import Entry, State, entry_from_row, head as head_of, next_number
+from stepfs.store.entrytable import entry_from_row
+from stepfs.store.history import require_layer, state_from_rows
+from stepfs.store.layers import Entry, State, head as head_of, next_number
 from stepfs.store.workspace import Workspace
-
-E, L = schema.entries, schema.layers
 
 
 @dataclass
@@ -184,10 +182,8 @@ def plan(ws: Workspace, conn: Connection, number: int, paths: list[bytes] | None
     head = head_of(conn)
     if number == head:
         raise NothingToRollBack(f"layer {number} is the head already: there is nothing to roll back.")
-    committed = select(L.c.number).where(L.c.state == "committed")
-    touched = select(E.c.path).where(E.c.layer > number, E.c.layer.in_(committed), diff.path_condition(paths))
     by_path: dict[bytes, list] = {}
-    for row in committed_rows(conn, E.c.path.in_(touched)):
+    for row in entrytable.rows_touched(conn, number, paths=paths):
         by_path.setdefault(bytes(row.path), []).append(row)
     states: dict[bytes, tuple[State, State]] = {}  # path -> (target, head state)
     for path, rows in by_path.items():
@@ -238,7 +234,7 @@ def _restore_links(conn: Connection, number: int, by_path: dict, planned: dict[b
         q = bytes(row.after_link)
         q_rows = by_path.get(q)
         if q_rows is None:
-            q_rows = committed_rows(conn, E.c.path == q)
+            q_rows = entrytable.path_rows(conn, q)
         q_row = _defining(q_rows, number)
         if q_row is not None and q_row.layer > row.layer:
             continue  # q was replaced after the link was made
@@ -256,7 +252,7 @@ def _add_needed_ancestors(conn: Connection, disk: _Disk, number: int, states: di
         for anc in _ancestors(path):
             if anc in states or disk.kind(anc) == "dir":
                 continue
-            rows = committed_rows(conn, E.c.path == anc)
+            rows = entrytable.path_rows(conn, anc)
             if not any(r.layer > number for r in rows):
                 continue
             anc_target = state_from_rows(rows, number)[0]

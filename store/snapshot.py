@@ -5,7 +5,7 @@ the state of a path as of N follows :func:`store.history.state_at` (the
 newest entry at or before N, else the oldest entry after N's *before*
 state, else the workspace now, for paths no layer ever touched).
 
-Cost: a lookup reads one path's entries (index ``entries_path_layer``).  A
+Cost: a lookup reads one path's entries (``entrytable.path_rows``).  A
 listing of directory ``D`` reads the workspace directory ``D`` (if it is a
 directory now) plus the committed entries below ``D``: those of layers
 after N undo later changes, those up to N apply earlier ones.  It never
@@ -28,10 +28,9 @@ from sqlalchemy.engine import Connection
 
 from stepfs.store import schema
 from stepfs.store.contained import NODE_KINDS, rdev_of
-from stepfs.store.history import committed_rows, require_layer, state_from_rows, under
+from stepfs.store.entrytable import path_rows, rows_under
+from stepfs.store.history import require_layer, state_from_rows
 from stepfs.store.workspace import Workspace
-
-E = schema.entries
 
 #: What a directory reports as its size (as most filesystems do).
 DIR_SIZE = 4096
@@ -82,7 +81,7 @@ class Snapshot:
         if path == b".":
             st = os.stat(self.ws.root.fd)
             return Item("dir", stat_mod.S_IMODE(st.st_mode), DIR_SIZE, self.created_ns, uid=st.st_uid, gid=st.st_gid)
-        found = state_from_rows(committed_rows(self.conn, E.c.path == path), self.number)
+        found = state_from_rows(path_rows(self.conn, path), self.number)
         if found is None:
             return self._from_workspace(path)
         state, mtime = found
@@ -140,7 +139,7 @@ class Snapshot:
                 raise
         depth = 0 if path == b"." else path.count(b"/") + 1
         by_child: dict[bytes, list] = {}
-        for row in committed_rows(self.conn, under(path)):
+        for row in rows_under(self.conn, path):
             p = bytes(row.path)
             parts = p.split(b"/")
             if len(parts) == depth + 1:

@@ -22,14 +22,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select, union_all
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import cards, diff, layers, schema
+from stepfs.store import cards, diff, entrytable, layers, schema
 from stepfs.store.history import require_layer
 from stepfs.store.objects import ObjectStore
 
-L, E, O = schema.layers, schema.entries, schema.objects
+L = schema.layers
 
 #: A timeline row counts lines for layers with at most this many files.
 LINE_COUNT_FILES = 200
@@ -57,7 +57,7 @@ def layer_page(objects: ObjectStore, conn: Connection, *, before: int | None = N
     every ``meta`` pair."""
     q = select(L.c.number, L.c.meta).where(L.c.state == "committed").order_by(L.c.number.desc())
     if path is not None:
-        q = q.where(L.c.number.in_(select(E.c.layer).where(diff.path_condition([path]))))
+        q = q.where(L.c.number.in_(entrytable.layers_touching(path)))
     chosen: list[int] = []
     more = False
     cursor = before
@@ -99,20 +99,7 @@ def _rows(objects: ObjectStore, conn: Connection, numbers: list[int]) -> list[di
 def new_content(conn: Connection, numbers: list[int]) -> dict[int, int]:
     """``{layer: bytes}``: the size of the content objects each of the
     layers ``numbers`` references that no earlier committed layer does."""
-    committed = select(L.c.number).where(L.c.state == "committed")
-    mine = union_all(
-        select(E.c.after_oid.label("oid")).where(E.c.layer.in_(numbers), E.c.after_oid.is_not(None)),
-        select(E.c.before_oid.label("oid")).where(E.c.layer.in_(numbers), E.c.before_oid.is_not(None)),
-    ).subquery()
-    oids = select(mine.c.oid).distinct()
-    refs = union_all(
-        select(E.c.after_oid.label("oid"), E.c.layer).where(E.c.after_oid.in_(oids), E.c.layer.in_(committed)),
-        select(E.c.before_oid.label("oid"), E.c.layer).where(E.c.before_oid.in_(oids), E.c.layer.in_(committed)),
-    ).subquery()
-    first = select(refs.c.oid, func.min(refs.c.layer).label("first")).group_by(refs.c.oid).subquery()
-    q = select(first.c.first, func.sum(O.c.size)).join(O, O.c.oid == first.c.oid).group_by(first.c.first)
-    wanted = set(numbers)
-    return {int(n): int(size or 0) for n, size in conn.execute(q) if n in wanted}
+    return entrytable.first_referencing(conn, numbers)
 
 
 def card_page(objects: ObjectStore, conn: Connection, number: int, offset: int = 0,
@@ -154,12 +141,8 @@ def change_at(conn: Connection, number: int, path: bytes) -> diff.Change | None:
 def touching(conn: Connection, path: bytes, limit: int = 100) -> list[dict]:
     """The newest ``limit`` committed layers that changed ``path`` itself:
     ``[{number, op, message, created_ns, kind}]``."""
-    committed = select(L.c.number).where(L.c.state == "committed")
-    rows = conn.execute(
-        select(E, L.c.message, L.c.created_ns, L.c.kind).join(L, L.c.number == E.c.layer)
-        .where(E.c.path == path, E.c.layer.in_(committed)).order_by(E.c.layer.desc()).limit(limit)
-    ).all()
-    return [{"number": r.layer, "op": layers.entry_from_row(r).op, "message": r.message,
+    rows = entrytable.path_history(conn, path, limit)
+    return [{"number": r.layer, "op": entrytable.entry_from_row(r).op, "message": r.message,
              "created_ns": r.created_ns, "kind": r.kind} for r in rows]
 
 

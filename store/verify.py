@@ -24,14 +24,13 @@ import xxhash
 from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
-from stepfs.store import codec, refs, schema
+from stepfs.store import codec, entrytable, refs, schema
 from stepfs.store.errors import CorruptObject
-from stepfs.store.layers import entries as load_entries
 from stepfs.store.objects import chunk_bytes, inline_bytes, xxh3_hex
 from stepfs.store.workspace import Workspace
 
 C, O, OC = schema.chunks, schema.objects, schema.object_chunks
-L, E = schema.layers, schema.entries
+L = schema.layers
 
 #: Stop listing problems of one kind after this many (the count stays exact).
 MAX_LISTED = 50
@@ -160,14 +159,14 @@ def _layers(conn, report: Report, _hasher, _state) -> None:
         if state == "pending":
             report.add("layer", f"layer {number} is still pending: recovery could not finish publishing it")
         if state == "committed" and number != 0:
-            if intent_checksum(load_entries(conn, number), step) != checksum:
+            if intent_checksum(entrytable.layer_entries(conn, number), step) != checksum:
                 report.add("layer", f"layer {number}'s entries no longer match its intent checksum")
     report.counts["layers"] = len(layers)
 
 
 def _references(conn, report: Report, _hasher, state: dict) -> None:
     objects = state["objects"]
-    for layer, path, before, after in conn.execute(select(E.c.layer, E.c.path, E.c.before_oid, E.c.after_oid)):
+    for layer, path, before, after in entrytable.object_refs(conn):
         for which, oid in (("before", before), ("after", after)):
             if oid is not None and oid not in objects:
                 report.add("reference", f"layer {layer} path {bytes(path)!r}: {which} object {oid} is missing")

@@ -21,15 +21,12 @@ import os
 import stat as stat_mod
 from typing import Callable
 
-from sqlalchemy import select
-
-from stepfs.store import schema
+from stepfs.store import entrytable
 from stepfs.store.contained import kind_of, rdev_target
-from stepfs.store.history import committed_rows, state_from_rows
+from stepfs.store.history import state_from_rows
 from stepfs.store.layers import State, head
 from stepfs.store.workspace import Workspace
 
-E = schema.entries
 
 
 def check_workspace(ws: Workspace, add: Callable[[str, str], None]) -> int:
@@ -38,7 +35,7 @@ def check_workspace(ws: Workspace, add: Callable[[str, str], None]) -> int:
     checked."""
     with ws.db.read() as conn:
         number = head(conn)
-        rows = committed_rows(conn, E.c.path.is_not(None))
+        rows = entrytable.all_rows(conn)
         by_path: dict[bytes, list] = {}
         for r in rows:
             by_path.setdefault(bytes(r.path), []).append(r)
@@ -96,5 +93,4 @@ def _differs(ws: Workspace, conn, path: bytes, s: State) -> str | None:
 def _linked_in_layer(conn, path: bytes) -> bool:
     """Whether a layer published ``path`` as a hard link, or another name
     as a hard link of it (then more than one link is what stepfs made)."""
-    q = select(E.c.layer).where(((E.c.path == path) & E.c.after_link.is_not(None)) | (E.c.after_link == path)).limit(1)
-    return conn.execute(q).first() is not None
+    return entrytable.ever_linked(conn, path)

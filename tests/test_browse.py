@@ -239,10 +239,10 @@ def test_listing_a_layer_directory_reads_only_that_directory(workspace, monkeypa
     view.commit()
 
     listed, rows_read = [], []
-    real_listdir, real_rows = ws.root.listdir, snapshot.committed_rows
+    real_listdir, real_rows = ws.root.listdir, snapshot.rows_under
     monkeypatch.setattr(ws.root, "listdir", lambda p: listed.append(p) or real_listdir(p))
-    monkeypatch.setattr(snapshot, "committed_rows",
-                        lambda conn, where: rows_read.extend(real_rows(conn, where)) or real_rows(conn, where))
+    monkeypatch.setattr(snapshot, "rows_under",
+                        lambda conn, path: rows_read.extend(real_rows(conn, path)) or real_rows(conn, path))
     names = [n for n, _k, _i in view.readdir("/.stepfs/layers/1/small")[2:]]
     assert names == ["a"]
     assert b"big" not in listed and all(p.startswith(b"small") for p in listed)

@@ -11,7 +11,7 @@ import pytest
 from crashkit import Counter, KillAt, fast_tmp, fork_run  # noqa: F401  (fast_tmp is a fixture)
 from sqlalchemy import select
 
-from stepfs.store import delta, durable, gc, history, prune, publish, schema, staging, verify
+from stepfs.store import delta, durable, entrytable, gc, history, prune, publish, schema, staging, verify
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
 
@@ -51,7 +51,7 @@ def _make(path) -> None:
 def files_as_of(ws, numbers) -> dict:
     out = {}
     with ws.db.read() as conn:
-        paths = sorted({bytes(r.path) for r in history.committed_rows(conn, history.under(b"."))})
+        paths = sorted({bytes(r.path) for r in entrytable.all_rows(conn)})
         for n in numbers:
             for p in paths:
                 state = history.state_at(conn, p, n)

@@ -209,3 +209,53 @@ def test_shell_docker_and_docs_run_stepfs_modules():
         if path.is_file():
             wrong += [f"{path.relative_to(ROOT)}: {m.group(0)!r}" for m in STALE.finditer(path.read_text())]
     assert wrong == [], "\n".join(wrong)
+
+
+#: The entry seam (docs/format8.md, "What has to change"): every query on
+#: the local ``entries`` table lives in these modules, so a new entry layout
+#: replaces them and nothing else.
+ENTRY_SEAM = {"stepfs.store.entrytable", "stepfs.store.entryrows"}
+#: Modules that name the table for what they are: its one definition, and
+#: the 6 -> 7 upgrade that rebuilt it (a frozen format, never read again).
+ENTRY_TABLE_DEFINED = {"stepfs.store.schema", "stepfs.store.upgrade7"}
+#: SQL naming the table or its index, and the Core table object.
+ENTRY_SQL = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+entries\b|\bentries_path_layer\b"
+                       r"|\bschema\.entries\b")
+
+
+def entry_table_uses(text: str) -> list[str]:
+    """The lines of ``text`` that name the local entries table in SQL, or
+    import the Core table from the schema."""
+    lines = text.splitlines()
+    found = {i for i, line in enumerate(lines) if ENTRY_SQL.search(line)}
+    for node in ast.walk(ast.parse(text)):
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").rpartition(".")[2] == "schema"
+                and any(a.name == "entries" for a in node.names)):
+            found.add(node.lineno - 1)
+    return [lines[i].strip() for i in sorted(found)]
+
+
+def test_entry_table_rule_recognises_each_way_of_naming_the_table():
+    assert entry_table_uses('fetch("SELECT layer FROM entries WHERE layer = ?")')
+    assert entry_table_uses('q = "WITH x AS (SELECT 1 FROM layers l JOIN entries e ON e.layer = l.number)"')
+    assert entry_table_uses('q = "DELETE FROM entries"') and entry_table_uses('q = "INSERT INTO entries VALUES (?)"')
+    assert entry_table_uses("E = schema.entries") and entry_table_uses("from stepfs.store.schema import entries")
+    assert entry_table_uses("from stepfs.store.schema import (\n    layers,\n    entries as E,\n)")
+    assert entry_table_uses('q = "CREATE INDEX entries_path_layer ON entries (path, layer)"')
+    # The shared history's table, a layer's ``entries`` argument and prose are not the table.
+    assert not entry_table_uses("select(T.entries.c.layer)")
+    assert not entry_table_uses("publish.write_layer(ws, entries, kind=SYNC)")
+    assert not entry_table_uses("from stepfs.store.layers import entries as load_entries")
+    assert not entry_table_uses('"""The layer entries, read from entries."""')
+
+
+def test_only_the_entry_seam_names_the_entries_table():
+    outside = []
+    for module, path in MODULES.items():
+        if module in ENTRY_SEAM or module in ENTRY_TABLE_DEFINED:
+            continue
+        outside += [f"{module}: {line}" for line in entry_table_uses(path.read_text())]
+    assert outside == [], ("SQL on the entries table outside store/entrytable.py and store/entryrows.py "
+                           "(add a function there):\n" + "\n".join(outside))
+    for module in ENTRY_SEAM | ENTRY_TABLE_DEFINED:
+        assert entry_table_uses(MODULES[module].read_text()), f"{module} no longer names the table: update the rule"

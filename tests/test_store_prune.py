@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 
 from conftest import manifest
-from stepfs.store import gc, history, prune, publish, rollback, schema, verify
+from stepfs.store import entrytable, gc, history, prune, publish, rollback, schema, verify
 from stepfs.store.errors import InputError, LayerPruned, NothingToRollBack
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
@@ -57,7 +57,7 @@ def snapshot_files(ws, number: int) -> dict[bytes, bytes]:
     """Every file's bytes as of ``number``, read from history (not the disk)."""
     out = {}
     with ws.db.read() as conn:
-        rows = history.committed_rows(conn, history.under(b"."))
+        rows = entrytable.all_rows(conn)
         paths = sorted({bytes(r.path) for r in rows})
         for p in paths:
             state = history.state_at(conn, p, number)

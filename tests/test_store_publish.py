@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select, update
 
 from conftest import manifest
-from stepfs.store import layers, publish, schema
+from stepfs.store import entrytable, layers, publish, schema
 from stepfs.store.errors import CommitConflict, NothingToCommit
 from stepfs.store.layers import State
 from store_kit import Stager, build_tree, expected_manifest, open_workspace, plain
@@ -431,7 +431,7 @@ def test_crash_inside_the_intent_transaction_leaves_everything_as_it_was(ws, mon
         raise Crash("killed while writing the intent")
 
     with monkeypatch.context() as m:
-        m.setattr(publish, "_entry_row", die)
+        m.setattr(entrytable, "entry_row", die)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     assert layer_rows(ws) == [(0, "committed")]

@@ -32,6 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from stepfs.overlayfs.client import binds as binds_mod
 from stepfs.overlayfs.client import confine as confine_mod
 
 
@@ -68,9 +69,11 @@ class RunResult:
 
 
 def run_in(mountpoint: str, command: list[str], policy: "confine_mod.Policy | None", sig: "Signals",
-           phase: Callable[[str], None], *, env: dict, **popen) -> tuple[int, bool, dict | None]:
+           phase: Callable[[str], None], *, env: dict, fast_unversioned: bool = True, **popen) -> tuple[int, bool, dict | None]:
     """Start ``command`` in the mount (confined by ``policy`` if given),
-    register it with the daemon, wait; (status, started, confinement)."""
+    register it with the daemon, wait; (status, started, confinement).
+    ``fast_unversioned``: bind the top-level unversioned trees where the
+    system allows (``binds.py``); else they go through the daemon."""
     confinement = None
     if policy is not None:
         policy.mountpoint = mountpoint
@@ -80,13 +83,22 @@ def run_in(mountpoint: str, command: list[str], policy: "confine_mod.Policy | No
         if confinement:
             env = {**env, **confinement.env()}
             popen["pass_fds"] = confinement.pass_fds
+        bound = binds_mod.plan(mountpoint) if fast_unversioned else None
+        if bound is not None:
+            # Unversioned trees served by the kernel in the run's own mount namespace (binds.py).
+            argv = binds_mod.trampoline_argv(bound[0], mountpoint, bound[1], argv)
+        if confinement or bound is not None:
             if _missing(command[0], env.get("PATH", os.defpath), popen.get("cwd")):
                 # The trampoline always starts; say "not started" as an unconfined run would.
                 log.error("%s: command not found", command[0])
-                return 127, False, confinement.describe()
+                return 127, False, confinement.describe() if confinement else None
         phase("running")
-        code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
-            mountpoint, pid, command, confinement), **popen)
+        try:
+            code, started = sig.run(argv, env=env, on_start=lambda pid: confine_mod.register_run(
+                mountpoint, pid, command, confinement), **popen)
+        finally:
+            if bound is not None:
+                binds_mod.forget(mountpoint, bound[1])
         return code, started, confinement.describe() if confinement else None
     finally:
         if confinement:

@@ -15,6 +15,7 @@ what they hold first, and bytes put meanwhile are kept for the next run."""
 PRUNE_HELP = "Drop old layers (folded into the oldest kept one, which keeps its content); gc frees the bytes."
 PRUNE_EXAMPLE = """stepfs prune ~/project --keep-last 20
 stepfs prune --keep-within 7d --max-size 2G
+stepfs prune --history 'postgresql://me@db/stepfs?name=proj' --keep-last 100
 
 A layer is kept if --keep-last or --keep-within keeps it; --max-size then
 drops the oldest more until what the kept layers reference fits.  Layer
@@ -40,6 +41,9 @@ def register(add) -> None:
     sp.add_argument("--max-size", metavar="SIZE", help="drop more old layers until the kept ones fit in SIZE (2G)")
     sp.add_argument("--dry-run", action="store_true", help="print what would be dropped; change nothing")
     sp.add_argument("--no-gc", action="store_true", help="do not run gc afterwards")
+    sp.add_argument("--history", metavar="URL",
+                    help="prune this shared history's layers instead of a workspace's (STEPFS_HISTORY is not "
+                         "read here: pruning a shared history is asked for by name)")
 
     sp = add("du", cmd_du, DU_HELP, DU_EXAMPLE)
     sp.add_argument("workspace", nargs="?", help="workspace or mountpoint (default: current directory)")
@@ -105,20 +109,54 @@ def cmd_prune(args) -> int:
 
     within = prune.parse_duration(args.keep_within) if args.keep_within else None
     size = prune.parse_size(args.max_size) if args.max_size else None
+    if args.history:  # never from STEPFS_HISTORY alone: a shared history is not pruned by accident
+        return _prune_shared(args, within, size)
     with Workspace.open(manage.resolve(args.workspace).workspace) as ws:
         result = prune.prune(ws, keep_last=args.keep_last, keep_within_ns=within, max_size=size,
                              dry_run=args.dry_run)
         collected = None
         if result.keep_from is not None and not args.dry_run and not args.no_gc:
             collected = run_gc(ws)
+    text = _prune_text(result, args.dry_run)
+    if collected is not None:
+        text += "\n" + gc_text(collected)
+    obj = {"message_type": "prune", **result.as_dict()}
+    if collected is not None:
+        obj["gc"] = collected.as_dict()
+    _emit(args, obj, text)
+    return 0
+
+
+def _prune_text(result, dry_run: bool, where: str = "") -> str:
     if result.keep_from is None:
-        text = "nothing to prune: every layer is kept."
-    else:
-        verb = "would drop" if args.dry_run else "dropped"
-        span = f"{result.pruned[0]}..{result.pruned[-1]}" if len(result.pruned) > 1 else str(result.pruned[0])
-        text = f"{verb} layers {span}; layer {result.keep_from} is the oldest kept ({result.folded_paths} paths)"
-        if collected is not None:
-            text += "\n" + gc_text(collected)
+        return f"nothing to prune{where}: every layer is kept."
+    verb = "would drop" if dry_run else "dropped"
+    span = f"{result.pruned[0]}..{result.pruned[-1]}" if len(result.pruned) > 1 else str(result.pruned[0])
+    return f"{verb} layers {span}{where}; layer {result.keep_from} is the oldest kept ({result.folded_paths} paths)"
+
+
+def _prune_shared(args, within: int | None, size: int | None) -> int:
+    """``stepfs prune --history URL``: the shared history's layers
+    (``store/shared/prune.py``), then gc-history frees what they alone named."""
+    from stepfs.cli.args import usage_error
+    from stepfs.cli.shared import open_remote
+    from stepfs.store.shared import gc, prune as shared_prune
+
+    if args.workspace is not None:
+        usage_error("with --history, 'stepfs prune' prunes the shared history's layers; it takes no workspace")
+    with open_remote(args) as remote:
+        result = shared_prune.prune(remote, keep_last=args.keep_last, keep_within_ns=within, max_size=size,
+                                    dry_run=args.dry_run)
+        collected = None
+        if result.keep_from is not None and not args.dry_run and not args.no_gc \
+                and remote.url.dialect == "postgresql":
+            collected = gc.collect(remote)
+    text = _prune_text(result, args.dry_run, f" of {result.history}")
+    if collected is not None:
+        from stepfs.store.units import human
+
+        text += (f"\ngc-history removed {collected.objects} object(s) and {collected.chunks} chunk(s) "
+                 f"({human(collected.bytes)})")
     obj = {"message_type": "prune", **result.as_dict()}
     if collected is not None:
         obj["gc"] = collected.as_dict()

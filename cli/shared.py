@@ -109,11 +109,15 @@ def cmd_clone(args) -> int:
     return 0
 
 
-def _remote(args):
+def open_remote(args):
+    """The history ``--history`` (or STEPFS_HISTORY) names, opened."""
     from stepfs.store.shared.remote import Remote
     from stepfs.store.shared.url import from_environment
 
     return Remote.open(from_environment(args.history))
+
+
+_remote = open_remote
 
 
 def _row(layer, counts) -> dict:
@@ -150,8 +154,12 @@ def _op(e: dict) -> str:
 
 
 def cmd_show_shared(args, number: int) -> int:
+    from stepfs.store.shared import prune
+
     with _remote(args) as remote:
         layer = remote.layer(number)
+        if layer.kind == prune.PRUNED:
+            raise prune.pruned_error(remote, number)
         entries = remote.entries(number)
         counts = remote.counts([number])
     row = _row(layer, counts)

@@ -198,6 +198,11 @@ def layers_touching(path: bytes):
     return select(E.c.layer).where(_path_condition([path]))
 
 
+def every_path(conn: Connection) -> set[bytes]:
+    """Every path any layer's entries name (all states, pruned folds included)."""
+    return {bytes(p) for p in conn.execute(select(E.c.path).distinct()).scalars()}
+
+
 def path_history(conn: Connection, path: bytes, limit: int) -> list:
     """The newest ``limit`` committed rows of ``path`` itself, newest first,
     each with its layer's ``message``, ``created_ns`` and ``kind``."""

@@ -16,5 +16,7 @@ and the workspace and host that made each, and one head per history.
 * ``sync``: attach, pull (take other workspaces' layers), push (publish own layers), clone;
 * ``reads``: ``cat`` and ``diff`` of the history's own layers;
 * ``rollback``: a workspace back to a shared layer's state, as a layer to publish;
-* ``gc``: the objects no layer names, deleted.
+* ``gc``: the objects no layer names, deleted;
+* ``prune``: retention, the layers dropped folded into the oldest kept one;
+* ``catchup``: a pull of a workspace whose position was pruned.
 """

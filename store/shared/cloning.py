@@ -68,6 +68,7 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
             raise NoSuchLayer(f"layer {number} does not exist in the shared history {url.display} (its head is "
                               f"{head}).")
         header = remote.layer(number)
+        _refuse_pruned(remote, number, header)
         meta = {"shared_layer": number, "shared_host": header.host, "shared_workspace": header.workspace_path}
         message = f"clone of {url.display} at layer {number}"
         made = _make_staging(directory)
@@ -83,6 +84,16 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
         finally:
             os.close(held)
     return directory, number, local
+
+
+def _refuse_pruned(remote: Remote, number: int, header=None) -> None:
+    """Exit 11 if ``stepfs prune --history`` dropped layer ``number``; asked
+    again after its states are read, since a prune committed meanwhile
+    leaves them half folded."""
+    from stepfs.store.shared import prune as shared_prune
+
+    if (header or remote.layer(number)).kind == shared_prune.PRUNED:
+        raise shared_prune.pruned_error(remote, number, "cannot clone: ")
 
 
 def _check_target(directory: str) -> None:
@@ -175,6 +186,7 @@ def _build(url: HistoryURL, remote: Remote, staging: str, number: int, meta: dic
             tree.finish()
         finally:
             tree.close()
+        _refuse_pruned(remote, number)
         with ws.db.write(durable=True) as conn:
             local = local_layers.next_number(conn)
             _INSERT_LAYER.executemany(conn, [dict(
@@ -278,6 +290,7 @@ def _clone_in_place(url: HistoryURL, remote: Remote, directory: str, number: int
     from stepfs.store.workspace import Workspace
 
     states = remote.state_at(number)
+    _refuse_pruned(remote, number)
     os.makedirs(directory, exist_ok=True)
     with Workspace.open(directory, create=True) as ws:
         with ws.db.read() as conn:

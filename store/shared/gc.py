@@ -35,6 +35,13 @@ class Collected:
         return dict(self.__dict__)
 
 
+def ensure_indexes(remote: Remote) -> None:
+    """Make ``tables.GC_INDEXES`` on a database made before them."""
+    with remote.tx() as conn:
+        for index in T.GC_INDEXES:
+            index.create(conn, checkfirst=True)
+
+
 def collect(remote: Remote) -> Collected:
     if remote.url.dialect != "postgresql":
         raise HistoryError(f"gc-history runs on a PostgreSQL history; the SQLite history {remote.url.display} has "
@@ -42,6 +49,7 @@ def collect(remote: Remote) -> Collected:
     with remote.read() as conn:
         conn.execute(text("SELECT pg_advisory_lock(hashtext(:o))"), {"o": OBJECTS_LOCK})
     try:
+        ensure_indexes(remote)  # no step is between an upload and its layer: the tables' locks are short
         with remote.tx() as conn:
             named = union(select(T.entries.c.before_object).where(T.entries.c.before_object.is_not(None)),
                           select(T.entries.c.after_object).where(T.entries.c.after_object.is_not(None)))

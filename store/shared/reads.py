@@ -17,6 +17,7 @@ import posixpath
 from stepfs.store import diff, records
 from stepfs.store.errors import ContainmentError, NoSuchLayer, NoSuchPath
 from stepfs.store.records import Change, State
+from stepfs.store.shared import prune
 from stepfs.store.shared.remote import Remote
 
 
@@ -35,13 +36,16 @@ def history_path(text: str, allow_root: bool = False) -> bytes:
     return norm
 
 
-def require_layer(remote: Remote, number: int) -> int:
-    """The history's head, if layer ``number`` is in it; else NoSuchLayer."""
+def require_layer(remote: Remote, number: int, doing: str = "") -> int:
+    """The history's head, if layer ``number`` is in it and kept; else
+    NoSuchLayer (LayerPruned for a layer ``stepfs prune`` dropped, its
+    message after ``doing``)."""
     head = remote.head()
     if head is None or not 0 <= number <= head:
         raise NoSuchLayer(f"layer {number} does not exist in the shared history {remote.url.display}"
                           f"{'' if head is None else f' (its head is {head})'}; 'stepfs log --history URL' "
                           f"lists its layers.")
+    prune.require_kept(remote, number, doing)
     return head
 
 
@@ -52,6 +56,7 @@ def file_bytes(remote: Remote, number: int, path: str) -> bytes:
     row = remote.path_at(rel, number)
     kind = None if row is None else row["after_kind"]
     if kind is None:
+        prune.require_kept(remote, number)  # pruned since require_layer: its entries are gone
         raise NoSuchPath(f"{path} did not exist as of layer {number} of the shared history; 'stepfs show N "
                          f"--history URL' lists what each layer changed.")
     if kind != "file":
@@ -81,6 +86,8 @@ def changes_between(remote: Remote, old: int, new: int, paths: list[bytes] | Non
     require_layer(remote, max(old, new))
     require_layer(remote, min(old, new))
     before, after = remote.state_at(old), remote.state_at(new)
+    for n in (old, new):
+        prune.require_kept(remote, n)  # not pruned while its state was read (see prune.require_kept)
     out = []
     for path in sorted(set(before) | set(after)):
         if not below(path, paths):

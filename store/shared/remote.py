@@ -312,7 +312,7 @@ class Remote:
             names = set(conn.dialect.get_table_names(conn))
             if T.meta.name not in names:
                 T.metadata.create_all(conn)
-                conn.execute(T.meta.insert(), [{"key": "format_version", "value": str(T.SHARED_FORMAT)},
+                conn.execute(T.meta.insert(), [{"key": "format_version", "value": str(T.CREATED_FORMAT)},
                                                {"key": "hash_algorithm", "value": T.HASH}])
                 return
             facts = dict(conn.execute(select(T.meta.c.key, T.meta.c.value)).all())
@@ -515,8 +515,11 @@ class Remote:
             conn.execute(T.entries.insert(), [{"history": self.name, "layer": layer.number, **e} for e in entries])
 
     def layers(self, after: int = -1, upto: int | None = None, limit: int | None = None,
-               newest_first: bool = False) -> list[LayerRecord]:
+               newest_first: bool = False, kept_only: bool = False) -> list[LayerRecord]:
+        """Layer headers; ``kept_only``: not those ``stepfs prune`` dropped (``prune.py``)."""
         q = select(T.layers).where(T.layers.c.history == self.name, T.layers.c.number > after)
+        if kept_only:
+            q = q.where(T.layers.c.kind != "pruned")
         if upto is not None:
             q = q.where(T.layers.c.number <= upto)
         q = q.order_by(T.layers.c.number.desc() if newest_first else T.layers.c.number)
@@ -559,7 +562,9 @@ class Remote:
         added = func.count(e.c.path).filter(e.c.before_kind.is_(None))
         deleted = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_(None))
         modified = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_not(None))
-        newest = select(lay).where(lay.c.history == self.name).order_by(lay.c.number.desc())
+        # Layers ``stepfs prune --history`` dropped are not listed (the kept one is: a history has one).
+        newest = (select(lay).where(lay.c.history == self.name, lay.c.kind != "pruned")
+                  .order_by(lay.c.number.desc()))
         if limit is not None:
             newest = newest.limit(limit)
         page = newest.subquery()
@@ -626,7 +631,8 @@ class Remote:
 
     def verify(self) -> tuple[dict[str, int], list[str]]:
         """Re-hash every chunk and object; check that the layers run 0..head
-        without a gap and every entry names stored objects."""
+        without a gap, that pruned ones come first and have no entries, and
+        every entry names stored objects."""
         problems: list[str] = []
         counts = {"chunks": 0, "objects": 0, "layers": 0, "entries": 0}
         with self.tx() as conn:
@@ -638,6 +644,12 @@ class Remote:
             head = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
             numbers = conn.execute(select(T.layers.c.number).where(T.layers.c.history == self.name)
                                    .order_by(T.layers.c.number)).scalars().all()
+            # Pruned layers (prune.py): a prefix of the history, with no entries left.
+            pruned = conn.execute(select(T.layers.c.number).where(T.layers.c.history == self.name,
+                                                                  T.layers.c.kind == "pruned")).scalars().all()
+            kept_from = min((n for n in numbers if n not in set(pruned)), default=None)
+            pruned_named = conn.execute(select(func.count()).select_from(T.entries).where(
+                T.entries.c.history == self.name, T.entries.c.layer.in_(pruned))).scalar() if pruned else 0
             named = conn.execute(select(func.count()).select_from(T.entries).where(T.entries.c.history == self.name)).scalar()
         for digest, size in objects:
             counts["objects"] += 1
@@ -656,6 +668,10 @@ class Remote:
             problems.append(f"the history {self.name} does not exist")
         elif list(numbers) != list(range(head + 1)):
             problems.append(f"the layers of {self.name} do not run 0..{head} without a gap")
+        if pruned and (kept_from is None or max(pruned) > kept_from):
+            problems.append(f"a pruned layer of {self.name} is newer than a kept one")
+        if pruned_named:
+            problems.append(f"{pruned_named} entries of {self.name} belong to pruned layers")
         return counts, problems
 
 

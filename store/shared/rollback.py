@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from stepfs.store import publish
 from stepfs.store.errors import NothingToRollBack
 from stepfs.store.records import Entry, State
-from stepfs.store.shared import sync
+from stepfs.store.shared import prune, sync
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.reads import below, same_state, after_state, require_layer
 from stepfs.store.shared.remote import Remote
@@ -44,9 +44,10 @@ class _Header:
 def plan(remote: Remote, number: int, paths: list[bytes] | None = None) -> tuple[int, list[tuple]]:
     """(head, [(path, head's row, N's row)]) for every path (below
     ``paths``) whose state differs between the head and layer ``number``."""
-    head = require_layer(remote, number)
+    head = require_layer(remote, number, "cannot roll back past the oldest kept layer: ")
     now = remote.state_at(head)
     then = now if number == head else remote.state_at(number)
+    prune.require_kept(remote, number, "cannot roll back past the oldest kept layer: ")  # see its doc
     rows = [(p, now.get(p), then.get(p)) for p in sorted(set(now) | set(then))
             if below(p, paths) and not same_state(after_state(now.get(p)), after_state(then.get(p)))]
     if not rows:

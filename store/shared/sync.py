@@ -36,7 +36,7 @@ from stepfs.store import layers as local_layers, publish, schema, staging, token
 from stepfs.store.errors import HistoryError, SharedConflict
 from stepfs.store.layers import Entry, State
 from stepfs.store.recovery import holds
-from stepfs.store.shared import attachment
+from stepfs.store.shared import attachment, catchup, prune as shared_prune
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.remote import LayerRecord, Remote
 from stepfs.store.shared.transfer import Downloader, Uploader
@@ -169,11 +169,16 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
                            f"attach a workspace to make it again with 'stepfs mount --history URL'.")
     if head <= pos.at:
         return []
-    incoming = [r for r in remote.layers(after=pos.at) if r.workspace != att.workspace or r.origin is None]
-    rows = remote.entries_of([r.number for r in incoming])  # one query, not one per layer
+    listed = remote.layers(after=pos.at)
+    fold = catchup.fold_layer(listed)  # behind the oldest kept layer: sync from the fold's result
+    incoming = [r for r in listed if (r.workspace != att.workspace or r.origin is None)
+                and r.kind != shared_prune.PRUNED and r is not fold]
+    rows = remote.entries_of([r.number for r in incoming] + ([fold.number] if fold is not None else []))
+    if fold is not None:
+        rows[fold.number] = catchup.changed_rows(ws, rows[fold.number], pos.unpublished)
     mine = _local_paths(ws, pos.unpublished)
     clashes: dict[bytes, int] = {}
-    for r in incoming:
+    for r in ([fold] if fold is not None else []) + incoming:
         for e in rows[r.number]:
             if any(_overlap(e["path"], q) for q in mine):
                 clashes.setdefault(e["path"], r.number)
@@ -185,6 +190,8 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
         down = Downloader(ws, remote)  # under the lock: gc cannot sweep what the layer will name
         down.fetch([row for r in incoming for row in rows[r.number]])
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
+        if fold is not None:
+            plans.insert(0, (fold, catchup.entries(ws, down, rows[fold.number])))
         _check_disk(ws, att, plans)
         final = {e.path: e.after for _r, entries in plans for e in entries}
         for r, entries in plans:

@@ -12,8 +12,11 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Column, ForeignKey, ForeignKeyConstraint, Index, Integer, LargeBinary,
                         MetaData, PrimaryKeyConstraint, String, Table, Text)
 
-#: The shared schema's own version (``stepfs_meta.format_version``).
-SHARED_FORMAT = 1
+#: The newest shared format this stepfs reads (``stepfs_meta.format_version``):
+#: 1, or 2 once a history of the database was pruned (``prune.py``).  New
+#: databases are made at 1, which older stepfs read too.
+SHARED_FORMAT = 2
+CREATED_FORMAT = 1
 HASH = "sha256"
 
 metadata = MetaData()
@@ -94,3 +97,15 @@ entries = Table(
     ForeignKeyConstraint(["history", "layer"], ["stepfs_layers.history", "stepfs_layers.number"]),
 )
 Index("stepfs_entries_path", entries.c.history, entries.c.path, entries.c.layer)
+# What gc-history's deletes look up: each object or chunk deleted is checked
+# against the rows whose foreign keys name it, a scan of the whole table per
+# key without these (9.4 s against 0.35 s for the 1,910 objects a prune of
+# 190 layers of a 10,000-file history left).  gc makes them on a database
+# made before them (``gc.ensure_indexes``).
+GC_INDEXES = [
+    Index("stepfs_entries_before_object", entries.c.before_object,
+          postgresql_where=entries.c.before_object.is_not(None)),
+    Index("stepfs_entries_after_object", entries.c.after_object,
+          postgresql_where=entries.c.after_object.is_not(None)),
+    Index("stepfs_object_chunks_chunk", object_chunks.c.chunk),
+]

@@ -12,9 +12,7 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Column, ForeignKey, ForeignKeyConstraint, Index, Integer, LargeBinary,
                         MetaData, PrimaryKeyConstraint, String, Table, Text)
 
-#: The shared schema's own version (``stepfs_meta.format_version``).
-SHARED_FORMAT = 1
-HASH = "sha256"
+from stepfs.store.shared.logread import HASH, SHARED_FORMAT  # noqa: F401  (the shared format, where logread reads it without SQLAlchemy)
 
 metadata = MetaData()
 

@@ -51,6 +51,10 @@ def supervisors(workspace: Path) -> list[int]:
     return out
 
 
+def process_state(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/stat").read_bytes().rpartition(b")")[2].split()[0]
+
+
 def wait_gone(workspace: Path, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while supervisors(workspace):
@@ -209,3 +213,31 @@ def test_without_seccomp_notification_the_run_says_so_once_and_uses_the_passthro
     assert bound(r) == []  # the binds made before the filter failed were taken off
     assert r.stderr.decode().count("unversioned trees go through the mount in this run (no seccomp") == 1
     assert not (workspace / "node_modules").exists() and (workspace / ".venv").is_dir()
+
+
+@pytest.mark.timeout(240)
+def test_unmount_refuses_while_a_run_left_a_process_in_its_namespace_and_force_ends_it(workspace, mount, tmp_path):
+    # The run's namespace holds its own copy of the mount: unmounting ours
+    # alone would leave the daemon serving the leftover process.
+    m = mount(workspace)
+    pidfile = tmp_path / "bg.pid"
+    r = stepfs("run", m.mountpoint, "--", "bash", "-c",
+               f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=m.mountpoint, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    bg = int(pidfile.read_text())
+    try:
+        r = stepfs("unmount", m.mountpoint)
+        assert r.returncode == 9, r.stderr.decode()
+        err = r.stderr.decode()
+        assert "processes left by 'stepfs run' still use it (pid " in err and str(bg) in err.split("(pid ")[1], err
+        assert mounts.find(str(m.mountpoint)) is not None and os.path.exists(f"/proc/{m.pid}")
+        r = stepfs("unmount", "--force", m.mountpoint)
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounts.find(str(m.mountpoint)) is None
+        assert not os.path.exists(f"/proc/{m.pid}") or process_state(m.pid) == b"Z"  # exited (our child)
+    finally:
+        try:
+            os.kill(bg, 9)
+        except ProcessLookupError:
+            pass
+        wait_gone(workspace)

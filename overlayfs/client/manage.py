@@ -339,6 +339,17 @@ def unmount(mountpoint: str, force: bool = False) -> None:
         raise NotMountedError(f"{mp} is not a stepfs mount; 'stepfs status' lists the mounts of a workspace.")
     run_dir = os.path.join(entry.workspace, STORE_DIR, "run")
     tool = shutil.which("fusermount3") or "fusermount3"
+    # fusermount3 would succeed here while another namespace's copy keeps
+    # the daemon serving: refuse as for a busy mount, or cut them all off.
+    elsewhere = mounts.holders_elsewhere(mp)
+    if elsewhere and not force:
+        pids = ", ".join(map(str, elsewhere[:5])) + (", …" if len(elsewhere) > 5 else "")
+        raise DaemonError(
+            f"cannot unmount {mp}: processes left by 'stepfs run' still use it (pid {pids}); "
+            "end them or use 'stepfs unmount --force'."
+        )
+    if elsewhere:
+        abort_connection(mp)
     result = subprocess.run([tool, "-u", mp], capture_output=True, text=True)
     if result.returncode != 0:
         if not force:

@@ -66,3 +66,46 @@ def containing(path: str) -> MountEntry | None:
                 best = m
     return best
 
+
+
+def _device(mountpoint: str) -> str | None:
+    """The ``major:minor`` of the mount at ``mountpoint`` in our namespace (mountinfo; no stat)."""
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and _unescape(parts[4]) == mountpoint:
+                found = parts[2]  # the last one is on top
+    return found
+
+
+def holders_elsewhere(mountpoint: str) -> list[int]:
+    """Processes of *other* mount namespaces that still have the mount at
+    ``mountpoint`` (``stepfs run`` gives its command a namespace of its own
+    for the binds of unversioned trees, and a background process it left
+    keeps its copy of the mount, and so the daemon, alive after the mount
+    is gone here).  Empty when none, or when ``/proc`` cannot tell."""
+    device = _device(os.path.normpath(os.path.abspath(mountpoint)))
+    if device is None:
+        return []
+    try:
+        own = os.stat("/proc/self/ns/mnt").st_ino
+    except OSError:
+        return []
+    verdict: dict[int, bool] = {}  # namespace inode -> has the mount
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            ns = os.stat(f"/proc/{name}/ns/mnt").st_ino
+            if ns == own:
+                continue
+            if ns not in verdict:
+                with open(f"/proc/{name}/mountinfo") as f:
+                    verdict[ns] = any(line.split(maxsplit=3)[2] == device for line in f)
+        except (OSError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+        if verdict[ns]:
+            out.append(int(name))
+    return sorted(out)

@@ -208,6 +208,10 @@ def log_time(url: str, layers: int) -> dict:
     t = time.perf_counter()
     subprocess.run([sys.executable, "-c", "import sqlalchemy.dialects.postgresql.psycopg, psycopg"], check=True)
     out["python_sqlalchemy_psycopg_import_s"] = time.perf_counter() - t
+    # What the CLI's log imports instead (store/shared/logread.py: psycopg alone).
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import psycopg"], check=True)
+    out["python_psycopg_import_s"] = time.perf_counter() - t
     return out
 
 

@@ -128,12 +128,22 @@ def _row(layer, counts) -> dict:
 
 def cmd_log_shared(args) -> int:
     from stepfs.store.errors import HistoryError
+    from stepfs.store.shared.url import from_environment
 
-    with _remote(args) as remote:
-        # One query: a long history costs one round trip (--limit 0 still asks for
-        # one layer, to tell an empty answer from a history that does not exist).
-        found = remote.log(limit=None if args.limit is None else max(args.limit, 1))
-        display = remote.url.display
+    url = from_environment(args.history)
+    display = url.display
+    # One query: a long history costs one round trip (--limit 0 still asks for
+    # one layer, to tell an empty answer from a history that does not exist).
+    limit = None if args.limit is None else max(args.limit, 1)
+    if url.dialect == "postgresql":
+        from stepfs.store.shared import logread  # psycopg alone: no SQLAlchemy to import
+
+        found = logread.read(url, limit)
+    else:
+        from stepfs.store.shared.remote import Remote
+
+        with Remote.open(url) as remote:
+            found = remote.log(limit)
     if not found:
         raise HistoryError(f"the shared history {display} does not exist; attach a workspace to make "
                            f"it ('stepfs sync WS --history URL').")

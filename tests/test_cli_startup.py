@@ -178,3 +178,32 @@ def test_one_command_parser_still_knows_every_command():
     assert stepfs("step", "--bogus").returncode == 2
     version = stepfs("--version")
     assert version.returncode == 0 and version.stdout.startswith(b"stepfs ")
+
+
+def test_log_of_a_shared_history_imports_no_database_layer(pg_url, tmp_path):
+    """``stepfs log --history URL`` reads PostgreSQL through psycopg alone
+    (store/shared/logread.py), its errors included."""
+    from test_shared_log import _history
+
+    for args in (("log", "--history", pg_url), ("log", "--history", pg_url, "--json", "--limit", "1")):
+        done, names = _imported(*args)  # no history in the database yet: no schema either
+        assert done.returncode == 20 and b"does not exist" in done.stderr, (args, done.stderr.decode()[-2000:])
+        assert "sqlalchemy" not in names and "psycopg" in names, args
+    _history(pg_url, 3)
+    done, names = _imported("log", "--history", pg_url)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert [line.split()[0] for line in done.stdout.decode().splitlines()] == ["3", "2", "1", "0"]
+    assert "files +1 ~1 -1" in done.stdout.decode()
+    assert "sqlalchemy" not in names
+    done, names = _imported("log", "--history", pg_url, "--json", "--limit", "2")
+    assert done.returncode == 0 and [r["number"] for r in json.loads(done.stdout)["layers"]] == [3, 2]
+    assert "sqlalchemy" not in names
+    # No server at that socket: exit 19; a URL stepfs cannot use: exit 20; neither imports the database layer.
+    nowhere = f"postgresql://nobody@/db?host={tmp_path}&name=proj"
+    for url, code, said in ((nowhere, 19, b"cannot be reached"), ("mysql://u@h/d?name=p", 20, b"lives in PostgreSQL"),
+                            ("postgresql://u@h:port/d?name=p", 20, b"port"), ("postgresql://u@h/d", 20, b"?name=NAME")):
+        done, names = _imported("log", "--history", url)
+        assert done.returncode == code and said in done.stderr, (url, done.stderr.decode()[-2000:])
+        lines = [line for line in done.stderr.decode().splitlines() if not line.startswith("import time:")]
+        assert len(lines) == 1, lines  # one sentence, no traceback
+        assert "sqlalchemy" not in names, url

@@ -75,3 +75,66 @@ def test_log_counts_on_both_backends(history_url):
         assert got == [(2, (1, 1, 1)), (1, (1, 1, 1)), (0, (1, 0, 0))]
         assert [layer.number for layer, _ in r.log(limit=1)] == [2]
         assert isinstance(r.log()[0][0], LayerRecord)
+
+
+def test_the_log_s_own_sql_names_the_schema_s_columns():
+    from stepfs.store.shared import logread, tables as T
+
+    assert list(logread.LAYER_COLUMNS) == [c.name for c in T.layers.columns]
+    assert {"stepfs_meta", "stepfs_layers", "stepfs_entries"} <= set(T.metadata.tables)
+
+
+@pytest.mark.parametrize("text", [
+    "postgresql://me:p%40ss@db.example:5433/stepfs?name=proj",
+    "postgresql://me@/db?host=/run/postgresql&name=p&connect_timeout=3",
+    "postgresql+psycopg://u:x@[::1]:5/d%20b?name=n&x=1&x=2",
+    "postgresql://u@h/d?name=a&name=b",
+    "sqlite:////tmp/x.db?name=a",
+])
+def test_urls_are_parsed_as_sqlalchemy_parses_them(text):
+    """url.py reads URLs without SQLAlchemy (for a lean log); what it shows
+    and what psycopg is given agree with SQLAlchemy's reading."""
+    from sqlalchemy.engine import make_url
+
+    from stepfs.store.shared.remote import Remote
+
+    url = parse(text)
+    assert url.display == make_url(text).render_as_string(hide_password=True)
+    if url.dialect == "postgresql":
+        engine = Remote(url).engine
+        try:
+            _, theirs = engine.dialect.create_connect_args(url.engine_url())
+        finally:
+            engine.dispose()
+        theirs = {k: v[-1] if isinstance(v, tuple) else v for k, v in theirs.items() if k not in ("context",)}
+        assert url.connect_kwargs() == theirs
+
+
+def test_log_through_psycopg_alone_is_bounded_by_the_stall_bound(pg_server, pg_url, monkeypatch):
+    """A server that stops answering after the connect: the log's query is
+    cut by the client's stall bound, exit 19, as Remote's statements are."""
+    import time
+    from contextlib import ExitStack
+
+    import psycopg
+
+    from stepfs.store.errors import HistoryUnreachable
+    from stepfs.store.shared import logread, stall
+    from test_shared_timeouts import SLACK, stopped
+
+    _history(pg_url, 1)
+    monkeypatch.setattr(stall, "STALL_TIMEOUT", 2)
+    real = psycopg.connect
+    with ExitStack() as stack:
+        def connect_then_stop(*args, **kwargs):
+            conn = real(*args, **kwargs)
+            stack.enter_context(stopped(pg_server))
+            return conn
+
+        monkeypatch.setattr(psycopg, "connect", connect_then_stop)
+        t = time.monotonic()
+        with pytest.raises(HistoryUnreachable, match="did not answer for 2 s"):
+            logread.read(parse(pg_url))
+        assert time.monotonic() - t < 2 + SLACK
+    monkeypatch.setattr(psycopg, "connect", real)
+    assert [layer.number for layer, _ in logread.read(parse(pg_url))] == [1, 0]

@@ -11,6 +11,7 @@ and the workspace and host that made each, and one head per history.
 * ``url``: the one place a history URL (``--history``, ``STEPFS_HISTORY``) is parsed;
 * ``tables``: the shared schema;
 * ``remote``: the shared side (connection, uploads, the head's compare-and-swap, reads, verify);
+* ``logread``: ``stepfs log``'s one query, and its read through psycopg alone (no SQLAlchemy);
 * ``attachment``: what a workspace records about its history;
 * ``transfer``: local objects and entries to and from the shared ones;
 * ``sync``: attach, pull (take other workspaces' layers), push (publish own layers), clone;

@@ -25,24 +25,21 @@ import hashlib
 import json
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Iterator
 
 from sqlalchemy import create_engine, event, func, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer, StoreFormatError
-from stepfs.store.shared import pgconnect, pgread, pgwrite, tables as T
-from stepfs.store.shared.stall import Watchdog
+from stepfs.store.errors import CorruptObject, HeadMoved, HistoryError, HistoryUnreachable, NoSuchLayer
+from stepfs.store.shared import logread, pgconnect, pgread, pgwrite, stall, tables as T
+from stepfs.store.shared.logread import LayerRecord
+from stepfs.store.shared.stall import STALL_TIMEOUT, STATEMENT_TIMEOUT, Watchdog
 from stepfs.store.shared.url import CONNECT_TIMEOUT, HistoryURL
 
-#: Seconds a statement (or a wait for the history's lock) may take.
-STATEMENT_TIMEOUT = 120
-#: Seconds the client waits for any one answer of the server before it cuts
-#: the connection (the server's own timeouts cannot fire when the server is
-#: stopped, and a Unix socket has no keepalive); the lock's wait gets longer.
-STALL_TIMEOUT = 60
+__all__ = ["LayerRecord", "Remote", "STALL_TIMEOUT", "STATEMENT_TIMEOUT", "sha256_hex"]
+
+#: The lock's wait gets longer than any other answer (stall.STALL_TIMEOUT).
 LOCK_STALL_TIMEOUT = STATEMENT_TIMEOUT + 10
 #: At most this many bytes of a step's upload wait to ride in its publish's
 #: round trip (``Remote.put_objects``); more is sent ahead of it.
@@ -56,26 +53,6 @@ def sha256_hex(data) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@dataclass
-class LayerRecord:
-    """A shared layer's header."""
-
-    number: int
-    kind: str
-    created_ns: int
-    message: str
-    agent: str
-    mount: str
-    meta: dict
-    workspace: str
-    workspace_path: str
-    host: str
-    origin: int | None
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
-
-
 class Remote:
     """One history URL's database.  Use :meth:`open`; close when done."""
 
@@ -87,12 +64,8 @@ class Remote:
             # transaction as HistoryUnreachable, and each command has a pool of its own.
             # use_native_hstore=False: no hstore type lookup (three statements) on the first connect.
             # pgconnect: the dialect asks the server nothing at the first connect.
-            engine = pgconnect.engine(url.engine_url(), use_native_hstore=False, connect_args={
-                "connect_timeout": CONNECT_TIMEOUT,
-                "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
-                           f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",
-                "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
-            })
+            engine = pgconnect.engine(url.engine_url(), use_native_hstore=False,
+                                      connect_args=stall.session_args(CONNECT_TIMEOUT))
         else:
             engine = create_engine(url.engine_url(), connect_args={"timeout": STATEMENT_TIMEOUT})
 
@@ -224,11 +197,7 @@ class Remote:
             raise
 
     def unreachable(self, exc: BaseException) -> HistoryUnreachable:
-        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(getattr(exc, "orig", exc)).strip() else type(exc).__name__
-        if self._watchdog.stalled is not None:
-            first = f"the server did not answer for {self._watchdog.stalled:g} s"
-        return HistoryUnreachable(f"the shared history {self.url.display} cannot be reached ({first}); "
-                                  f"nothing was published: start or reach the server, then run 'stepfs sync'.")
+        return stall.unreachable(self.url.display, exc, self._watchdog.stalled)
 
     @contextmanager
     def lock(self, workspace: str | None = None) -> Iterator[None]:
@@ -319,10 +288,7 @@ class Remote:
         self._check_format(facts)
 
     def _check_format(self, facts: dict) -> None:
-        version = int(facts.get("format_version", "0") or 0)
-        if version > T.SHARED_FORMAT or facts.get("hash_algorithm") != T.HASH:
-            raise StoreFormatError(f"the shared history {self.url.display} was written by a newer stepfs "
-                                   f"(format {version}); upgrade stepfs.")
+        logread.check_format(facts, self.url.display)
 
     # -- objects -------------------------------------------------------------------
 
@@ -554,31 +520,12 @@ class Remote:
         return out
 
     def log(self, limit: int | None = None) -> list[tuple[LayerRecord, tuple[int, int, int]]]:
-        """``stepfs log``: the layers, newest first, each with its (added,
-        modified, deleted) path counts, in ONE query (the counts grouped
-        by the server: no entry row crosses the wire).  Empty if the
-        history does not exist (it always has layer 0 otherwise)."""
-        lay, e = T.layers, T.entries
-        added = func.count(e.c.path).filter(e.c.before_kind.is_(None))
-        deleted = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_(None))
-        modified = func.count(e.c.path).filter(e.c.before_kind.is_not(None) & e.c.after_kind.is_not(None))
-        # Layers ``stepfs prune --history`` dropped are not listed (the kept one is: a history has one).
-        newest = (select(lay).where(lay.c.history == self.name, lay.c.kind != "pruned")
-                  .order_by(lay.c.number.desc()))
-        if limit is not None:
-            newest = newest.limit(limit)
-        page = newest.subquery()
-        q = (select(page, added, modified, deleted)
-             .select_from(page.outerjoin(e, (e.c.history == page.c.history) & (e.c.layer == page.c.number)))
-             .group_by(*page.c).order_by(page.c.number.desc()))
+        """``stepfs log``: the layers, newest first, with their (added,
+        modified, deleted) path counts, in ONE query (``logread``).  Empty
+        if the history does not exist (it always has layer 0 otherwise)."""
         with self.read() as conn:
-            rows = conn.execute(q).all()
-        # Unpacked by position, and the usual empty meta not parsed: a long
-        # history's log is mostly this loop.
-        return [(LayerRecord(number, kind, created, message, agent, mount, {} if meta == "{}" else json.loads(meta),
-                             workspace, path, host, origin), (a, m, d))
-                for (_h, number, kind, created, message, agent, mount, meta, workspace, path, host, origin, a, m, d)
-                in rows]
+            rows = conn.exec_driver_sql(*logread.statement(self.name, limit, conn.dialect.paramstyle)).all()
+        return logread.records(rows)
 
     def counts(self, numbers: list[int]) -> dict[int, tuple[int, int, int]]:
         """Per layer: (added, modified, deleted) paths."""

@@ -17,6 +17,12 @@ import socket
 import threading
 import time
 
+#: Seconds a statement (or a wait for the history's lock) may take.
+STATEMENT_TIMEOUT = 120
+#: Seconds the client waits for any one answer of the server before it cuts
+#: the connection (the server's own timeouts cannot fire when the server is
+#: stopped, and a Unix socket has no keepalive).
+STALL_TIMEOUT = 60
 #: Seconds between two looks of the watchdog: how late past its bound a
 #: stalled statement may be cut.
 POLL = 0.25
@@ -69,3 +75,29 @@ def _shut(fd: int) -> None:
             sock.close()
     except OSError:
         pass  # closed meanwhile: nothing waits on it any more
+
+
+def session_args(connect_timeout: float) -> dict:
+    """The arguments of ``psycopg.connect`` that bound a history's session:
+    the connect, every statement, a transaction left idle, a dead peer
+    (the same for ``Remote`` and ``logread``)."""
+    return {
+        "connect_timeout": connect_timeout,
+        "options": f"-c statement_timeout={STATEMENT_TIMEOUT * 1000} "
+                   f"-c idle_in_transaction_session_timeout={STATEMENT_TIMEOUT * 1000}",
+        "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3,
+    }
+
+
+def unreachable(display: str, exc: BaseException, stalled: float | None):
+    """The :class:`HistoryUnreachable` a failed or cut connection to the
+    history ``display`` is reported as (``stalled``: the bound a cut
+    statement overran)."""
+    from stepfs.store.errors import HistoryUnreachable
+
+    text = str(getattr(exc, "orig", exc)).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if stalled is not None:
+        first = f"the server did not answer for {stalled:g} s"
+    return HistoryUnreachable(f"the shared history {display} cannot be reached ({first}); "
+                              f"nothing was published: start or reach the server, then run 'stepfs sync'.")

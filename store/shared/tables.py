@@ -12,12 +12,7 @@ from __future__ import annotations
 from sqlalchemy import (BigInteger, Column, ForeignKey, ForeignKeyConstraint, Index, Integer, LargeBinary,
                         MetaData, PrimaryKeyConstraint, String, Table, Text)
 
-#: The newest shared format this stepfs reads (``stepfs_meta.format_version``):
-#: 1, or 2 once a history of the database was pruned (``prune.py``).  New
-#: databases are made at 1, which older stepfs read too.
-SHARED_FORMAT = 2
-CREATED_FORMAT = 1
-HASH = "sha256"
+from stepfs.store.shared.logread import CREATED_FORMAT, HASH, SHARED_FORMAT  # noqa: F401  (the shared format, where logread reads it without SQLAlchemy)
 
 metadata = MetaData()
 

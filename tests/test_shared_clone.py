@@ -205,3 +205,19 @@ def test_where_no_sibling_can_be_made_the_clone_is_written_in_place(history_url,
     assert manifest(Path(path)) == manifest(a)
     with Workspace.open(path) as ws:
         assert verify.verify(ws).ok
+
+
+def test_a_clone_into_the_current_directory_fills_it_in_place(history_url, tmp_path, monkeypatch):
+    # 'mkdir proj && cd proj && stepfs clone URL .': replacing the directory
+    # by a rename would leave the caller's shell in the empty one it replaced.
+    a = _rich(tmp_path / "a")
+    client.attach(str(a), history_url)
+    here = tmp_path / "proj"
+    here.mkdir()
+    before = os.stat(here).st_ino
+    monkeypatch.chdir(here)
+    path, _, _ = sync.clone(parse(history_url), ".")
+    assert path == str(here) and os.stat(".").st_ino == before == os.stat(here).st_ino
+    assert manifest(Path(".")) == manifest(a)
+    with Workspace.open(path) as ws:
+        assert verify.verify(ws).ok

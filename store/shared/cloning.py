@@ -113,8 +113,8 @@ def _make_staging(directory: str) -> tuple[str, int] | None:
     gone) are removed first.  A sibling is made under another name and
     locked before it takes its swept name, so a clone never removes one
     that is still being built."""
-    if os.path.isdir(directory) and os.path.ismount(directory):
-        return None
+    if os.path.isdir(directory) and (os.path.ismount(directory) or _is_cwd(directory)):
+        return None  # a rename would leave the caller in the empty directory it replaced ('clone URL .')
     parent, name = os.path.split(directory)
     prefix = f".{name[:100]}.stepfs-clone-"
     fresh = os.path.join(parent, f".{name[:100]}.stepfs-cloning-{uuid.uuid4().hex[:12]}")
@@ -140,6 +140,13 @@ def _make_staging(directory: str) -> tuple[str, int] | None:
         shutil.rmtree(fresh, ignore_errors=True)
         raise
     return staging, held
+
+
+def _is_cwd(directory: str) -> bool:
+    try:
+        return os.path.samefile(directory, os.getcwd())
+    except OSError:
+        return False
 
 
 def _sweep(parent: str, prefix: str) -> None:

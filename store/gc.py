@@ -158,8 +158,12 @@ def collect(ws: Workspace, dry_run: bool = False, quiesce: Callable[[], None] | 
             _count(conn, report)
         report.file_after = report.file_before
         return report
-    # 1. a new generation (durable: a put after it is marked, whatever crashes)
-    with ws.db.write(durable=True) as conn:
+    # 1. a new generation (durable: a put after it is marked, whatever crashes).
+    # gc's own write locks (this one, the sweep's, the vacuum's) are taken
+    # under the commit lock: a commit waits for them there, in a queue, not
+    # in SQLite's busy handler, whose polling lost every short gap between
+    # back-to-back gc runs for its whole 30 s timeout.
+    with ws.commit_lock(), ws.db.write(durable=True) as conn:
         gen = generation(conn) + 1
         conn.execute(schema.meta.delete().where(schema.meta.c.key == "gc_generation"))
         conn.execute(schema.meta.insert().values(key="gc_generation", value=str(gen)))
@@ -191,7 +195,8 @@ def collect(ws: Workspace, dry_run: bool = False, quiesce: Callable[[], None] | 
         report.deltas, report.delta_saved = delta.deltify(ws)
     # 5. the free pages back to the file system
     if vacuum or full_vacuum:
-        report.vacuum = give_back(ws, full=full_vacuum)
+        with ws.commit_lock():
+            report.vacuum = give_back(ws, full=full_vacuum)
         if report.vacuum == "none":
             report.notes.append("this store was made before format 6: its free pages are reused, not given "
                                 "back; run 'stepfs gc --full-vacuum' once (it rewrites the whole file)")

@@ -61,6 +61,22 @@ def _committed(conn) -> list[tuple[int, int]]:
         select(L.c.number, L.c.created_ns).where(L.c.state == "committed").order_by(L.c.number))]
 
 
+def oldest_kept_by_count_and_age(layers: list[tuple[int, int]], keep_last: int | None,
+                                 keep_within_ns: int | None, now_ns: int | None = None) -> int:
+    """The oldest layer ``--keep-last`` and ``--keep-within`` keep among
+    ``layers`` ((number, created_ns), oldest first, not empty): the older
+    of the two rules' answers, the oldest layer when neither is given.
+    Shared by the local and the shared history's prune."""
+    candidates = []
+    if keep_last is not None:
+        candidates.append(layers[max(len(layers) - keep_last, 0)][0])
+    if keep_within_ns is not None:
+        now = time.time_ns() if now_ns is None else now_ns
+        within = [n for n, created in layers if created >= now - keep_within_ns]
+        candidates.append(within[0] if within else layers[-1][0])
+    return min(candidates) if candidates else layers[0][0]
+
+
 def choose(conn, keep_last: int | None = None, keep_within_ns: int | None = None,
            max_size: int | None = None, now_ns: int | None = None) -> int | None:
     """The oldest layer to keep under the rules (a layer is kept if any of
@@ -72,15 +88,7 @@ def choose(conn, keep_last: int | None = None, keep_within_ns: int | None = None
     layers = _committed(conn)
     if not layers:
         return None
-    head = layers[-1][0]
-    candidates = []
-    if keep_last is not None:
-        candidates.append(layers[max(len(layers) - keep_last, 0)][0])
-    if keep_within_ns is not None:
-        now = time.time_ns() if now_ns is None else now_ns
-        within = [n for n, created in layers if created >= now - keep_within_ns]
-        candidates.append(within[0] if within else head)
-    keep = min(candidates) if candidates else layers[0][0]
+    keep = oldest_kept_by_count_and_age(layers, keep_last, keep_within_ns, now_ns)
     if max_size is not None:
         numbers = [n for n, _c in layers if n >= keep]
         lo = 0

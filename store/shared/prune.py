@@ -32,11 +32,11 @@ layers named are freed by ``stepfs gc-history`` (run after by the CLI).
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 from sqlalchemy import func, select
 
+from stepfs.store import prune as local_prune
 from stepfs.store.errors import HistoryError, InputError, LayerPruned
 from stepfs.store.shared import tables as T
 from stepfs.store.shared.remote import ENTRY_COLUMNS, Remote, _entry_dict
@@ -81,15 +81,7 @@ def choose(conn, name: str, keep_last: int | None = None, keep_within_ns: int | 
     kept = [(n, created) for n, kind, created in _layers(conn, name) if kind != PRUNED]
     if not kept:
         return None
-    head = kept[-1][0]
-    candidates = []
-    if keep_last is not None:
-        candidates.append(kept[max(len(kept) - keep_last, 0)][0])
-    if keep_within_ns is not None:
-        now = time.time_ns() if now_ns is None else now_ns
-        within = [n for n, created in kept if created >= now - keep_within_ns]
-        candidates.append(within[0] if within else head)
-    keep = min(candidates) if candidates else kept[0][0]
+    keep = local_prune.oldest_kept_by_count_and_age(kept, keep_last, keep_within_ns, now_ns)
     if max_size is not None:
         numbers = [n for n, _c in kept if n >= keep]
         for n in numbers:

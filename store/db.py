@@ -230,7 +230,8 @@ class Database:
             raise StoreFormatError(
                 f"{self.label} uses hash {facts.get('hash_algorithm')!r}, this stepfs only knows {schema.HASH_ALGORITHM}."
             )
-        missing = {t.name for t in schema.metadata.sorted_tables} - names - set(schema.OPTIONAL_TABLES)
+        missing = ({t.name for t in schema.metadata.sorted_tables} - names - set(schema.OPTIONAL_TABLES)
+                   - {name for name, since in schema.INTRODUCED.items() if since > version})
         if missing:
             raise StoreFormatError(f"{self.label} is damaged: tables {sorted(missing)} are missing.")
         if version < schema.FORMAT_VERSION:
@@ -293,6 +294,8 @@ UPGRADES: dict[int, list[str]] = {
     # Binary keys, inline objects, tables without rowid: every table that
     # holds a key is rebuilt (store/upgrade7.py).
     7: [lambda conn: _upgrade7(conn)],
+    # Entry lists per layer, a tree of paths, path_layers (store/upgrade8.py).
+    8: [lambda conn: _upgrade8(conn)],
 }
 
 
@@ -300,6 +303,12 @@ def _upgrade7(conn) -> None:
     from stepfs.store import upgrade7  # imports schema's tables; only an old store needs it
 
     upgrade7.upgrade(conn)
+
+
+def _upgrade8(conn) -> None:
+    from stepfs.store import upgrade8  # only an old store needs it
+
+    upgrade8.upgrade(conn)
 
 
 def _orig(exc: Exception) -> str:

@@ -1,86 +1,205 @@
-"""The plain-SQL queries on the ``entries`` table (no SQLAlchemy import):
-the half of the entry seam (``store/entrytable.py``) that
-``store/cardrows.py`` runs, so that the CLI's ``log`` and ``show`` read a
-store without importing SQLAlchemy.
+"""The plain-SQL reads of the entry tables (format 8: ``paths``,
+``layer_entries``, ``path_layers``; no SQLAlchemy import): the half of the
+entry seam (``store/entrytable.py``) that ``store/cardrows.py`` runs, so
+that the CLI's ``log`` and ``show`` read a store without importing
+SQLAlchemy, and that ``entrytable`` runs for its history reads.
 
 Each function takes ``fetch(sql, params) -> list of tuples`` (``?``
 placeholders), as :class:`store.cardrows.Rows` holds it.  Oids come back
-as hex keys except where a docstring says stored keys.
+as hex keys.  A layer's entries are its lists decoded
+(``store/entrylist.py``); a path's layers are ``path_layers`` rows; a
+path id becomes its bytes by walking ``paths`` up to the root (0).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import json
+from typing import Callable, Iterable
 
-from stepfs.store.keytext import from_db
+from stepfs.store import entrylist
+from stepfs.store.keytext import to_db
 from stepfs.store.records import Entry, State
 
 Fetch = Callable[[str, tuple], list]
 
-_ENTRY_COLUMNS = ("path, before_kind, before_mode, before_oid, before_target, before_uid, before_gid, before_xattrs, "
-                  "after_kind, after_mode, after_oid, after_target, after_uid, after_gid, after_xattrs, "
-                  "after_mtime_ns, after_link")
+#: Variables in one statement at most (SQLite's default limit is 32,766).
+BATCH = 900
+#: Layers committed (SQL for ``IN``).
+COMMITTED = "SELECT number FROM layers WHERE state = 'committed'"
 
 
-def _b(v) -> bytes | None:
-    return bytes(v) if v is not None else None
+class Row:
+    """One entry of one layer, by column name (what ``entrytable.entry_from_row``
+    reads), plus any extra fields a query adds (``message`` …)."""
+
+    __slots__ = ("layer",) + entrylist.COLUMNS + ("message", "created_ns", "kind")
+
+    def __init__(self, layer: int, values: tuple, path: bytes, **extra):
+        self.layer = layer
+        for name, v in zip(entrylist.COLUMNS, values):
+            setattr(self, name, v)
+        self.path = path
+        for name, v in extra.items():
+            setattr(self, name, v)
 
 
-def entry_from_tuple(r) -> Entry:
-    """An :class:`Entry` from a row of :data:`_ENTRY_COLUMNS`."""
-    return Entry(
-        path=bytes(r[0]),
-        before=State(r[1], r[2], from_db(r[3]), _b(r[4]), r[5], r[6], _b(r[7])),
-        after=State(r[8], r[9], from_db(r[10]), _b(r[11]), r[12], r[13], _b(r[14])),
-        after_mtime_ns=r[15], after_link=_b(r[16]),
-    )
+def entry_of(values: tuple, path: bytes) -> Entry:
+    """An :class:`Entry` from a decoded list row whose path is ``path``."""
+    (_p, bk, bm, bo, bt, bu, bg, bx, ak, am, ao, at, au, ag, ax, mt, link) = values
+    return Entry(path=path, before=State(bk, bm, bo, bt, bu, bg, bx), after=State(ak, am, ao, at, au, ag, ax),
+                 after_mtime_ns=mt, after_link=link)
+
+
+# -- paths ---------------------------------------------------------------------------
+
+
+def path_id(fetch: Fetch, path: bytes) -> int | None:
+    """The id of ``path``'s node, or None if no entry ever named it."""
+    node = 0
+    for name in path.split(b"/"):
+        rows = fetch("SELECT id FROM paths WHERE parent = ? AND name = ?", (node, name))
+        if not rows:
+            return None
+        node = rows[0][0]
+    return node
+
+
+def names(fetch: Fetch, ids: Iterable[int]) -> dict[int, bytes]:
+    """``{id: path}`` for the nodes ``ids`` (a level of the tree a query)."""
+    nodes: dict[int, tuple[int, bytes]] = {}
+    want = set(ids) - {0}
+    while want:
+        todo = sorted(want)
+        want = set()
+        for i in range(0, len(todo), BATCH):
+            part = todo[i:i + BATCH]
+            for id_, parent, name in fetch(f"SELECT id, parent, name FROM paths WHERE id IN ({', '.join('?' * len(part))})",
+                                           tuple(part)):
+                nodes[id_] = (parent, bytes(name))
+                if parent and parent not in nodes:
+                    want.add(parent)
+    out: dict[int, bytes] = {}
+
+    def full(id_: int) -> bytes:
+        got = out.get(id_)
+        if got is None:
+            parent, name = nodes[id_]
+            got = out[id_] = full(parent) + b"/" + name if parent else name
+        return got
+
+    for id_ in ids:
+        if id_:
+            full(id_)
+    return out
+
+
+SUBTREE = ("WITH RECURSIVE sub(id) AS (SELECT id FROM paths WHERE parent = ? "
+           "UNION ALL SELECT p.id FROM paths p JOIN sub ON p.parent = sub.id) ")
+
+
+def subtree(fetch: Fetch, node: int) -> list[int]:
+    """The ids strictly below node ``node`` (0: every node)."""
+    return [r[0] for r in fetch(SUBTREE + "SELECT id FROM sub", (node,))]
+
+
+# -- lists ---------------------------------------------------------------------------
+
+
+def decoded(fetch: Fetch, where: str = "", params: tuple = ()) -> list[tuple[int, list[tuple]]]:
+    """``(layer, rows)`` of every list matching ``where`` (SQL on
+    ``layer_entries``), by layer then first path id."""
+    return [(layer, entrylist.decode(data)) for layer, data in
+            fetch(f"SELECT layer, data FROM layer_entries {where} ORDER BY layer, first", params)]
+
+
+def layer_rows(fetch: Fetch, number: int) -> list[tuple]:
+    """Layer ``number``'s decoded rows, by path id."""
+    return [r for _n, rows in decoded(fetch, "WHERE layer = ?", (number,)) for r in rows]
 
 
 def layer_entries(fetch: Fetch, number: int) -> list[Entry]:
     """Layer ``number``'s entries in path order."""
-    return [entry_from_tuple(r) for r in
-            fetch(f"SELECT {_ENTRY_COLUMNS} FROM entries WHERE layer = ? ORDER BY path", (number,))]
+    rows = layer_rows(fetch, number)
+    paths = names(fetch, [r[0] for r in rows])
+    return sorted((entry_of(r, paths[r[0]]) for r in rows), key=lambda e: e.path)
 
 
-_COUNTS = ("SELECT layer, SUM(CASE WHEN before_kind IS NULL THEN 1 ELSE 0 END), "
-           "SUM(CASE WHEN after_kind IS NULL THEN 1 ELSE 0 END), COUNT(path) FROM entries")
+def rows_at(fetch: Fetch, pairs: Iterable[tuple[int, int]], extra: dict[int, dict] | None = None) -> list[Row]:
+    """The rows of the ``(layer, path id)`` pairs, by path then layer."""
+    by_layer: dict[int, set[int]] = {}
+    for layer, pid in pairs:
+        by_layer.setdefault(layer, set()).add(pid)
+    found: list[tuple[int, tuple]] = []
+    for layer, pids in by_layer.items():
+        if len(pids) > 8:
+            candidates = layer_rows(fetch, layer)
+        else:
+            candidates = []
+            for pid in pids:
+                got = fetch("SELECT data FROM layer_entries WHERE layer = ? AND first <= ? ORDER BY first DESC LIMIT 1",
+                            (layer, pid))
+                candidates += [r for r in entrylist.decode(got[0][0]) if r[0] == pid] if got else []
+        found += [(layer, r) for r in candidates if r[0] in pids]
+    paths = names(fetch, {r[0] for _l, r in found})
+    out = [Row(layer, r, paths[r[0]], **(extra or {}).get(layer, {})) for layer, r in found]
+    out.sort(key=lambda row: (row.path, row.layer))
+    return out
+
+
+def committed_pairs(fetch: Fetch, ids: list[int], where: str = "", params: tuple = ()) -> list[tuple[int, int]]:
+    """``(layer, path id)`` of the committed layers' entries at ``ids``."""
+    out: list[tuple[int, int]] = []
+    for i in range(0, len(ids), BATCH):
+        part = ids[i:i + BATCH]
+        out += fetch(f"SELECT layer, path FROM path_layers WHERE path IN ({', '.join('?' * len(part))}) "
+                     f"AND layer IN ({COMMITTED}) {where}", tuple(part) + params)
+    return out
+
+
+# -- cards ---------------------------------------------------------------------------
 
 
 def layer_counts(fetch: Fetch, numbers: list[int] | None = None) -> dict[int, tuple[int, int, int]]:
     """``{layer: (added, deleted, entries)}`` for the layers ``numbers``
-    (through the entries' primary key: a few layers cost what they hold;
-    at most the store's variable limit of them), or for every layer with
+    (at most the store's variable limit of them), or for every layer with
     entries (None)."""
     if numbers is None:
-        rows = fetch(_COUNTS + " GROUP BY layer", ())
+        lists = decoded(fetch)
     else:
-        rows = fetch(_COUNTS + f" WHERE layer IN ({', '.join('?' * len(numbers))}) GROUP BY layer", tuple(numbers))
-    return {layer: (int(a or 0), int(d or 0), int(t or 0)) for layer, a, d, t in rows}
+        lists = decoded(fetch, f"WHERE layer IN ({', '.join('?' * len(numbers))})", tuple(numbers))
+    out: dict[int, tuple[int, int, int]] = {}
+    for layer, rows in lists:
+        a, d, t = out.get(layer, (0, 0, 0))
+        out[layer] = (a + sum(r[1] is None for r in rows), d + sum(r[8] is None for r in rows), t + len(rows))
+    return out
 
 
 def committed_refs(fetch: Fetch) -> list[tuple[int, str | None, str | None]]:
     """``(layer, before_oid, after_oid)`` of every committed row, by layer."""
-    return [(layer, from_db(b), from_db(a)) for layer, b, a in fetch(
-        "SELECT layer, before_oid, after_oid FROM entries WHERE layer IN "
-        "(SELECT number FROM layers WHERE state = 'committed') ORDER BY layer", ())]
+    return [(layer, r[3], r[10]) for layer, rows in decoded(fetch, f"WHERE layer IN ({COMMITTED})") for r in rows]
 
 
 def added_bytes(fetch: Fetch, top: int) -> list[tuple[int, int]]:
     """``(layer, bytes)``: what each committed layer up to ``top`` added to
     the store (each object goes to the first layer naming it, each piece to
-    the first layer of an object holding it), in one statement."""
-    return fetch(_ADDED_BYTES, (top, top))
+    the first layer of an object holding it), in one statement over the
+    first layer of each object (handed in as JSON of stored keys in hex)."""
+    first: dict[str, int] = {}
+    for layer, before, after in committed_refs(fetch):
+        if layer > top:
+            continue
+        for oid in (before, after):
+            if oid is not None and oid not in first:
+                first[oid] = layer
+    doc = json.dumps([[to_db(oid).hex(), layer] for oid, layer in first.items()])
+    return fetch(_ADDED_BYTES, (doc,))
 
 
 #: Each piece is a chunk, a delta's base chunk, an inline object or its base.
 _ADDED_BYTES = """
-WITH refs(layer, oid) AS (
-    SELECT e.layer, e.before_oid FROM entries e JOIN layers l ON l.number = e.layer
-     WHERE l.state = 'committed' AND e.layer <= ? AND e.before_oid IS NOT NULL
-    UNION ALL
-    SELECT e.layer, e.after_oid FROM entries e JOIN layers l ON l.number = e.layer
-     WHERE l.state = 'committed' AND e.layer <= ? AND e.after_oid IS NOT NULL),
-first_obj(oid, layer) AS (SELECT oid, MIN(layer) FROM refs GROUP BY oid),
+WITH given(h, layer) AS MATERIALIZED (SELECT upper(json_extract(value, '$[0]')), json_extract(value, '$[1]')
+                                       FROM json_each(?)),
+first_obj(oid, layer) AS MATERIALIZED (SELECT o.oid, g.layer FROM objects o JOIN given g ON g.h = hex(o.oid)),
 pieces(inline, piece, layer) AS (
     SELECT 0, oc.cid, f.layer FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
       JOIN chunks c ON c.cid = oc.cid

@@ -1,7 +1,8 @@
-"""Every query on the ``entries`` table (store side, no FUSE): the seam a
-new entry layout (``docs/format8.md``) replaces in one place.
+"""Every query on the entry tables (format 8: ``paths``, ``layer_entries``,
+``path_layers``; store side, no FUSE): the one place that knows how a
+layer's entries are stored (``docs/format8.md``, ``store/FORMAT.md``).
 
-The rest of the store asks for what it needs, never for SQL on the table:
+The rest of the store asks for what it needs, never for SQL on the tables:
 a layer's entries (:func:`layer_entries`, through :mod:`store.entryrows`,
 the plain-SQL half of this seam that the CLI's SQLAlchemy-free ``log`` and
 ``show`` also use), the committed rows of a path (:func:`path_rows`), of
@@ -12,69 +13,104 @@ writing and deleting a layer's entries (:func:`insert`, :func:`delete_layer`),
 prune's fold (:func:`fold_rows`, :func:`replace_through`) and the objects
 the entries reference (:func:`referenced_oids`, :func:`unreferenced_sql`).
 
-Rows handed out carry ``layer`` plus the table's columns by name (what
+Rows handed out carry ``layer`` plus the entry's columns by name (what
 :func:`entry_from_row` reads); oids are hex keys.  Committed means the
-row's layer is committed, read through a join with ``layers``.
+row's layer is committed.  A layer's entries are read from its lists
+(decoded once, cached by their bytes: ``store/entrylist.py``); which
+layers hold a path comes from ``path_layers``; "below a directory" is the
+subtree of its node in ``paths``.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from sqlalchemy import bindparam, func, or_, select, union_all
+from sqlalchemy import literal, or_, select
 from sqlalchemy.engine import Connection
 
-from stepfs.store import schema
-from stepfs.store.cardrows import Rows
-from stepfs.store.db import Prepared
+from stepfs.store import entrylist, entryrows, schema
+from stepfs.store.entryrows import COMMITTED, Row
+from stepfs.store.keytext import to_db
 from stepfs.store.records import Entry, State
 
-E, L, O = schema.entries, schema.layers, schema.objects
+P, LE, PL = schema.paths, schema.layer_entries, schema.path_layers
 
-_COMMITTED = select(L.c.number).where(L.c.state == "committed")
+
+def _fetch(conn: Connection):
+    def fetch(sql: str, params: tuple = ()) -> list:
+        return conn.exec_driver_sql(sql, tuple(params)).all()
+
+    return fetch
 
 
 # -- writing -------------------------------------------------------------------------
 
-_ENTRY_COLUMNS = [c.name for c in E.columns]
 
-# Every commit runs it: compiled once, run on the DBAPI cursor (db.Prepared).
-_INSERT = Prepared(E.insert(), _ENTRY_COLUMNS)
+def path_ids(conn: Connection, paths: Iterable[bytes]) -> dict[bytes, int]:
+    """``{path: id}``, making the nodes ``paths`` and their directories
+    lack (in the caller's transaction; an id is never reused)."""
+    cur = conn.connection.dbapi_connection.cursor()
+    known: dict[bytes, int] = {}
+    out: dict[bytes, int] = {}
+    try:
+        for path in paths:
+            node, prefix = 0, b""
+            for name in path.split(b"/"):
+                prefix = prefix + b"/" + name if prefix else name
+                got = known.get(prefix)
+                if got is None:
+                    row = cur.execute("SELECT id FROM paths WHERE parent = ? AND name = ?", (node, name)).fetchone()
+                    if row is None:
+                        cur.execute("INSERT INTO paths (parent, name) VALUES (?, ?)", (node, name))
+                        got = cur.lastrowid
+                    else:
+                        got = row[0]
+                    known[prefix] = got
+                node = got
+            out[path] = node
+    finally:
+        cur.close()
+    return out
 
 
-def entry_row(layer: int, e: Entry) -> dict:
-    """The table row of entry ``e`` of layer ``layer``."""
-    return {
-        "layer": layer, "path": e.path,
-        "before_kind": e.before.kind, "before_mode": e.before.mode,
-        "before_oid": e.before.oid, "before_target": e.before.target,
-        "after_kind": e.after.kind, "after_mode": e.after.mode,
-        "after_oid": e.after.oid, "after_target": e.after.target,
-        "after_mtime_ns": e.after_mtime_ns,
-        "before_uid": e.before.uid, "before_gid": e.before.gid, "before_xattrs": e.before.xattrs,
-        "after_uid": e.after.uid, "after_gid": e.after.gid, "after_xattrs": e.after.xattrs,
-        "after_link": e.after_link,
-    }
+def _values(pid: int, e: Entry) -> tuple:
+    b, a = e.before, e.after
+    return (pid, b.kind, b.mode, b.oid, b.target, b.uid, b.gid, b.xattrs,
+            a.kind, a.mode, a.oid, a.target, a.uid, a.gid, a.xattrs, e.after_mtime_ns, e.after_link)
 
 
 def insert(conn: Connection, number: int, entries: Iterable[Entry]) -> None:
-    """Write ``entries`` as layer ``number``'s (in the caller's transaction)."""
-    rows = [entry_row(number, e) for e in entries]
-    if rows:
-        _INSERT.executemany(conn, rows)
+    """Write ``entries`` as layer ``number``'s (in the caller's transaction):
+    its lists and its ``path_layers`` rows."""
+    entries = list(entries)
+    if not entries:
+        return
+    ids = path_ids(conn, [e.path for e in entries])
+    rows = sorted((_values(ids[e.path], e) for e in entries), key=lambda r: r[0])
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        for part in entrylist.split(rows):
+            data = entrylist.encode(part)
+            entrylist.remember(data, part)
+            cur.execute("INSERT INTO layer_entries (layer, first, n, data) VALUES (?, ?, ?, ?)",
+                        (number, part[0][0], len(part), data))
+        cur.executemany("INSERT INTO path_layers (path, layer) VALUES (?, ?)", [(r[0], number) for r in rows])
+    finally:
+        cur.close()
 
 
 def delete_layer(conn: Connection, number: int) -> None:
     """Delete layer ``number``'s entries (a withdrawn intent)."""
-    conn.execute(E.delete().where(E.c.layer == number))
+    conn.execute(LE.delete().where(LE.c.layer == number))
+    conn.execute(PL.delete().where(PL.c.layer == number))
 
 
 def replace_through(conn: Connection, keep: int, folded: list[Entry]) -> None:
     """Prune's write: the entries of every layer up to ``keep`` become
     ``folded``, layer ``keep``'s (in the caller's transaction)."""
-    conn.execute(E.delete().where(E.c.layer <= keep))
-    if folded:
-        conn.execute(E.insert(), [entry_row(keep, e) for e in folded])
+    conn.execute(LE.delete().where(LE.c.layer <= keep))
+    conn.execute(PL.delete().where(PL.c.layer <= keep))
+    insert(conn, keep, folded)
 
 
 # -- one layer -----------------------------------------------------------------------
@@ -82,85 +118,83 @@ def replace_through(conn: Connection, keep: int, folded: list[Entry]) -> None:
 
 def layer_entries(conn: Connection, number: int) -> list[Entry]:
     """Layer ``number``'s entries in path order (``entryrows.layer_entries``)."""
-    return Rows.over(conn).entries(number)
+    return entryrows.layer_entries(_fetch(conn), number)
 
 
 def entry_from_row(r) -> Entry:
     """An :class:`Entry` from a row this module handed out."""
-    def t(v):
-        return bytes(v) if v is not None else None
-
     return Entry(
-        path=bytes(r.path),
-        before=State(r.before_kind, r.before_mode, r.before_oid, t(r.before_target),
-                     r.before_uid, r.before_gid, t(r.before_xattrs)),
-        after=State(r.after_kind, r.after_mode, r.after_oid, t(r.after_target),
-                    r.after_uid, r.after_gid, t(r.after_xattrs)),
+        path=r.path,
+        before=State(r.before_kind, r.before_mode, r.before_oid, r.before_target,
+                     r.before_uid, r.before_gid, r.before_xattrs),
+        after=State(r.after_kind, r.after_mode, r.after_oid, r.after_target,
+                    r.after_uid, r.after_gid, r.after_xattrs),
         after_mtime_ns=r.after_mtime_ns,
-        after_link=t(r.after_link),
+        after_link=r.after_link,
     )
-
-
-# Run for every file a commit modified (delta.py): compiled once.
-_MODIFIED_FILES = Prepared(select(E.c.before_oid, E.c.after_oid, O.c.size, O.c.data.is_not(None))
-                           .join(O, O.c.oid == E.c.after_oid)
-                           .where(E.c.layer == bindparam("n"), E.c.before_kind == bindparam("k1"),
-                                  E.c.after_kind == bindparam("k2"), E.c.before_oid != E.c.after_oid))
 
 
 def modified_files(conn: Connection, number: int) -> list[tuple]:
     """``(before_oid, after_oid, after size, after stored inline)`` of each
     file layer ``number`` changed in place (a file before and after, the
     content differs)."""
-    return _MODIFIED_FILES.execute(conn, {"n": number, "k1": "file", "k2": "file"})
+    cur = conn.connection.dbapi_connection.cursor()
+    out = []
+    try:
+        for r in entryrows.layer_rows(_fetch(conn), number):
+            if r[1] == "file" and r[8] == "file" and r[3] != r[10] and r[3] is not None and r[10] is not None:
+                got = cur.execute("SELECT size, data IS NOT NULL FROM objects WHERE oid = ?", (to_db(r[10]),)).fetchone()
+                if got is not None:
+                    out.append((r[3], r[10], got[0], bool(got[1])))
+    finally:
+        cur.close()
+    return out
 
 
 # -- paths through history -----------------------------------------------------------
 
 
-def _committed_rows(conn: Connection, where, order_by_path: bool = True) -> list:
-    """Committed entry rows matching the SQL condition ``where``.
-
-    A join with the layer, not ``layer IN (committed layers)``: given that
-    list, SQLite probed (path, layer) once per committed layer for every
-    path, so a rollback of 10,000 paths over 10,000 layers took ~110 s."""
-    q = select(E).join(L, L.c.number == E.c.layer).where(where, L.c.state == "committed")
-    if order_by_path:
-        q = q.order_by(E.c.path, E.c.layer)
-    return conn.execute(q).all()
-
-
-def _under(path: bytes):
-    """SQL condition: entry paths strictly below directory ``path``
-    (``b"."`` is the workspace root: every path)."""
-    if path == b".":
-        return E.c.path.is_not(None)
-    prefix = path + b"/"
-    return (E.c.path >= prefix) & (E.c.path < path + b"0")  # '0' follows '/' in byte order
-
-
-def _path_condition(paths: list[bytes] | None):
-    """SQL condition on entry paths: each of ``paths`` and everything below
-    it (``None`` or ``b"."`` among them: every path)."""
-    if not paths or b"." in paths:
-        return E.c.path.is_not(None)
-    return or_(*[(E.c.path == p) | _under(p) for p in paths])
+def _rows_of_ids(fetch, ids: list[int]) -> list[Row]:
+    return entryrows.rows_at(fetch, entryrows.committed_pairs(fetch, ids))
 
 
 def path_rows(conn: Connection, path: bytes) -> list:
     """The committed rows of ``path``, oldest layer first."""
-    return _committed_rows(conn, E.c.path == path)
+    fetch = _fetch(conn)
+    pid = entryrows.path_id(fetch, path)
+    return [] if pid is None else _rows_of_ids(fetch, [pid])
 
 
 def rows_under(conn: Connection, path: bytes) -> list:
     """The committed rows of every path strictly below directory ``path``
     (``b"."``: every path), by path then layer."""
-    return _committed_rows(conn, _under(path))
+    if path == b".":
+        return all_rows(conn)
+    fetch = _fetch(conn)
+    pid = entryrows.path_id(fetch, path)
+    return [] if pid is None else _rows_of_ids(fetch, entryrows.subtree(fetch, pid))
+
+
+def _rows_of_layers(fetch, where: str, params: tuple = ()) -> list[Row]:
+    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where, params) for r in rows]
+    paths = entryrows.names(fetch, {r[0] for _l, r in found})
+    out = [Row(layer, r, paths[r[0]]) for layer, r in found]
+    out.sort(key=lambda row: (row.path, row.layer))
+    return out
 
 
 def all_rows(conn: Connection) -> list:
     """Every committed row, by path then layer."""
-    return _committed_rows(conn, E.c.path.is_not(None))
+    return _rows_of_layers(_fetch(conn), f"WHERE layer IN ({COMMITTED})")
+
+
+def _with_subtrees(fetch, paths: list[bytes]) -> list[int]:
+    ids: list[int] = []
+    for p in paths:
+        pid = entryrows.path_id(fetch, p)
+        if pid is not None:
+            ids += [pid] + entryrows.subtree(fetch, pid)
+    return ids
 
 
 def rows_touched(conn: Connection, after: int, through: int | None = None,
@@ -169,54 +203,94 @@ def rows_touched(conn: Connection, after: int, through: int | None = None,
     layer in ``after < layer <= through`` (no upper bound for None) touched,
     restricted to ``paths`` and below them (None: every path); by path
     then layer."""
-    where = [E.c.layer > after, E.c.layer.in_(_COMMITTED), _path_condition(paths)]
+    fetch = _fetch(conn)
+    where, params = "layer > ?", (after,)
     if through is not None:
-        where.insert(1, E.c.layer <= through)
-    touched = select(E.c.path).where(*where)
-    return _committed_rows(conn, E.c.path.in_(touched))
+        where, params = where + " AND layer <= ?", params + (through,)
+    sql = f"SELECT DISTINCT path FROM path_layers WHERE {where} AND layer IN ({COMMITTED})"
+    if not paths or b"." in paths:
+        touched = [r[0] for r in fetch(sql, params)]
+    else:
+        wanted = set(_with_subtrees(fetch, paths))
+        touched = [r[0] for r in fetch(sql, params) if r[0] in wanted]
+    return _rows_of_ids(fetch, touched)
+
+
+def _one(conn: Connection, path: bytes, sql: str, number: int):
+    fetch = _fetch(conn)
+    pid = entryrows.path_id(fetch, path)
+    if pid is None:
+        return None
+    got = fetch(sql, (pid, number))
+    if not got:
+        return None
+    rows = entryrows.rows_at(fetch, [(got[0][0], pid)])
+    return rows[0] if rows else None
 
 
 def newest_at_or_before(conn: Connection, path: bytes, number: int):
     """The newest committed row of ``path`` in a layer <= ``number``, or None."""
-    return conn.execute(
-        select(E).where(E.c.path == path, E.c.layer <= number, E.c.layer.in_(_COMMITTED))
-        .order_by(E.c.layer.desc()).limit(1)
-    ).first()
+    return _one(conn, path, f"SELECT layer FROM path_layers WHERE path = ? AND layer <= ? "
+                            f"AND layer IN ({COMMITTED}) ORDER BY layer DESC LIMIT 1", number)
 
 
 def oldest_after(conn: Connection, path: bytes, number: int):
     """The oldest committed row of ``path`` in a layer > ``number``, or None."""
-    return conn.execute(
-        select(E).where(E.c.path == path, E.c.layer > number, E.c.layer.in_(_COMMITTED))
-        .order_by(E.c.layer).limit(1)
-    ).first()
+    return _one(conn, path, f"SELECT layer FROM path_layers WHERE path = ? AND layer > ? "
+                            f"AND layer IN ({COMMITTED}) ORDER BY layer LIMIT 1", number)
+
+
+def _node(path: bytes):
+    """A scalar subquery: the id of ``path``'s node (NULL if none)."""
+    node = literal(0)
+    for name in path.split(b"/"):
+        node = select(P.c.id).where(P.c.parent == node, P.c.name == name).scalar_subquery()
+    return node
 
 
 def layers_touching(path: bytes):
     """A subquery: the numbers of the layers with an entry at ``path`` or
     below it (any state; the caller filters)."""
-    return select(E.c.layer).where(_path_condition([path]))
+    node = _node(path)
+    sub = select(P.c.id).where(P.c.parent == node).cte("subtree", recursive=True)
+    sub = sub.union_all(select(P.c.id).join(sub, P.c.parent == sub.c.id))
+    return select(PL.c.layer).where(or_(PL.c.path == node, PL.c.path.in_(select(sub.c.id)))).distinct()
 
 
 def every_path(conn: Connection) -> set[bytes]:
     """Every path any layer's entries name (all states, pruned folds included)."""
-    return {bytes(p) for p in conn.execute(select(E.c.path).distinct()).scalars()}
+    fetch = _fetch(conn)
+    return set(entryrows.names(fetch, [r[0] for r in fetch("SELECT DISTINCT path FROM path_layers", ())]).values())
 
 
 def path_history(conn: Connection, path: bytes, limit: int) -> list:
     """The newest ``limit`` committed rows of ``path`` itself, newest first,
     each with its layer's ``message``, ``created_ns`` and ``kind``."""
-    return conn.execute(
-        select(E, L.c.message, L.c.created_ns, L.c.kind).join(L, L.c.number == E.c.layer)
-        .where(E.c.path == path, E.c.layer.in_(_COMMITTED)).order_by(E.c.layer.desc()).limit(limit)
-    ).all()
+    fetch = _fetch(conn)
+    pid = entryrows.path_id(fetch, path)
+    if pid is None:
+        return []
+    layers = fetch("SELECT pl.layer, l.message, l.created_ns, l.kind FROM path_layers pl "
+                   "JOIN layers l ON l.number = pl.layer WHERE pl.path = ? AND l.state = 'committed' "
+                   "ORDER BY pl.layer DESC LIMIT ?", (pid, limit))
+    extra = {n: {"message": m, "created_ns": c, "kind": k} for n, m, c, k in layers}
+    rows = entryrows.rows_at(fetch, [(n, pid) for n in extra], extra)
+    return sorted(rows, key=lambda r: -r.layer)
 
 
 def ever_linked(conn: Connection, path: bytes) -> bool:
     """Whether a layer published ``path`` as a hard link, or another name
-    as a hard link of it."""
-    q = select(E.c.layer).where(((E.c.path == path) & E.c.after_link.is_not(None)) | (E.c.after_link == path)).limit(1)
-    return conn.execute(q).first() is not None
+    as a hard link of it (a link's group is of one layer: only the layers
+    with an entry at ``path`` can say)."""
+    fetch = _fetch(conn)
+    pid = entryrows.path_id(fetch, path)
+    if pid is None:
+        return False
+    for (number,) in fetch("SELECT layer FROM path_layers WHERE path = ?", (pid,)):
+        for r in entryrows.layer_rows(fetch, number):
+            if (r[0] == pid and r[16] is not None) or r[16] == path:
+                return True
+    return False
 
 
 # -- prune ---------------------------------------------------------------------------
@@ -225,59 +299,86 @@ def ever_linked(conn: Connection, path: bytes) -> bool:
 def fold_rows(conn: Connection, keep_from: int) -> list:
     """The rows of every committed layer up to ``keep_from``, by path then
     layer (prune folds them into one layer)."""
-    committed = select(L.c.number).where(L.c.state == "committed", L.c.number <= keep_from)
-    return conn.execute(select(E).where(E.c.layer.in_(committed)).order_by(E.c.path, E.c.layer)).all()
+    return _rows_of_layers(_fetch(conn), f"WHERE layer <= ? AND layer IN ({COMMITTED})", (keep_from,))
 
 
 # -- the objects entries reference ---------------------------------------------------
 
+#: The temp table :func:`prepare_sweep` fills with the referenced keys.
+REFS_TABLE = "temp.stepfs_entry_oids"
+
 
 def unreferenced_sql(column: str) -> str:
     """A plain-SQL condition for gc's sweep: no entry (of any layer) names
-    the stored key in ``column`` (one ``NOT IN`` per oid column)."""
-    return (f"{column} NOT IN (SELECT before_oid FROM entries WHERE before_oid IS NOT NULL)\n"
-            f"      AND {column} NOT IN (SELECT after_oid FROM entries WHERE after_oid IS NOT NULL)")
+    the stored key in ``column`` (after :func:`prepare_sweep` in the same
+    transaction)."""
+    return f"{column} NOT IN (SELECT oid FROM {REFS_TABLE})"
+
+
+def prepare_sweep(conn: Connection) -> None:
+    """Fill the table :func:`unreferenced_sql` reads with every key the
+    entries of any layer name (the lists are blobs SQL cannot look into)."""
+    conn.exec_driver_sql(f"DROP TABLE IF EXISTS {REFS_TABLE}")
+    conn.exec_driver_sql(f"CREATE TABLE {REFS_TABLE} (oid BLOB PRIMARY KEY) WITHOUT ROWID")
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        cur.executemany(f"INSERT INTO {REFS_TABLE} (oid) VALUES (?)", [(to_db(o),) for o in referenced_oids(conn)])
+    finally:
+        cur.close()
 
 
 def referenced_oids(conn: Connection, after: int | None = None) -> set[str]:
     """The objects the entries of every layer (any state) name, or only of
     the layers numbered above ``after``."""
-    q = select(E.c.before_oid, E.c.after_oid)
-    if after is not None:
-        q = q.where(E.c.layer > after)
+    where, params = ("", ()) if after is None else ("WHERE layer > ?", (after,))
     out: set[str] = set()
-    for b, a in conn.execute(q):
-        out.update(x for x in (b, a) if x)
+    for _n, rows in entryrows.decoded(_fetch(conn), where, params):
+        for r in rows:
+            if r[3]:
+                out.add(r[3])
+            if r[10]:
+                out.add(r[10])
+    return out
+
+
+def _refs(conn: Connection, where: str) -> list[tuple]:
+    fetch = _fetch(conn)
+    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where) for r in rows]
+    paths = entryrows.names(fetch, {r[0] for _l, r in found})
+    out = [(layer, paths[r[0]], r[3], r[10]) for layer, r in found]
+    out.sort(key=lambda t: (t[0], t[1]))
     return out
 
 
 def object_refs(conn: Connection) -> list[tuple]:
     """``(layer, path, before_oid, after_oid)`` of every row, any state
     (``verify``)."""
-    return conn.execute(select(E.c.layer, E.c.path, E.c.before_oid, E.c.after_oid)).all()
+    return _refs(conn, "")
 
 
 def committed_object_refs(conn: Connection) -> list:
     """``(layer, path, before_oid, after_oid)`` of every committed row, by
     layer then path (``du``)."""
-    return conn.execute(select(E.c.layer, E.c.path, E.c.before_oid, E.c.after_oid)
-                        .where(E.c.layer.in_(_COMMITTED))
-                        .order_by(E.c.layer, E.c.path)).all()
+    return _refs(conn, f"WHERE layer IN ({COMMITTED})")
 
 
 def first_referencing(conn: Connection, numbers: list[int]) -> dict[int, int]:
     """``{layer: bytes}``: the size of the content objects each of the
     layers ``numbers`` references that no earlier committed layer does."""
-    mine = union_all(
-        select(E.c.after_oid.label("oid")).where(E.c.layer.in_(numbers), E.c.after_oid.is_not(None)),
-        select(E.c.before_oid.label("oid")).where(E.c.layer.in_(numbers), E.c.before_oid.is_not(None)),
-    ).subquery()
-    oids = select(mine.c.oid).distinct()
-    refs = union_all(
-        select(E.c.after_oid.label("oid"), E.c.layer).where(E.c.after_oid.in_(oids), E.c.layer.in_(_COMMITTED)),
-        select(E.c.before_oid.label("oid"), E.c.layer).where(E.c.before_oid.in_(oids), E.c.layer.in_(_COMMITTED)),
-    ).subquery()
-    first = select(refs.c.oid, func.min(refs.c.layer).label("first")).group_by(refs.c.oid).subquery()
-    q = select(first.c.first, func.sum(O.c.size)).join(O, O.c.oid == first.c.oid).group_by(first.c.first)
     wanted = set(numbers)
-    return {int(n): int(size or 0) for n, size in conn.execute(q) if n in wanted}
+    first: dict[str, int] = {}
+    for layer, before, after in entryrows.committed_refs(_fetch(conn)):
+        for oid in (before, after):
+            if oid is not None and oid not in first:
+                first[oid] = layer
+    mine = [oid for oid, layer in first.items() if layer in wanted]
+    out: dict[int, int] = {}
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        for oid in mine:
+            got = cur.execute("SELECT size FROM objects WHERE oid = ?", (to_db(oid),)).fetchone()
+            if got is not None:
+                out[first[oid]] = out.get(first[oid], 0) + int(got[0] or 0)
+    finally:
+        cur.close()
+    return out

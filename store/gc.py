@@ -104,6 +104,7 @@ def store_bytes(ws: Workspace) -> int:
 def _garbage(conn, gen: int) -> None:
     """Fill temp tables ``gc_objects`` and ``gc_chunks`` with what a sweep
     of generation ``gen`` deletes, inside the caller's transaction."""
+    entrytable.prepare_sweep(conn)
     conn.exec_driver_sql("DROP TABLE IF EXISTS temp.gc_objects")
     conn.exec_driver_sql("DROP TABLE IF EXISTS temp.gc_chunks")
     conn.execute(text(f"CREATE TEMP TABLE gc_objects AS {_UNREFERENCED}"), {"gen": gen})

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    UniqueConstraint,
 )
 
 from stepfs.store.keys import HexKey
@@ -143,45 +144,49 @@ layers = Table(
 # layers (about 1 ms per commit at 50,000 layers), with it a lookup (format 5).
 Index("layers_state_number", layers.c.state, layers.c.number)
 
-# What a layer did to each path it touched: the state before and after.
-# A NULL kind means "absent".  kinds: file | dir | symlink | fifo | chardev |
-# blockdev | socket (a device's number is its target, decimal ASCII), and as
-# a before state of layers older than format 3 only, special (a socket or
-# device: mode, no content; never written by a commit).
-entries = Table(
-    "entries",
+# Every path an entry names and every directory above it, as a tree of
+# names (format 8): a node is its parent's id and its own name, the root is
+# 0 (no row).  An id never changes and is never reused; "below directory d"
+# is the subtree of d's node (a recursive query on ``parent``).
+paths = Table(
+    "paths",
     metadata,
+    Column("id", Integer, primary_key=True),
+    Column("parent", Integer, nullable=False),
+    Column("name", LargeBinary, nullable=False),
+    UniqueConstraint("parent", "name"),
+)
+
+# What a layer did to each path it touched: the state before and after, in
+# lists of up to 4,096 entries sorted by path id (``first``: the list's
+# first path id), each one zstd frame of fixed-width columns
+# (store/entrylist.py).  An entry's kinds: NULL means "absent"; file | dir |
+# symlink | fifo | chardev | blockdev | socket (a device's number is its
+# target, decimal ASCII), and as a before state of layers older than format
+# 3 only, special.  A rowid table: lists are kilobytes, a WITHOUT ROWID
+# table would spill them to overflow pages (docs/format8.md).
+layer_entries = Table(
+    "layer_entries",
+    metadata,
+    Column("id", Integer, primary_key=True),
     Column("layer", Integer, ForeignKey("layers.number"), nullable=False),
-    Column("path", LargeBinary, nullable=False),
-    Column("before_kind", String(8)),
-    Column("before_mode", Integer),
-    Column("before_oid", HexKey, ForeignKey("objects.oid")),
-    Column("before_target", LargeBinary),
-    Column("after_kind", String(8)),
-    Column("after_mode", Integer),
-    Column("after_oid", HexKey, ForeignKey("objects.oid")),
-    Column("after_target", LargeBinary),
-    Column("after_mtime_ns", BigInteger),
-    # Owner (recorded so a commit or rollback restores it when run as root)
-    # and user.* extended attributes (store/xattrs.py encoding, NULL = none).
-    Column("before_uid", Integer),
-    Column("before_gid", Integer),
-    Column("before_xattrs", LargeBinary),
-    Column("after_uid", Integer),
-    Column("after_gid", Integer),
-    Column("after_xattrs", LargeBinary),
-    # A file published as a hard link of another path of the same layer
-    # (the group's first path in byte order); NULL otherwise.
-    Column("after_link", LargeBinary),
-    PrimaryKeyConstraint("layer", "path"),
-    # Format 7: the rows live in the primary key's B-tree (no rowid, no
-    # second copy of (layer, path) in an automatic index).
+    Column("first", Integer, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    UniqueConstraint("layer", "first"),
+)
+
+# Which layers have an entry at a path: the history of one path ("the
+# newest entry of p at or before n") and of a subtree, read without
+# decoding every layer's lists.
+path_layers = Table(
+    "path_layers",
+    metadata,
+    Column("path", Integer, ForeignKey("paths.id"), nullable=False),
+    Column("layer", Integer, ForeignKey("layers.number"), nullable=False),
+    PrimaryKeyConstraint("path", "layer"),
     sqlite_with_rowid=False,
 )
-# History of one path, and of everything below a directory (a prefix range on
-# ``path``): state-as-of-layer lookups, the ``.stepfs/layers`` tree and
-# rollback planning read entries by path, never by scanning all layers.
-Index("entries_path_layer", entries.c.path, entries.c.layer)
 
 # Open steps: one per mountpoint.  A daemon that restarts on the same
 # mountpoint resumes its open step.
@@ -268,3 +273,6 @@ line_counts = Table(
 )
 #: Tables a store of this format may lack: made when it is next opened to write.
 OPTIONAL_TABLES = ("line_counts",)
+#: Tables a store gets from its upgrade to this format (a store of an older
+#: version lacks them until then).
+INTRODUCED = {"paths": 8, "layer_entries": 8, "path_layers": 8}

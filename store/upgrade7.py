@@ -13,7 +13,26 @@ old tables took become free pages, given back by the next ``stepfs gc``.
 
 from __future__ import annotations
 
+from sqlalchemy import BigInteger, Column, Index, Integer, LargeBinary, MetaData, PrimaryKeyConstraint, String, Table
+
 from stepfs.store import keys, schema
+from stepfs.store.keys import HexKey
+
+#: Format 7's ``entries`` table, as it was (format 8 replaced it with entry
+#: lists, ``store/upgrade8.py``): a version-6 store is upgraded through it.
+_v7 = MetaData()
+ENTRIES = Table(
+    "entries", _v7,
+    Column("layer", Integer, nullable=False), Column("path", LargeBinary, nullable=False),
+    Column("before_kind", String(8)), Column("before_mode", Integer), Column("before_oid", HexKey),
+    Column("before_target", LargeBinary), Column("after_kind", String(8)), Column("after_mode", Integer),
+    Column("after_oid", HexKey), Column("after_target", LargeBinary), Column("after_mtime_ns", BigInteger),
+    Column("before_uid", Integer), Column("before_gid", Integer), Column("before_xattrs", LargeBinary),
+    Column("after_uid", Integer), Column("after_gid", Integer), Column("after_xattrs", LargeBinary),
+    Column("after_link", LargeBinary),
+    PrimaryKeyConstraint("layer", "path"), sqlite_with_rowid=False,
+)
+Index("entries_path_layer", ENTRIES.c.path, ENTRIES.c.layer)
 
 #: Tables with a key column, in the order their rows are copied (a table
 #: before the ones that refer to it).
@@ -29,8 +48,9 @@ def upgrade(conn) -> None:
         conn.exec_driver_sql(f'DROP INDEX IF EXISTS "{index}"')
     for name in TABLES:
         conn.exec_driver_sql(f'ALTER TABLE "{name}" RENAME TO "v6_{name}"')
-    tables = [schema.metadata.tables[name] for name in TABLES]
-    schema.metadata.create_all(conn, tables=tables)
+    tables = [ENTRIES if name == "entries" else schema.metadata.tables[name] for name in TABLES]
+    schema.metadata.create_all(conn, tables=[t for t in tables if t is not ENTRIES])
+    ENTRIES.create(conn)
     for table in tables:
         old = {row[1] for row in conn.exec_driver_sql(f'PRAGMA table_info("v6_{table.name}")')}
         cols = [c for c in table.c if c.name in old]

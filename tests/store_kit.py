@@ -158,14 +158,43 @@ V6_INDEXES = ["CREATE INDEX chunks_base ON chunks (base)", "CREATE INDEX object_
               "CREATE INDEX entries_path_layer ON entries (path, layer)"]
 
 
+def drop_format_8(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: the entry tables
+    as a version-7 writer made them (one ``entries`` row per entry, no
+    lists, no ``paths`` or ``path_layers``).  The caller sets the version
+    and commits."""
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.schema import CreateIndex, CreateTable
+
+    from stepfs.store import entrylist, entryrows, upgrade7
+    from stepfs.store.keytext import to_db
+
+    def fetch(sql, params=()):
+        return raw.execute(sql, params).fetchall()
+
+    raw.execute(str(CreateTable(upgrade7.ENTRIES).compile(dialect=sqlite.dialect())))
+    for index in upgrade7.ENTRIES.indexes:
+        raw.execute(str(CreateIndex(index).compile(dialect=sqlite.dialect())))
+    cols = ("layer",) + entrylist.COLUMNS
+    insert = f"INSERT INTO entries ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+    for layer, rows in entryrows.decoded(fetch):
+        paths = entryrows.names(fetch, [r[0] for r in rows])
+        raw.executemany(insert, [(layer, paths[r[0]]) + tuple(
+            to_db(v) if name in entrylist.OIDS else v for name, v in zip(entrylist.COLUMNS[1:], r[1:]))
+            for r in rows])
+    for name in ("path_layers", "layer_entries", "paths"):
+        raw.execute(f"DROP TABLE {name}")
+
+
 def drop_format_7(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: rebuild the tables
     format 7 changed as a version-6 writer made them (hex text keys, a
     rowid everywhere; an object stored inline becomes one chunk).  The caller
     sets the version and commits."""
-    from stepfs.store import keys, schema
+    from stepfs.store import keys, schema, upgrade7
 
     raw.execute("PRAGMA foreign_keys=OFF")
+    drop_format_8(raw)
     raw.create_function("hexkey", 1, keys.from_db)
     for name in ("chunks_base", "object_chunks_cid", "entries_path_layer"):
         raw.execute(f"DROP INDEX IF EXISTS {name}")
@@ -173,7 +202,7 @@ def drop_format_7(raw) -> None:
         raw.execute(f"ALTER TABLE {name} RENAME TO v7_{name}")
         raw.execute(ddl)
         cols = [r[1] for r in raw.execute(f"PRAGMA table_info({name})")]
-        table = schema.metadata.tables[name]
+        table = upgrade7.ENTRIES if name == "entries" else schema.metadata.tables[name]
         values = ", ".join(f'hexkey("{c}")' if keys.is_key(table.c[c].type) else f'"{c}"' for c in cols)
         names = ", ".join(f'"{c}"' for c in cols)
         raw.execute(f"INSERT INTO {name} ({names}) SELECT {values} FROM v7_{name}")

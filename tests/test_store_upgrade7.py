@@ -1,4 +1,4 @@
-"""The upgrade of a version-6 store to format 7 (binary keys, inline
+"""The upgrade of a version-6 store to format 7 (and on to 8) (binary keys, inline
 objects, tables without rowid): every layer, staged row and conflict
 survives with its bytes, keys come back as the same hex ids, and the new
 store verifies (kernel-free tier)."""
@@ -62,7 +62,7 @@ def test_a_version_6_store_is_upgraded_keeping_every_byte(tmp_path):
     ws = Workspace.open(str(root))
     try:
         with ws.db.read() as conn:
-            assert conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar() == "7"
+            assert conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar() == "8"
         assert snapshot(ws) == before
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -81,10 +81,11 @@ def test_a_version_6_store_is_upgraded_keeping_every_byte(tmp_path):
         assert raw.execute("SELECT typeof(oid), length(oid) FROM objects LIMIT 1").fetchone() == ("blob", 16)
         tables = {name: sql for name, sql in raw.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
         assert not any(name.startswith("v6_") for name in tables)
-        for name in ("objects", "object_chunks", "entries"):
+        for name in ("objects", "object_chunks", "path_layers"):  # through 7 to 8
             assert "WITHOUT ROWID" in tables[name]
+        assert "entries" not in tables
         indexes = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
-        assert {"chunks_base", "object_chunks_cid", "entries_path_layer"} <= indexes
+        assert {"chunks_base", "object_chunks_cid"} <= indexes and "entries_path_layer" not in indexes
         assert raw.execute("PRAGMA foreign_key_check").fetchall() == []
     finally:
         raw.close()

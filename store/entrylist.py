@@ -100,7 +100,19 @@ def encode(rows: list[tuple]) -> bytes:
     return _cctx().compress(b"".join(out))
 
 
+class ListDamaged(ValueError):
+    """A list's bytes do not decode (a damaged store or intent)."""
+
+
 def _decode(blob: bytes) -> list[tuple]:
+    try:
+        rows = _columns(blob)
+    except (zstandard.ZstdError, IndexError, ValueError, UnicodeDecodeError) as exc:
+        raise ListDamaged(f"an entry list does not decode: {exc}") from None
+    return rows
+
+
+def _columns(blob: bytes) -> list[tuple]:
     raw = memoryview(_dctx().decompress(bytes(blob)))
     if raw[0] != VERSION:
         raise ValueError(f"entry list of version {raw[0]}, this stepfs reads {VERSION}")
@@ -138,6 +150,8 @@ def _decode(blob: bytes) -> list[tuple]:
         if name in OIDS:
             vals = [from_db(v) if v is not None else None for v in vals]
         cols[name] = vals
+    if at != len(raw):
+        raise ValueError(f"{len(raw) - at} bytes after the last column")
     return list(zip(*(cols[c] for c in COLUMNS)))
 
 

@@ -23,6 +23,7 @@ subtree of its node in ``paths``.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Iterable
 
 from sqlalchemy import literal, or_, select
@@ -293,6 +294,37 @@ def ever_linked(conn: Connection, path: bytes) -> bool:
     return False
 
 
+def list_problems(conn: Connection) -> list[str]:
+    """What is wrong with the stored entries (``verify``): a list that does
+    not decode or does not match its row, ``path_layers`` rows that are not
+    the lists' paths, a path id with no node."""
+    fetch = _fetch(conn)
+    out: list[str] = []
+    seen: dict[int, set[int]] = {}
+    for layer, first, n, data in fetch("SELECT layer, first, n, data FROM layer_entries ORDER BY layer, first"):
+        try:
+            rows = entrylist.decode(data)
+        except entrylist.ListDamaged as exc:
+            out.append(f"layer {layer}: {exc}")
+            continue
+        ids = [r[0] for r in rows]
+        if len(rows) != n or not rows or ids[0] != first or any(a >= b for a, b in zip(ids, ids[1:])):
+            out.append(f"layer {layer}: the entry list from path id {first} does not match its row "
+                       f"(count, first path or order)")
+        seen.setdefault(layer, set()).update(ids)
+    indexed: dict[int, set[int]] = {}
+    for path, layer in fetch("SELECT path, layer FROM path_layers", ()):
+        indexed.setdefault(layer, set()).add(path)
+    for layer in sorted(set(seen) | set(indexed)):
+        if seen.get(layer, set()) != indexed.get(layer, set()):
+            out.append(f"layer {layer}: path_layers does not list the paths of its entry lists")
+    try:
+        entryrows.names(fetch, set().union(*seen.values()))
+    except KeyError as exc:
+        out.append(f"an entry list names path id {exc.args[0]}, which is no node of paths")
+    return out
+
+
 # -- prune ---------------------------------------------------------------------------
 
 
@@ -341,11 +373,15 @@ def referenced_oids(conn: Connection, after: int | None = None) -> set[str]:
     return out
 
 
+#: One entry's object references (``object_refs``, ``committed_object_refs``).
+Ref = namedtuple("Ref", "layer path before_oid after_oid")
+
+
 def _refs(conn: Connection, where: str) -> list[tuple]:
     fetch = _fetch(conn)
     found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where) for r in rows]
     paths = entryrows.names(fetch, {r[0] for _l, r in found})
-    out = [(layer, paths[r[0]], r[3], r[10]) for layer, r in found]
+    out = [Ref(layer, paths[r[0]], r[3], r[10]) for layer, r in found]
     out.sort(key=lambda t: (t[0], t[1]))
     return out
 

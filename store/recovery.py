@@ -28,6 +28,7 @@ from sqlalchemy import update
 
 from stepfs.store.completion import OUTSIDE_CHANGE, _complete  # noqa: F401  (OUTSIDE_CHANGE: re-exported)
 from stepfs.store.contained import NODE_KINDS, kind_of, rdev_target
+from stepfs.store.entrylist import ListDamaged
 from stepfs.store.journal import _PENDING, L, _pending_failure, intent_checksum
 from stepfs.store.layers import Entry, State, entries as load_entries
 from stepfs.store.plan import _blocked, _current_kind, _lstat
@@ -48,8 +49,11 @@ def _recover_locked(ws: WorkspaceParts) -> list[int]:
     done = []
     for number, checksum, step in pending:
         with ws.db.read() as conn:
-            entries = load_entries(conn, number)
-        if intent_checksum(entries, step) != checksum:
+            try:
+                entries = load_entries(conn, number)
+            except ListDamaged:  # its lists do not decode: not an intent either
+                entries = None
+        if entries is None or intent_checksum(entries, step) != checksum:
             # Never reached a consistent commit point: not committed, and
             # its step's staged rows were never consumed.
             with ws.db.write(durable=True) as conn:

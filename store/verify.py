@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
 from stepfs.store import codec, entrytable, refs, schema
+from stepfs.store.entrylist import ListDamaged
 from stepfs.store.errors import CorruptObject
 from stepfs.store.objects import chunk_bytes, inline_bytes, xxh3_hex
 from stepfs.store.workspace import Workspace
@@ -79,11 +80,14 @@ def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = N
         except DBAPIError:
             state["total"] = None
         for what, check in (("the database's integrity", _sqlite), ("the chunks", _chunks),
-                            ("the objects", _objects), ("the layers", _layers), ("the references", _references)):
+                            ("the objects", _objects), ("the entry lists", _lists), ("the layers", _layers),
+                            ("the references", _references)):
             try:
                 check(conn, report, ws.objects.hasher, state)
             except DBAPIError as exc:
                 report.add("sqlite", f"SQLite could not check {what}: {getattr(exc, 'orig', exc)}")
+            except (ListDamaged, KeyError) as exc:  # reported by _lists already
+                report.add("layer", f"could not check {what}: {exc}")
     return report
 
 
@@ -162,6 +166,11 @@ def _layers(conn, report: Report, _hasher, _state) -> None:
             if intent_checksum(entrytable.layer_entries(conn, number), step) != checksum:
                 report.add("layer", f"layer {number}'s entries no longer match its intent checksum")
     report.counts["layers"] = len(layers)
+
+
+def _lists(conn, report: Report, _hasher, _state) -> None:
+    for problem in entrytable.list_problems(conn):
+        report.add("layer", problem)
 
 
 def _references(conn, report: Report, _hasher, state: dict) -> None:

@@ -158,6 +158,17 @@ V6_INDEXES = ["CREATE INDEX chunks_base ON chunks (base)", "CREATE INDEX object_
               "CREATE INDEX entries_path_layer ON entries (path, layer)"]
 
 
+def rewrite_layer(conn, number: int, change) -> None:
+    """Store layer ``number``'s entries as ``change(entries)`` returns them,
+    in the caller's transaction (a test's damage to an intent: format 8
+    keeps a layer's entries in lists, rewritten whole)."""
+    from stepfs.store import entrytable
+
+    entries = entrytable.layer_entries(conn, number)
+    entrytable.delete_layer(conn, number)
+    entrytable.insert(conn, number, change(entries))
+
+
 def drop_format_8(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: the entry tables
     as a version-7 writer made them (one ``entries`` row per entry, no

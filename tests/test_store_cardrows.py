@@ -14,8 +14,9 @@ import sys
 import pytest
 
 from stepfs.overlayfs.client import reads
-from stepfs.store import cardrows, cards, prune, publish
+from stepfs.store import cardrows, cards, entryrows, prune, publish
 from stepfs.store.errors import LayerPruned, NoSuchLayer
+from stepfs.store.keytext import to_db
 from stepfs.store.paths import DB_NAME, STORE_DIR
 from store_kit import Stager, open_workspace
 
@@ -115,10 +116,11 @@ def test_a_corrupt_chunk_is_counted_as_unreadable_either_way(tmp_path):
     w = _history(tmp_path / "ws")
     w.close()
     db = sqlite3.connect(tmp_path / "ws" / STORE_DIR / DB_NAME)
+    [oid] = [e.after.oid for e in entryrows.layer_entries(lambda q, p=(): db.execute(q, p).fetchall(), 1)
+             if e.path == b"text"]
     with db:
         # The file is small: its bytes are inline in its object's row (format 7).
-        db.execute("UPDATE objects SET data = ?, codec = 0 WHERE oid = "
-                   "(SELECT after_oid FROM entries WHERE layer = 1 AND path = ?)", (b"a\nX\nc\nd\n", b"text"))
+        db.execute("UPDATE objects SET data = ?, codec = 0 WHERE oid = ?", (b"a\nX\nc\nd\n", to_db(oid)))
     db.close()
     from stepfs.store.workspace import Workspace
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import func, select
 
-from stepfs.store import codec, gc, publish, schema, staging, verify
-from stepfs.store.layers import entries as load_entries
-from store_kit import Stager, open_workspace
+from stepfs.store import codec, gc, layers, publish, schema, staging, verify
+from stepfs.store.layers import State, entries as load_entries
+from store_kit import Stager, open_workspace, rewrite_layer
 
 
 def counts(ws) -> tuple[int, int]:
@@ -226,7 +227,7 @@ def test_a_base_stays_while_a_delta_needs_it(tmp_path):
         bases = set(conn.execute(select(schema.chunks.c.base).where(schema.chunks.c.base.is_not(None))).scalars())
     assert bases
     with ws.db.write() as conn:  # the entry's before state forgotten, as a fold would
-        conn.execute(schema.entries.update().values(before_kind=None, before_oid=None, before_mode=None))
+        forget_before_states(conn)
     gc.collect(ws)
     with ws.db.read() as conn:
         have = set(conn.execute(select(schema.chunks.c.cid)).scalars())
@@ -355,7 +356,7 @@ def test_a_small_file_is_inline_and_its_next_version_a_delta_kept_with_its_base(
             assert ws.objects.read_range(conn, by_layer[n].after.oid, 5, 20) == data[5:25]
     check(ws)
     with ws.db.write() as conn:  # every before state forgotten, as a fold would: only deltas name the root
-        conn.execute(schema.entries.update().values(before_kind=None, before_oid=None, before_mode=None))
+        forget_before_states(conn)
     gc.collect(ws)
     with ws.db.read() as conn:
         [root] = {r.base for r in deltas}
@@ -385,3 +386,10 @@ def test_a_small_delta_decodes_against_its_base_in_a_stored_frame(n):
     import zstandard
 
     assert zstandard.ZstdDecompressor().decompress(codec.stored_frame(base)) == base
+
+
+def forget_before_states(conn) -> None:
+    """Every entry's before state absent (what prune's fold does to the
+    oldest kept layer), in the caller's transaction."""
+    for n in layers.committed_numbers(conn):
+        rewrite_layer(conn, n, lambda es: [replace(e, before=State(None)) for e in es])

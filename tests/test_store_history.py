@@ -8,9 +8,9 @@ import stat as stat_mod
 
 import pytest
 
-from stepfs.store import history, publish, schema
+from stepfs.store import entrytable, history, publish, schema
 from stepfs.store.errors import ContainmentError, NoSuchLayer, NoSuchPath
-from stepfs.store.layers import State
+from stepfs.store.layers import Entry, State
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace, plain
 
@@ -96,10 +96,8 @@ def test_state_at_ignores_layers_that_are_not_committed(own_ws):
             conn.execute(schema.layers.insert().values(
                 number=number, state=state, kind="step", created_ns=0, message="", agent="", mount="",
                 meta="{}", intent_sum="x"))
-            conn.execute(schema.entries.insert().values(
-                layer=number, path=b"c", before_kind="file", before_mode=0o644, after_kind=None))
-            conn.execute(schema.entries.insert().values(
-                layer=number, path=b"a", before_kind=None, after_kind=None))
+            entrytable.insert(conn, number, [Entry(b"c", State("file", 0o644), State(None)),
+                                             Entry(b"a", State(None), State(None))])
     a2 = State("file", 0o644, oid(own_ws, b"a2\n"))
     with own_ws.db.read() as conn:
         assert history.state_at(conn, b"c", 1) is None

@@ -8,15 +8,16 @@ exactly as the overlay writes them, then committed with
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import select, update
 
 from conftest import manifest
-from stepfs.store import entrytable, layers, publish, schema
+from stepfs.store import entrylist, layers, publish, schema
 from stepfs.store.errors import CommitConflict, NothingToCommit
 from stepfs.store.layers import State
-from store_kit import Stager, build_tree, expected_manifest, open_workspace, plain
+from store_kit import Stager, build_tree, expected_manifest, open_workspace, plain, rewrite_layer
 
 BEFORE = {
     "README": ("file", 0o644, b"hello\n"),
@@ -431,7 +432,7 @@ def test_crash_inside_the_intent_transaction_leaves_everything_as_it_was(ws, mon
         raise Crash("killed while writing the intent")
 
     with monkeypatch.context() as m:
-        m.setattr(entrytable, "entry_row", die)
+        m.setattr(entrylist, "encode", die)
         with pytest.raises(Crash):
             publish.commit_step(ws, st.step)
     assert layer_rows(ws) == [(0, "committed")]
@@ -453,8 +454,8 @@ def test_recover_voids_a_pending_layer_whose_intent_does_not_verify(ws, monkeypa
     half = manifest(ws.path)
     # Damage the recorded intent: one entry no longer matches the checksum.
     with ws.db.write() as conn:
-        conn.execute(update(schema.entries).where(schema.entries.c.path == b"README")
-                     .values(after_mode=0o777))
+        rewrite_layer(conn, 1, lambda es: [replace(e, after=replace(e.after, mode=0o777)) if e.path == b"README"
+                                           else e for e in es])
     assert publish.recover(ws) == []
     assert layer_rows(ws) == [(0, "committed"), (1, "void")]
     assert manifest(ws.path) == half  # a void layer is never published further

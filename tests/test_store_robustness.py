@@ -18,6 +18,7 @@ import signal
 import sqlite3
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from sqlalchemy import event, func, select, update
@@ -32,7 +33,8 @@ from stepfs.store import durable, schema, staging, verify
 from stepfs.store.db import Database
 from stepfs.store.objects import ObjectStore
 from stepfs.store.workspace import Workspace
-from store_kit import drop_format_6
+from stepfs.store.records import Entry, State
+from store_kit import drop_format_6, rewrite_layer
 
 # -- SIGKILL inside database transactions ---------------------------------------------
 
@@ -118,20 +120,25 @@ def test_sigkill_at_arbitrary_moments_keeps_the_store_sound(fast_tmp):
 
 # -- torn intents ---------------------------------------------------------------------------
 
+def _torn(entries: list[Entry]) -> list[Entry]:
+    """The first file's after state with mode 0o777."""
+    i = next(i for i, e in enumerate(entries) if e.after.kind == "file")
+    e = entries[i]
+    return entries[:i] + [replace(e, after=replace(e.after, mode=0o777))] + entries[i + 1:]
+
+
 TEAR = {
     "garbage checksum": lambda conn: conn.execute(
         update(schema.layers).where(schema.layers.c.number == 1).values(intent_sum="garbage")),
     "empty checksum": lambda conn: conn.execute(
         update(schema.layers).where(schema.layers.c.number == 1).values(intent_sum="")),
-    # (entries has no rowid since format 7: rows are named by their path.)
-    "truncated entries": lambda conn: conn.exec_driver_sql(
-        "DELETE FROM entries WHERE layer = 1 AND path IN "
-        "(SELECT path FROM entries WHERE layer = 1 ORDER BY path DESC LIMIT 3)"),
-    "torn entry": lambda conn: conn.exec_driver_sql(
-        "UPDATE entries SET after_mode = 511 WHERE layer = 1 AND path = "
-        "(SELECT min(path) FROM entries WHERE layer = 1 AND after_kind = 'file')"),
-    "foreign entry": lambda conn: conn.exec_driver_sql(
-        "INSERT INTO entries (layer, path, after_kind, after_mode) VALUES (1, x'7a7a', 'dir', 493)"),
+    # A layer's entries are lists (format 8): damaged by rewriting them.
+    "truncated entries": lambda conn: rewrite_layer(conn, 1, lambda es: es[:-3]),
+    "torn entry": lambda conn: rewrite_layer(conn, 1, lambda es: _torn(es)),
+    "foreign entry": lambda conn: rewrite_layer(conn, 1, lambda es: es + [
+        Entry(b"zz", State(None), State("dir", 0o755))]),
+    "garbage list": lambda conn: conn.exec_driver_sql(
+        "UPDATE layer_entries SET data = CAST(x'28b52ffd0058' || randomblob(40) AS BLOB) WHERE layer = 1"),
     "other step": lambda conn: conn.execute(
         update(schema.layers).where(schema.layers.c.number == 1).values(step=99)),
 }
@@ -268,7 +275,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
 
     assert check_recovered(run / "ws", t) == "NEW"  # opens: upgrade, then recovery
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("7",)
+    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("8",)
     assert raw.execute("SELECT number, state, step FROM layers ORDER BY number").fetchall() == [
         (0, "committed", None), (1, "committed", None)]
     raw.close()

@@ -18,7 +18,10 @@ import tempfile
 from pathlib import Path
 
 #: The tables whose rows are counted (the ones that grow with history).
-COUNTED = ("chunks", "objects", "object_chunks", "entries", "layers", "staged", "conflicts")
+#: (``entries`` is format 7's table; format 8 has ``paths``, ``layer_entries``
+#: and ``path_layers``: a breakdown reads either.)
+COUNTED = ("chunks", "objects", "object_chunks", "entries", "paths", "layer_entries", "path_layers", "layers",
+           "staged", "conflicts")
 
 
 def copy(db_path: str, dest: str) -> None:

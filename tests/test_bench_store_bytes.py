@@ -18,10 +18,10 @@ import sys
 
 import pytest
 
-from stepfs.store import publish
+from stepfs.store import entryrows, publish
 
 from conftest import ROOT, fuse_problem
-from store_kit import Stager, open_workspace
+from store_kit import Stager, drop_format_8, open_workspace
 
 if str(ROOT) not in sys.path:  # the bench is a directory of the repository, not an installed package
     sys.path.insert(0, str(ROOT))
@@ -48,15 +48,16 @@ def test_breakdown_names_every_table_adds_up_and_leaves_the_store_alone(tmp_path
     b = store_bytes.breakdown(db)
     with open(db, "rb") as f:
         assert hashlib.sha256(f.read()).hexdigest() == before
-    assert b["rows"]["entries"] == 120 and b["rows"]["layers"] == 4
-    assert {"entries", "entries_path_layer", "objects", "layers", "meta"} <= set(b["by_name"])
+    assert b["rows"]["path_layers"] == 120 and b["rows"]["layers"] == 4
+    assert b["rows"]["layer_entries"] == 3 and b["rows"]["paths"] == 40  # a list a layer (format 8)
+    assert {"paths", "layer_entries", "path_layers", "objects", "layers", "meta"} <= set(b["by_name"])
     # every page is a B-tree's but auto_vacuum's pointer maps (a page per ~1000)
     assert sum(s["bytes"] for s in b["by_name"].values()) + b["other_bytes"] == b["file_bytes"]
     assert 0 <= b["other_bytes"] <= b["page_size"] * (1 + b["file_bytes"] // (b["page_size"] * 800))
     assert b["file_bytes"] % b["page_size"] == 0
-    assert b["by_name"]["entries"]["cells"] >= 120
+    assert b["by_name"]["path_layers"]["cells"] >= 120
     text = store_bytes.render(b)
-    assert "entries_path_layer" in text and "rows: " in text
+    assert "layer_entries" in text and "rows: " in text
 
 
 def test_breakdown_of_a_missing_store_fails_loudly(tmp_path):
@@ -75,15 +76,15 @@ def test_session_versions_node_modules_like_shadow_git(private_tmp):  # noqa: F8
     out = session.run(base, steps=20, nm_files=40, keep_last=5)
     con = sqlite3.connect(str(base / "ws" / ".stepfs" / "store.db"))
     try:
-        nm = con.execute("SELECT count(*) FROM entries WHERE layer = 20 AND after_kind = 'file' AND substr(path, 1, 13) = ?",
-                         (b"node_modules/",)).fetchone()[0]
+        nm = sum(e.after.kind == "file" and e.path.startswith(b"node_modules/") for e in
+                 entryrows.layer_entries(lambda q, p=(): con.execute(q, p).fetchall(), 20))
     finally:
         con.close()
     # step 20 reinstalled 40 files; prune kept layer 20 as it was
     assert nm == 40
     assert os.path.isdir(base / "ws" / "node_modules")
     assert out["git_bytes"] > 0 and out["store_after_gc"] > 0
-    assert out["store_tables_after_gc"]["entries"] > 0
+    assert out["store_tables_after_gc"]["layer_entries"] > 0
 
 
 def test_format8_estimate_layouts_keep_every_entry_and_shrink(tmp_path):
@@ -95,6 +96,9 @@ def test_format8_estimate_layouts_keep_every_entry_and_shrink(tmp_path):
     db = str(tmp_path / "ws" / ".stepfs" / "store.db")
     ws.close()
     src = sqlite3.connect(db)
+    drop_format_8(src)  # the estimate measures layouts against a format-7 store
+    src.execute("UPDATE meta SET value = '7' WHERE key = 'format_version'")
+    src.commit()
     want = {}
     for row in src.execute(f"SELECT layer, path, {', '.join(f8.COLS)} FROM entries"):
         want[(row[0], bytes(row[1]))] = tuple(f8.KINDS[v] if f8.COLS[i].endswith("_kind") else

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from stepfs.overlayfs.daemon import main as daemon
-from stepfs.store import entrytable, objects, publish, spares, staging
+from stepfs.store import objects, publish, spares, staging
 from stepfs.store.db import Prepared
 from stepfs.store.workspace import Workspace
 
@@ -49,7 +49,7 @@ def test_settle_compiles_every_prepared_statement(tmp_path, monkeypatch):
         dialect = ws.db.engine.dialect.name
         assert all(dialect in p._by_dialect for p in Prepared.ALL)
         assert Prepared.warm(ws.db) == 0
-        for used in (staging._SQLITE_UPSERT, objects._OBJECT_INSERT, entrytable._INSERT):
+        for used in (staging._SQLITE_UPSERT, objects._OBJECT_INSERT):
             assert used in Prepared.ALL
         # Compiled once and kept: a staged write and a commit compile nothing.
         compiled = {id(p): p._by_dialect[dialect] for p in Prepared.ALL}

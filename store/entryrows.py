@@ -13,7 +13,6 @@ path id becomes its bytes by walking ``paths`` up to the root (0).
 
 from __future__ import annotations
 
-import json
 from typing import Callable, Iterable
 
 from stepfs.store import entrylist
@@ -182,8 +181,10 @@ def committed_refs(fetch: Fetch) -> list[tuple[int, str | None, str | None]]:
 def added_bytes(fetch: Fetch, top: int) -> list[tuple[int, int]]:
     """``(layer, bytes)``: what each committed layer up to ``top`` added to
     the store (each object goes to the first layer naming it, each piece to
-    the first layer of an object holding it), in one statement over the
-    first layer of each object (handed in as JSON of stored keys in hex)."""
+    the first layer of an object holding it).  The first layer of each
+    object comes from the lists; its pieces are read by key, a batch of
+    objects a statement (a join on anything but the keys scanned every
+    object for each one: minutes on the agent session's store)."""
     first: dict[str, int] = {}
     for layer, before, after in committed_refs(fetch):
         if layer > top:
@@ -191,28 +192,36 @@ def added_bytes(fetch: Fetch, top: int) -> list[tuple[int, int]]:
         for oid in (before, after):
             if oid is not None and oid not in first:
                 first[oid] = layer
-    doc = json.dumps([[to_db(oid).hex(), layer] for oid, layer in first.items()])
-    return fetch(_ADDED_BYTES, (doc,))
+    piece_layer: dict[tuple[int, bytes], int] = {}
+    piece_size: dict[tuple[int, bytes], int] = {}
+    items = list(first.items())
+    for i in range(0, len(items), BATCH // 2):
+        part = items[i:i + BATCH // 2]
+        values = ", ".join("(?, ?)" for _ in part)
+        params = tuple(x for oid, layer in part for x in (to_db(oid), layer))
+        for layer, inline, piece, size in fetch(_PIECES.format(values=values), params):
+            key = (inline, bytes(piece))
+            if key not in piece_layer or layer < piece_layer[key]:
+                piece_layer[key] = layer
+            piece_size[key] = size or 0
+    out: dict[int, int] = {}
+    for key, layer in piece_layer.items():
+        out[layer] = out.get(layer, 0) + piece_size[key]
+    return sorted(out.items())
 
 
-#: Each piece is a chunk, a delta's base chunk, an inline object or its base.
-_ADDED_BYTES = """
-WITH given(h, layer) AS MATERIALIZED (SELECT upper(json_extract(value, '$[0]')), json_extract(value, '$[1]')
-                                       FROM json_each(?)),
-first_obj(oid, layer) AS MATERIALIZED (SELECT o.oid, g.layer FROM objects o JOIN given g ON g.h = hex(o.oid)),
-pieces(inline, piece, layer) AS (
-    SELECT 0, oc.cid, f.layer FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
-      JOIN chunks c ON c.cid = oc.cid
-    UNION ALL
-    SELECT 0, c.base, f.layer FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
-      JOIN chunks c ON c.cid = oc.cid WHERE c.base IS NOT NULL
-    UNION ALL
-    SELECT 1, o.oid, f.layer FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL
-    UNION ALL
-    SELECT 1, o.base, f.layer FROM first_obj f JOIN objects o ON o.oid = f.oid
-     WHERE o.data IS NOT NULL AND o.base IS NOT NULL),
-first_piece(inline, piece, layer) AS (SELECT inline, piece, MIN(layer) FROM pieces GROUP BY inline, piece)
-SELECT fp.layer, SUM(CASE WHEN fp.inline = 0 THEN (SELECT length(data) FROM chunks WHERE cid = fp.piece)
-                          ELSE (SELECT length(data) FROM objects WHERE oid = fp.piece AND data IS NOT NULL) END)
-  FROM first_piece fp GROUP BY fp.layer
+#: Each piece of a batch of objects ``(oid, layer)``: a chunk, a delta's
+#: base chunk, an inline object or its base, with its stored length.
+_PIECES = """
+WITH first_obj(oid, layer) AS (VALUES {values})
+SELECT f.layer, 0, oc.cid, length(c.data) FROM first_obj f JOIN object_chunks oc ON oc.oid = f.oid
+  JOIN chunks c ON c.cid = oc.cid
+UNION ALL
+SELECT f.layer, 0, c.base, (SELECT length(data) FROM chunks WHERE cid = c.base) FROM first_obj f
+  JOIN object_chunks oc ON oc.oid = f.oid JOIN chunks c ON c.cid = oc.cid WHERE c.base IS NOT NULL
+UNION ALL
+SELECT f.layer, 1, o.oid, length(o.data) FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL
+UNION ALL
+SELECT f.layer, 1, o.base, (SELECT length(data) FROM objects WHERE oid = o.base AND data IS NOT NULL)
+  FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL AND o.base IS NOT NULL
 """

@@ -41,7 +41,7 @@ from stepfs.store import durable, entrytable, layers as local_layers, publish
 from stepfs.store.errors import HistoryError, NoSuchLayer, WorkspaceError
 from stepfs.store.journal import _INSERT_LAYER, intent_checksum
 from stepfs.store.layers import Entry, State
-from stepfs.store.shared import attachment, stateread
+from stepfs.store.shared import attachment, newtree, stateread
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.newtree import NewTree
 from stepfs.store.shared.remote import Remote
@@ -263,9 +263,7 @@ def _publish_tree(staging: str, directory: str) -> None:
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
             os.chown(staging, st.st_uid, st.st_gid)
     else:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(staging, 0o777 & ~mask)
+        os.chmod(staging, 0o777 & ~newtree.current_umask())
     parent, name = os.path.split(directory)
     pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -166,10 +166,7 @@ class Remote:
             try:
                 yield conn
             except BaseException:
-                try:
-                    conn.exec_driver_sql("ROLLBACK")
-                except Exception:
-                    conn.invalidate()  # closing it ends the transaction on the server
+                _abandon(conn)
                 raise
             conn.exec_driver_sql("COMMIT")
 
@@ -442,10 +439,7 @@ class Remote:
                 except HistoryUnreachable:
                     raise  # the connection is closed: the server rolls the transaction back
                 except BaseException:
-                    try:
-                        conn.exec_driver_sql("ROLLBACK")
-                    except Exception:
-                        conn.invalidate()  # closing it ends the transaction on the server
+                    _abandon(conn)
                     raise
                 conn.exec_driver_sql("COMMIT")
             if rows[-1][0][0] != 1:
@@ -620,6 +614,15 @@ class Remote:
         if pruned_named:
             problems.append(f"{pruned_named} entries of {self.name} belong to pruned layers")
         return counts, problems
+
+
+def _abandon(conn: Connection) -> None:
+    """End a failed transaction: ROLLBACK, or, when even that cannot be
+    sent, close the connection (the server rolls back a closed session's)."""
+    try:
+        conn.exec_driver_sql("ROLLBACK")
+    except Exception:
+        conn.invalidate()
 
 
 def _entry_dict(r) -> dict:

@@ -157,8 +157,22 @@ def _columns(blob: bytes) -> list[tuple]:
 
 _CACHE: OrderedDict[bytes, list[tuple]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-#: Decoded lists kept (a few layers' worth of a big install).
-CACHE_LISTS = 64
+#: Decoded entries kept, all lists together (a mount daemon lives long: a
+#: decoded entry takes a few hundred bytes, so this is about 10 MB).
+CACHE_ENTRIES = 32768
+_cached = [0]
+
+
+def _keep(key: bytes, rows: list[tuple]) -> None:
+    """Cache ``rows`` under ``key``, dropping the least recently used lists
+    beyond :data:`CACHE_ENTRIES` (caller holds the lock)."""
+    old = _CACHE.pop(key, None)
+    _cached[0] -= len(old) if old is not None else 0
+    _CACHE[key] = rows
+    _cached[0] += len(rows)
+    while _cached[0] > CACHE_ENTRIES and len(_CACHE) > 1:
+        _k, dropped = _CACHE.popitem(last=False)
+        _cached[0] -= len(dropped)
 
 
 def decode(blob) -> list[tuple]:
@@ -172,9 +186,7 @@ def decode(blob) -> list[tuple]:
             return rows
     rows = _decode(blob)
     with _CACHE_LOCK:
-        _CACHE[key] = rows
-        while len(_CACHE) > CACHE_LISTS:
-            _CACHE.popitem(last=False)
+        _keep(key, rows)
     return rows
 
 
@@ -184,9 +196,7 @@ def remember(blob: bytes, rows: list[tuple]) -> None:
     key = xxhash.xxh3_128_digest(blob)
     rows = [tuple(r) for r in rows]
     with _CACHE_LOCK:
-        _CACHE[key] = rows
-        while len(_CACHE) > CACHE_LISTS:
-            _CACHE.popitem(last=False)
+        _keep(key, rows)
 
 
 def split(rows: list[tuple]) -> list[list[tuple]]:

@@ -8,7 +8,8 @@ as a size estimate needs (no reader exists for them).
 ``python -m bench.format8_estimate STORE_DB [--block N]`` prints one line a
 layout.  Run it on the agent session's store after gc (``bench/session.py``
 keeps it when run with ``--keep DIR``) to compare with shadow-git's
-``.git``.
+``.git``.  It reads format 7's ``entries`` table: a format-8 store (which
+has stage 1, layout B, written) is measured by ``bench/store_bytes.py``.
 """
 
 from __future__ import annotations

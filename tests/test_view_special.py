@@ -179,8 +179,8 @@ def test_special_before_state_of_a_version_2_store_still_reads_and_is_not_restor
     view.close()
     ws.close()
     raw = sqlite3.connect(str(tmp_path / "ws" / ".stepfs" / "store.db"))
+    drop_format_6(raw)  # (format 8's lists become format 7's entries rows on the way)
     raw.execute("UPDATE entries SET before_kind = 'special' WHERE layer = ? AND path = ?", (n, b"s"))
-    drop_format_6(raw)
     raw.execute("ALTER TABLE staged DROP COLUMN scratch")  # format 4 added these
     raw.execute("ALTER TABLE staged DROP COLUMN scratch_sum")
     raw.execute("UPDATE meta SET value = '2' WHERE key = 'format_version'")

@@ -281,17 +281,15 @@ def path_history(conn: Connection, path: bytes, limit: int) -> list:
 
 def ever_linked(conn: Connection, path: bytes) -> bool:
     """Whether a layer published ``path`` as a hard link, or another name
-    as a hard link of it (a link's group is of one layer: only the layers
-    with an entry at ``path`` can say)."""
+    as a hard link of it (any layer's lists: a rollback may link a name to
+    a path it has no entry for; only asked for a file with several links)."""
     fetch = _fetch(conn)
     pid = entryrows.path_id(fetch, path)
-    if pid is None:
-        return False
-    for (number,) in fetch("SELECT layer FROM path_layers WHERE path = ?", (pid,)):
-        for r in entryrows.layer_rows(fetch, number):
-            if (r[0] == pid and r[16] is not None) or r[16] == path:
+    if pid is not None:
+        for (number,) in fetch("SELECT layer FROM path_layers WHERE path = ?", (pid,)):
+            if any(r[0] == pid and r[16] is not None for r in entryrows.layer_rows(fetch, number)):
                 return True
-    return False
+    return any(r[16] == path for _n, rows in entryrows.decoded(fetch) for r in rows)
 
 
 def list_problems(conn: Connection) -> list[str]:

@@ -202,3 +202,19 @@ def test_fold_rows_and_replace_through(tmp_path):
             assert entrytable.layer_entries(conn, 3) == []
     finally:
         w.close()
+
+
+def test_a_name_linked_to_a_path_without_an_entry_of_its_own(tmp_path):
+    """A rollback may publish a name as a hard link of a path it leaves as
+    it is on disk (no entry there): that path was linked too."""
+    w = open_workspace(tmp_path / "ws", {"kept": ("file", 0o644, b"k\n")})
+    try:
+        with w.db.write() as conn:
+            conn.execute(schema.layers.insert().values(number=1, state="committed", kind="rollback", created_ns=0))
+            entrytable.insert(conn, 1, [Entry(b"other", layers.State(None), layers.State("file", 0o644), None,
+                                              after_link=b"kept")])
+        with w.db.read() as conn:
+            assert entrytable.ever_linked(conn, b"kept") and entrytable.ever_linked(conn, b"other")
+            assert not entrytable.ever_linked(conn, b"nothing")
+    finally:
+        w.close()

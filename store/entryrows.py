@@ -13,6 +13,8 @@ path id becomes its bytes by walking ``paths`` up to the root (0).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import namedtuple
 from typing import Callable, Iterable
 
 from stepfs.store import entrylist
@@ -27,19 +29,15 @@ BATCH = 900
 COMMITTED = "SELECT number FROM layers WHERE state = 'committed'"
 
 
-class Row:
-    """One entry of one layer, by column name (what ``entrytable.entry_from_row``
-    reads), plus any extra fields a query adds (``message`` …)."""
+#: One entry of one layer, by field name (what ``entrytable.entry_from_row``
+#: reads), plus the fields some queries add (``message`` …).  A named tuple:
+#: made in C, which matters for the 30,000 rows of a session's history.
+Row = namedtuple("Row", ("layer",) + entrylist.COLUMNS + ("message", "created_ns", "kind"), defaults=(None,) * 3)
 
-    __slots__ = ("layer",) + entrylist.COLUMNS + ("message", "created_ns", "kind")
 
-    def __init__(self, layer: int, values: tuple, path: bytes, **extra):
-        self.layer = layer
-        for name, v in zip(entrylist.COLUMNS, values):
-            setattr(self, name, v)
-        self.path = path
-        for name, v in extra.items():
-            setattr(self, name, v)
+def row_of(layer: int, values: tuple, path: bytes, extra: dict | None = None) -> Row:
+    """The :class:`Row` of a decoded list row whose path is ``path``."""
+    return Row(layer, path, *values[1:], **(extra or {}))
 
 
 def entry_of(values: tuple, path: bytes) -> Entry:
@@ -124,35 +122,56 @@ def layer_entries(fetch: Fetch, number: int) -> list[Entry]:
 
 
 def rows_at(fetch: Fetch, pairs: Iterable[tuple[int, int]], extra: dict[int, dict] | None = None) -> list[Row]:
-    """The rows of the ``(layer, path id)`` pairs, by path then layer."""
+    """The rows of the ``(layer, path id)`` pairs, by path then layer: the
+    lists of those layers read in one statement a batch, each path found
+    by bisection in its (cached, path-id-sorted) decoded list."""
     by_layer: dict[int, set[int]] = {}
     for layer, pid in pairs:
         by_layer.setdefault(layer, set()).add(pid)
     found: list[tuple[int, tuple]] = []
-    for layer, pids in by_layer.items():
-        if len(pids) > 8:
-            candidates = layer_rows(fetch, layer)
-        else:
-            candidates = []
+    numbers = sorted(by_layer)
+    for i in range(0, len(numbers), BATCH):
+        part = numbers[i:i + BATCH]
+        for layer, data in fetch(f"SELECT layer, data FROM layer_entries WHERE layer IN ({', '.join('?' * len(part))})",
+                                 tuple(part)):
+            rows = entrylist.decode(data)
+            pids = by_layer[layer]
+            if len(pids) * 16 > len(rows):
+                found += [(layer, r) for r in rows if r[0] in pids]
+                continue
             for pid in pids:
-                got = fetch("SELECT data FROM layer_entries WHERE layer = ? AND first <= ? ORDER BY first DESC LIMIT 1",
-                            (layer, pid))
-                candidates += [r for r in entrylist.decode(got[0][0]) if r[0] == pid] if got else []
-        found += [(layer, r) for r in candidates if r[0] in pids]
+                j = bisect_left(rows, (pid,))  # (pid,) sorts before every row of pid
+                if j < len(rows) and rows[j][0] == pid:
+                    found.append((layer, rows[j]))
     paths = names(fetch, {r[0] for _l, r in found})
-    out = [Row(layer, r, paths[r[0]], **(extra or {}).get(layer, {})) for layer, r in found]
+    extra = extra or {}
+    out = [row_of(layer, r, paths[r[0]], extra.get(layer)) for layer, r in found]
     out.sort(key=lambda row: (row.path, row.layer))
     return out
 
 
-def committed_pairs(fetch: Fetch, ids: list[int], where: str = "", params: tuple = ()) -> list[tuple[int, int]]:
+#: ``(layer, path id)`` of committed layers' entries, joined with the
+#: layer: given ``layer IN (committed layers)`` instead, SQLite probed
+#: (path, layer) once per committed layer for every path (180 ms for the
+#: 3,600 paths of a session's node_modules, against 35 ms joined).
+_PAIRS = ("SELECT pl.layer, pl.path FROM path_layers pl JOIN layers l ON l.number = pl.layer "
+          "WHERE l.state = 'committed' AND pl.path IN ({ids})")
+
+
+def committed_pairs(fetch: Fetch, ids: list[int]) -> list[tuple[int, int]]:
     """``(layer, path id)`` of the committed layers' entries at ``ids``."""
     out: list[tuple[int, int]] = []
     for i in range(0, len(ids), BATCH):
         part = ids[i:i + BATCH]
-        out += fetch(f"SELECT layer, path FROM path_layers WHERE path IN ({', '.join('?' * len(part))}) "
-                     f"AND layer IN ({COMMITTED}) {where}", tuple(part) + params)
+        out += fetch(_PAIRS.format(ids=", ".join("?" * len(part))), tuple(part))
     return out
+
+
+def committed_pairs_under(fetch: Fetch, node: int) -> list[tuple[int, int]]:
+    """``(layer, path id)`` of the committed layers' entries strictly below
+    node ``node``, in one statement."""
+    return fetch(SUBTREE + "SELECT pl.layer, pl.path FROM sub JOIN path_layers pl ON pl.path = sub.id "
+                 "JOIN layers l ON l.number = pl.layer WHERE l.state = 'committed'", (node,))
 
 
 # -- cards ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from sqlalchemy import literal, or_, select
 from sqlalchemy.engine import Connection
 
 from stepfs.store import entrylist, entryrows, schema
-from stepfs.store.entryrows import COMMITTED, Row
+from stepfs.store.entryrows import COMMITTED, Row, row_of
 from stepfs.store.keytext import to_db
 from stepfs.store.records import Entry, State
 
@@ -173,13 +173,13 @@ def rows_under(conn: Connection, path: bytes) -> list:
         return all_rows(conn)
     fetch = _fetch(conn)
     pid = entryrows.path_id(fetch, path)
-    return [] if pid is None else _rows_of_ids(fetch, entryrows.subtree(fetch, pid))
+    return [] if pid is None else entryrows.rows_at(fetch, entryrows.committed_pairs_under(fetch, pid))
 
 
 def _rows_of_layers(fetch, where: str, params: tuple = ()) -> list[Row]:
     found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where, params) for r in rows]
     paths = entryrows.names(fetch, {r[0] for _l, r in found})
-    out = [Row(layer, r, paths[r[0]]) for layer, r in found]
+    out = [row_of(layer, r, paths[r[0]]) for layer, r in found]
     out.sort(key=lambda row: (row.path, row.layer))
     return out
 
@@ -205,15 +205,14 @@ def rows_touched(conn: Connection, after: int, through: int | None = None,
     restricted to ``paths`` and below them (None: every path); by path
     then layer."""
     fetch = _fetch(conn)
-    where, params = "layer > ?", (after,)
+    where, params = f"WHERE layer > ? AND layer IN ({COMMITTED})", (after,)
     if through is not None:
         where, params = where + " AND layer <= ?", params + (through,)
-    sql = f"SELECT DISTINCT path FROM path_layers WHERE {where} AND layer IN ({COMMITTED})"
-    if not paths or b"." in paths:
-        touched = [r[0] for r in fetch(sql, params)]
-    else:
-        wanted = set(_with_subtrees(fetch, paths))
-        touched = [r[0] for r in fetch(sql, params) if r[0] in wanted]
+    # From the lists of those layers (a few, usually), not a scan of path_layers.
+    touched = {r[0] for _n, rows in entryrows.decoded(fetch, where, params) for r in rows}
+    if paths and b"." not in paths:
+        touched &= set(_with_subtrees(fetch, paths))
+    touched = sorted(touched)
     return _rows_of_ids(fetch, touched)
 
 
@@ -231,14 +230,16 @@ def _one(conn: Connection, path: bytes, sql: str, number: int):
 
 def newest_at_or_before(conn: Connection, path: bytes, number: int):
     """The newest committed row of ``path`` in a layer <= ``number``, or None."""
-    return _one(conn, path, f"SELECT layer FROM path_layers WHERE path = ? AND layer <= ? "
-                            f"AND layer IN ({COMMITTED}) ORDER BY layer DESC LIMIT 1", number)
+    return _one(conn, path, "SELECT pl.layer FROM path_layers pl JOIN layers l ON l.number = pl.layer "
+                            "WHERE pl.path = ? AND pl.layer <= ? AND l.state = 'committed' "
+                            "ORDER BY pl.layer DESC LIMIT 1", number)
 
 
 def oldest_after(conn: Connection, path: bytes, number: int):
     """The oldest committed row of ``path`` in a layer > ``number``, or None."""
-    return _one(conn, path, f"SELECT layer FROM path_layers WHERE path = ? AND layer > ? "
-                            f"AND layer IN ({COMMITTED}) ORDER BY layer LIMIT 1", number)
+    return _one(conn, path, "SELECT pl.layer FROM path_layers pl JOIN layers l ON l.number = pl.layer "
+                            "WHERE pl.path = ? AND pl.layer > ? AND l.state = 'committed' "
+                            "ORDER BY pl.layer LIMIT 1", number)
 
 
 def _node(path: bytes):

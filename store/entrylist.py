@@ -155,6 +155,43 @@ def _columns(blob: bytes) -> list[tuple]:
     return list(zip(*(cols[c] for c in COLUMNS)))
 
 
+def stored_oids(blob) -> list[tuple[bytes | None, bytes | None]]:
+    """``(before_oid, after_oid)`` of each entry of a list as stored keys
+    (``keytext.to_db`` form), reading only those columns: the cards'
+    stored bytes name every object of a history, and converting every
+    column of every list cost more than the rest of ``show``."""
+    try:
+        raw = memoryview(_dctx().decompress(bytes(blob)))
+        n = int.from_bytes(raw[1:5], "little")
+        at = 6
+        for _ in range(raw[5]):
+            at += 1 + raw[at]
+        at += 8 * n * len(INTS) + n * len(KINDS)
+        out: dict[str, list] = {}
+        for name in BYTES:
+            lengths = array("i")
+            lengths.frombytes(raw[at:at + 4 * n])
+            if _BIG:  # pragma: no cover
+                lengths.byteswap()
+            at += 4 * n
+            if name in OIDS:
+                vals: list = []
+                for size in lengths:
+                    if size < 0:
+                        vals.append(None)
+                    else:
+                        vals.append(bytes(raw[at:at + size]))
+                        at += size
+                out[name] = vals
+            else:
+                at += sum(size for size in lengths if size > 0)
+            if len(out) == len(OIDS):
+                break
+    except (zstandard.ZstdError, IndexError, ValueError) as exc:
+        raise ListDamaged(f"an entry list does not decode: {exc}") from None
+    return list(zip(out["before_oid"], out["after_oid"]))
+
+
 _CACHE: OrderedDict[bytes, list[tuple]] = OrderedDict()
 _CACHE_LOCK = threading.Lock()
 #: Decoded entries kept, all lists together (a mount daemon lives long: a

@@ -18,7 +18,6 @@ from collections import namedtuple
 from typing import Callable, Iterable
 
 from stepfs.store import entrylist
-from stepfs.store.keytext import to_db
 from stepfs.store.records import Entry, State
 
 Fetch = Callable[[str, tuple], list]
@@ -204,20 +203,20 @@ def added_bytes(fetch: Fetch, top: int) -> list[tuple[int, int]]:
     object comes from the lists; its pieces are read by key, a batch of
     objects a statement (a join on anything but the keys scanned every
     object for each one: minutes on the agent session's store)."""
-    first: dict[str, int] = {}
-    for layer, before, after in committed_refs(fetch):
-        if layer > top:
-            continue
-        for oid in (before, after):
-            if oid is not None and oid not in first:
-                first[oid] = layer
+    first: dict[bytes, int] = {}
+    for layer, data in fetch(f"SELECT layer, data FROM layer_entries WHERE layer <= ? AND layer IN ({COMMITTED}) "
+                             f"ORDER BY layer, first", (top,)):
+        for pair in entrylist.stored_oids(data):
+            for oid in pair:
+                if oid is not None and oid not in first:
+                    first[oid] = layer
     piece_layer: dict[tuple[int, bytes], int] = {}
     piece_size: dict[tuple[int, bytes], int] = {}
     items = list(first.items())
     for i in range(0, len(items), BATCH // 2):
         part = items[i:i + BATCH // 2]
         values = ", ".join("(?, ?)" for _ in part)
-        params = tuple(x for oid, layer in part for x in (to_db(oid), layer))
+        params = tuple(x for oid, layer in part for x in (oid, layer))
         for layer, inline, piece, size in fetch(_PIECES.format(values=values), params):
             key = (inline, bytes(piece))
             if key not in piece_layer or layer < piece_layer[key]:

@@ -351,9 +351,13 @@ def prepare_sweep(conn: Connection) -> None:
     entries of any layer name (the lists are blobs SQL cannot look into)."""
     conn.exec_driver_sql(f"DROP TABLE IF EXISTS {REFS_TABLE}")
     conn.exec_driver_sql(f"CREATE TABLE {REFS_TABLE} (oid BLOB PRIMARY KEY) WITHOUT ROWID")
+    keys: set[bytes] = set()
+    for (data,) in _fetch(conn)("SELECT data FROM layer_entries", ()):
+        for pair in entrylist.stored_oids(data):  # only the oid columns, as stored
+            keys.update(k for k in pair if k is not None)
     cur = conn.connection.dbapi_connection.cursor()
     try:
-        cur.executemany(f"INSERT INTO {REFS_TABLE} (oid) VALUES (?)", [(to_db(o),) for o in referenced_oids(conn)])
+        cur.executemany(f"INSERT INTO {REFS_TABLE} (oid) VALUES (?)", [(k,) for k in keys])
     finally:
         cur.close()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from stepfs.store import entrylist
+from stepfs.store.keytext import to_db
 
 
 def row(pid: int, **kw) -> tuple:
@@ -31,6 +32,8 @@ def test_rows_come_back_as_they_went_in():
     assert entrylist._decode(blob) == ROWS  # not the cache
     assert entrylist.decode(blob) == ROWS
     assert entrylist.encode([]) and entrylist._decode(entrylist.encode([])) == []
+    # The oid columns alone, as stored keys (the cards' stored bytes read only them).
+    assert entrylist.stored_oids(blob) == [(to_db(r[3]), to_db(r[10])) for r in ROWS]
 
 
 @pytest.mark.parametrize("damage", [

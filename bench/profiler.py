@@ -141,33 +141,38 @@ def profile(ctx: Context, names: tuple[str, ...] = PROFILED) -> dict:
         try:
             w.prepare(ctx, case / "lower")
             with target.mounted(case) as mp:
-                pid = target.pid
-                proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
-                                         "--native", "--nolineno", "--output", str(raw_path)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)
-                try:
-                    _wait_sampling(proc)
-                    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
-                    timings = w.run(ctx, mp)
-                    wall, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
-                finally:
-                    proc.send_signal(signal.SIGINT)
-                    try:
-                        proc.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-            raw = raw_path.read_text() if raw_path.exists() else ""
-            out[name] = {"wall_s": wall, "daemon_cpu_s": cpu, "daemon_busy_share": cpu / wall if wall else None,
-                         "timings": timings, **summarize(raw)}
-            log(f"profiled {name}: daemon CPU {cpu:.2f} s of {wall:.2f} s wall")
+                out[name] = record(spy, target.pid, raw_path, lambda: w.run(ctx, mp))
+            log(f"profiled {name}: daemon CPU {out[name]['daemon_cpu_s']:.2f} s of {out[name]['wall_s']:.2f} s wall")
         except Exception as exc:  # a profiler problem must not lose the run's numbers
             log(f"profiling {name} failed: {exc}")
             out[name] = {"status": f"failed: {exc}"}
         finally:
             shutil.rmtree(case, ignore_errors=True)
     return out
+
+
+def record(spy: str, pid: int, raw_path: Path, work) -> dict:
+    """Run ``work()`` with py-spy sampling daemon ``pid`` into ``raw_path``:
+    wall time, the daemon's CPU time, ``work``'s result (``timings``) and
+    the :func:`summarize` of the samples."""
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                             "--native", "--nolineno", "--output", str(raw_path)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_sampling(proc)
+        cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+        timings = work()
+        wall, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    raw = raw_path.read_text() if raw_path.exists() else ""
+    return {"wall_s": wall, "daemon_cpu_s": cpu, "daemon_busy_share": cpu / wall if wall else None,
+            "timings": timings, **summarize(raw)}
 
 
 def profile_commit(ctx: Context, changed: int = 10, commits: int = 5) -> dict:

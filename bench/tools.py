@@ -187,7 +187,8 @@ def sqlite_script(path: Path, rows: int, per_txn: int = 250) -> Path:
     return path
 
 
-def _inputs(ctx: Context) -> dict[str, Path]:
+def inputs(ctx: Context) -> dict[str, Path]:
+    """The run's inputs of the tools by name, built on first use."""
     cfg = ctx.cfg
     d = ctx.data_dir / "tools"
     inp = {
@@ -209,7 +210,7 @@ def _warm_up(ctx: Context, inp: dict[str, Path], root: Path) -> Path:
     otherwise be charged to whichever target runs first."""
     (root / "scratch").mkdir(parents=True)
     sh(f"cp -a {inp['project']} proj", root)
-    for name, cmd in _commands(inp, ctx.cfg.tools_sqlite_rows, root / "scratch"):
+    for name, cmd in commands(inp, ctx.cfg.tools_sqlite_rows, root / "scratch"):
         if name in ("venv_pip", "pytest"):
             sh(cmd, root, tool_env())
     shutil.rmtree(root)
@@ -222,13 +223,13 @@ def _warm_up(ctx: Context, inp: dict[str, Path], root: Path) -> Path:
 def prepare(ctx: Context, lower: Path) -> None:
     """The workspace's files that exist before the tools run: hard links to
     the run's templates (cheap; no tool here writes one of them in place)."""
-    inp = _inputs(ctx)
+    inp = inputs(ctx)
     for name, src in (("pylib", inp["pylib"]), ("edit", inp["pylib"]), ("proj", inp["project"]),
                       ("cprog", inp["cprog"])):
         sh(f"cp -al {src} {name}", lower)
 
 
-def _commands(inp: dict[str, Path], rows: int, scratch: Path) -> list[tuple[str, str]]:
+def commands(inp: dict[str, Path], rows: int, scratch: Path) -> list[tuple[str, str]]:
     """``(tool, shell command)`` in run order, run in the mount's root;
     ``scratch`` is a directory outside the mount (the tar archive)."""
     py = sys.executable
@@ -263,7 +264,7 @@ def run(ctx: Context, mp: Path) -> dict[str, float]:
     env = tool_env()
     out: dict[str, float] = {}
     try:
-        for name, cmd in _commands(_inputs(ctx), ctx.cfg.tools_sqlite_rows, scratch):
+        for name, cmd in commands(inputs(ctx), ctx.cfg.tools_sqlite_rows, scratch):
             out[f"tools_{name}"] = timed(cmd, mp, env)
     finally:
         shutil.rmtree(scratch)

@@ -41,7 +41,7 @@ def test_tools_workload_reports_every_tool_on_native(tmp_path):
     ctx = Context(cfg, tmp_path / "bench")
     ctx.tmp.mkdir()
     tools_row = next(w for w in workloads.WORKLOADS if w.name == "tools")
-    inputs = tools._inputs(ctx)
+    inputs = tools.inputs(ctx)
     before = {k: _digest(inputs[k]) for k in ("pylib", "project", "cprog")}
 
     records = workloads.run_workload(ctx, tools_row, [targets.Native()])

@@ -58,19 +58,29 @@ def _short(frame: str) -> str:
 
 #: Frames every busy stack of the daemon runs under: left out of the inclusive list.
 ENTRY_FRAMES = {"<module> (daemon.py)", "main (daemon.py)", "serve (daemon.py)", "run (fuse_ops.py)",
-                "FUSE.__init__ (mfusepy.py)", "_run_code (<frozen runpy>)", "_run_module_as_main (<frozen runpy>)"}
+                "<module> (main.py)", "main (main.py)", "serve (main.py)", "main_with_hook.<locals>.main (loop.py)",
+                "Thread._bootstrap (threading.py)", "Thread._bootstrap_inner (threading.py)",
+                "Thread.run (threading.py)", "FUSE.__init__ (mfusepy.py)", "_run_code (<frozen runpy>)", "_run_module_as_main (<frozen runpy>)"}
 
 
 #: py-spy's idle detection misses threads blocked in native code (--native):
 #: a stack is idle when a loop waits for work, i.e. its innermost Python frame
 #: is one of these and its leaf is one of the blocking calls below.
-LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "socket.accept (socket.py)"}
+LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "main_with_hook.<locals>.main (loop.py)", "socket.accept (socket.py)",
+               "Watcher._run (watch.py)"}
 BLOCKING_CALLS = ("read", "accept4", "accept", "poll", "ppoll", "epoll_wait", "select", "recv", "recvmsg",
                   "futex", "__futex_abstimed_wait_common", "__GI___futex_abstimed_wait_cancelable64")
+#: A helper thread (row timer, spares, delta work) parked on a condition
+#: is idle too; its leaf is often an unresolved libc address.  The same
+#: wait under the FUSE loop is a request stalled on a helper: kept busy.
+WAIT_FRAMES = {"Condition.wait (threading.py)"}
+FUSE_LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "main_with_hook.<locals>.main (loop.py)"}
 
 
 def _is_idle(frames: list[str], py: list[str]) -> bool:
     leaf = frames[-1].split(" (", 1)[0]
+    if py and py[-1] in WAIT_FRAMES and not FUSE_LOOP_FRAMES & set(py):
+        return True
     return bool(py) and py[-1] in LOOP_FRAMES and leaf in BLOCKING_CALLS
 
 

@@ -63,7 +63,7 @@ TOTAL = "tools_total"
 METRICS: dict[str, str] = {f"tools_{n}": d for n, d in TOOLS}
 METRICS[TOTAL] = "the tools above in total, one mount per repetition (issue 19: <= 1.5x fuse-overlayfs)"
 
-GIT = ("git -c init.defaultBranch=main -c gc.auto=0 -c maintenance.auto=false")
+GIT = "git -c init.defaultBranch=main -c gc.auto=0 -c maintenance.auto=false"
 #: Directory names left out of the stdlib copy: test suites (some files
 #: there are deliberately not valid Python), installed packages, caches and
 #: the static libpython of ``config-*``.

@@ -35,6 +35,7 @@ CODES: list[tuple[type, int]] = [
     (errors.ConfinementUnavailable, 18),
     (errors.HistoryUnreachable, 19),
     (errors.HistoryError, 20),
+    (errors.StoreBusy, 21),
 ]
 
 

@@ -35,7 +35,7 @@ EPILOG_EXIT = "exit codes: 0 ok, 2 usage, 3 workspace, 4 mountpoint, 5 store for
               "(or roll back), 7 conflict, 8 not mounted, 9 daemon, 10 containment, 11 no such layer, " \
               "12 corrupt object, 13 bad input, 14 no such path in that layer, 15 store damaged, " \
               "16 store cannot write, 17 publish failed, 18 cannot confine, 19 history server unreachable, " \
-              "20 shared history refused, 141 output closed, 1 bug"
+              "20 shared history refused, 21 store busy, 141 output closed, 1 bug"
 
 def _count(text: str) -> int:
     """A count argument (``--limit``): a non-negative 64-bit integer, as

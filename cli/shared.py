@@ -110,11 +110,13 @@ def cmd_clone(args) -> int:
 
 
 def open_remote(args):
-    """The history ``--history`` (or STEPFS_HISTORY) names, opened."""
+    """The history ``--history`` (or STEPFS_HISTORY) names, opened for a
+    command that publishes no step (show, cat, diff, verify, gc, prune)."""
+    from stepfs.store.shared import stall
     from stepfs.store.shared.remote import Remote
     from stepfs.store.shared.url import from_environment
 
-    return Remote.open(from_environment(args.history))
+    return Remote.open(from_environment(args.history), hint=stall.RETRY_HINT)
 
 
 _remote = open_remote
@@ -142,7 +144,9 @@ def cmd_log_shared(args) -> int:
     else:
         from stepfs.store.shared.remote import Remote
 
-        with Remote.open(url) as remote:
+        from stepfs.store.shared import stall
+
+        with Remote.open(url, hint=stall.RETRY_HINT) as remote:
             found = remote.log(limit)
     if not found:
         raise HistoryError(f"the shared history {display} does not exist; attach a workspace to make "

@@ -8,10 +8,20 @@
 # run is published by the final sync.
 set -uo pipefail
 : "${STEPFS_HISTORY:?set STEPFS_HISTORY to postgresql://USER:PASSWORD@HOST/DATABASE?name=NAME}"
-if [ -z "$(ls -A /workspace)" ] && stepfs clone "$STEPFS_HISTORY" /workspace; then
-  :
-else
-  stepfs sync /workspace || exit $?
+joined=
+if [ -z "$(ls -A /workspace)" ]; then
+  # The first agent finds no history to clone and the sync below makes it:
+  # clone's "does not exist" is shown only if that sync fails too.
+  { clone_err=$(stepfs clone "$STEPFS_HISTORY" /workspace 2>&1 1>&3); } 3>&1 && joined=1
+fi
+if [ -z "$joined" ]; then
+  { sync_err=$(stepfs sync /workspace 2>&1 1>&3); } 3>&1
+  status=$?
+  if [ $status -ne 0 ] && [ -n "${clone_err:-}" ] && [ "$clone_err" != "$sync_err" ]; then
+    echo "$clone_err" >&2
+  fi
+  [ -z "$sync_err" ] || echo "$sync_err" >&2
+  [ $status -eq 0 ] || exit $status
 fi
 stepfs run /workspace --mountpoint /mnt/agent -- "$@"
 status=$?

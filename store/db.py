@@ -25,6 +25,7 @@ takes its own pooled connection.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -36,7 +37,7 @@ from sqlalchemy.pool import StaticPool
 
 from stepfs.store import durable as durable_calls
 from stepfs.store import keys, schema
-from stepfs.store.errors import StepfsError, StoreDamaged, StoreFormatError, StoreFull, StoreUnavailable
+from stepfs.store.errors import StepfsError, StoreBusy, StoreDamaged, StoreFormatError, StoreFull, StoreUnavailable
 
 log = logging.getLogger("stepfs.store")
 
@@ -50,6 +51,7 @@ WAL_LIMIT_PAGES = 262144
 # Primary result codes (the low byte of an extended code) that mean "the
 # store cannot keep what it is asked to write".
 SQLITE_PERM = 3
+SQLITE_BUSY = 5
 SQLITE_READONLY = 8
 SQLITE_IOERR = 10
 SQLITE_CORRUPT = 11
@@ -166,7 +168,7 @@ class Database:
         try:
             yield
         except DBAPIError as exc:
-            err = store_error(exc, self.label)
+            err = store_error(exc, self.label, self.engine.url.database)
             if err is None:
                 raise
             if notify and isinstance(err, StoreUnavailable):
@@ -306,12 +308,16 @@ def _orig(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc))
 
 
-def store_error(exc: DBAPIError, label: str) -> StoreUnavailable | StoreDamaged | None:
-    """The domain error for an SQLite error that means "cannot write" or
-    "damaged", else None."""
+def store_error(exc: DBAPIError, label: str,
+                db_path: str | None = None) -> StoreUnavailable | StoreDamaged | StoreBusy | None:
+    """The domain error for an SQLite error that means "cannot write",
+    "damaged" or "busy past the timeout", else None.  ``db_path``: the
+    database file, to name who held the write lock."""
     code = getattr(exc.orig, "sqlite_errorcode", None)
     if code is None:
         return None
+    if code & 0xFF == SQLITE_BUSY:
+        return busy(label, db_path)
     if code & 0xFF == SQLITE_FULL:
         return StoreFull(
             f"the store {label} is full (SQLite: {_orig(exc)}); free space on its filesystem, then unmount and mount again."
@@ -336,6 +342,21 @@ def damaged(label: str, detail: str) -> StoreDamaged:
         f"the store {label} is damaged ({detail}); copy the workspace's files somewhere safe, then restore "
         f"the store from a backup or start a new history with 'stepfs mount --new-history'.",
         [detail],
+    )
+
+
+def busy(label: str, db_path: str | None) -> StoreBusy:
+    """The error for a write that waited the whole busy timeout."""
+    from stepfs.store import lockholders  # only on this rare path
+
+    who = "another process"
+    if db_path:
+        pids = lockholders.write_holders(db_path, os.path.join(os.path.dirname(db_path), "commit.lock"))
+        if pids:
+            who = ", ".join(lockholders.describe(p) for p in pids)
+    return StoreBusy(
+        f"the store {label} stayed busy for {BUSY_TIMEOUT_MS // 1000} s: {who} held its write lock; nothing "
+        f"was written, run the command again once that process has finished."
     )
 
 

@@ -106,6 +106,12 @@ class StoreFull(StoreUnavailable):
     """The store's filesystem is full (``SQLITE_FULL``); the writer gets ENOSPC."""
 
 
+class StoreBusy(StepfsError):
+    """Another process held the store's write lock for the whole busy
+    timeout (a long gc, prune or commit); nothing was written, and the same
+    command succeeds once that process is done."""
+
+
 class PublishFailed(StepfsError):
     """A step could not be written into the workspace (a failed write, rename
     or fsync).  ``errno`` is the system error; ``pending`` is the number of the

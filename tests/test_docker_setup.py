@@ -81,5 +81,8 @@ def test_dockerfile_uses_the_tested_scripts_and_documents_the_run():
     compose = (DOCKER / "compose.yaml").read_text()
     for needle in ("/dev/fuse", "SYS_ADMIN", "dockerfile: docker/Dockerfile", ":/workspace", "init: true"):
         assert needle in compose
+    # Compose interpolates every service for every command, profiles or not:
+    # one required variable would stop the "shared" profile's commands too.
+    assert not re.findall(r"\$\{\w+:?\?", compose), "a required variable in compose.yaml"
     usage = (DOCKER / "README.md").read_text()
     assert "--device /dev/fuse --cap-add SYS_ADMIN" in usage and "-v \"$PWD\":/workspace" in usage

@@ -73,6 +73,14 @@ def test_cli_sync_clone_step_log_show_and_exit_codes(pg_server, pg_url, tmp_path
         down = stepfs("sync", a)
         assert down.returncode == 19, down.stderr.decode()
         assert "cannot be reached" in down.stderr.decode() and down.stderr.decode().count("\n") == 1
+        assert "nothing was published" in down.stderr.decode()
+        # A command that publishes no step is told to run again, not to sync.
+        for args in (("log", "--history", pg_url), ("show", "1", "--history", pg_url),
+                     ("prune", "--history", pg_url, "--keep-last", "1"), ("clone", pg_url, tmp_path / "c")):
+            down = stepfs(*args)
+            err = down.stderr.decode()
+            assert down.returncode == 19, (args, err)
+            assert err.count("\n") == 1 and "run the same command again" in err and "published" not in err, (args, err)
     finally:
         pg_server.start()
     bad = stepfs("log", "--history", "postgresql://me@/db")

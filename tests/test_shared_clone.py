@@ -65,7 +65,28 @@ def test_clone_equals_the_workspace_and_its_store_verifies(history_url, tmp_path
     assert path == str(tmp_path / "real") and os.path.islink(tmp_path / "via-link")
     assert manifest(tmp_path / "via-link") == manifest(a)
     assert _siblings(tmp_path) == [] and _siblings(tmp_path / "up" / "down") == []
-    assert os.umask(0o022) == 0o022  # the clone's umask of 0 ended with it
+    assert os.umask(0o022) == 0o022  # the clone left the process's umask as it was
+
+
+def test_a_clone_never_sets_the_process_umask_and_keeps_modes_under_a_strict_one(history_url, tmp_path,
+                                                                                 monkeypatch):
+    """A harness calling ``sync.clone`` while its other threads make files
+    must not see their umask change; the clone's files keep their modes
+    whatever the umask."""
+    a = _rich(tmp_path / "a")
+    client.attach(str(a), history_url)
+
+    def no_umask(mask):
+        raise AssertionError("the clone set the process umask")
+
+    old = os.umask(0o077)
+    try:
+        monkeypatch.setattr(os, "umask", no_umask)
+        sync.clone(parse(history_url), str(tmp_path / "new"))
+    finally:
+        monkeypatch.undo()
+        os.umask(old)
+    assert manifest(tmp_path / "new") == manifest(a)  # 0o666, 0o755 and 0o444 files, a 0o555 directory
 
 
 def test_a_clone_cut_before_its_rename_leaves_no_workspace(history_url, tmp_path):

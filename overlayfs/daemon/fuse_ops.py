@@ -57,7 +57,14 @@ import os
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
-from stepfs.store.errors import CorruptObject, PublishFailed, StepfsError, StoreFull, StoreUnavailable  # noqa: E402
+from stepfs.store.errors import (  # noqa: E402
+    CorruptObject,
+    PublishFailed,
+    StepfsError,
+    StoreBusy,
+    StoreFull,
+    StoreUnavailable,
+)
 
 from stepfs.overlayfs.core import errors as view_errors  # noqa: E402
 from stepfs.overlayfs.core.agents import Agents  # noqa: E402
@@ -107,6 +114,9 @@ ERRNO: dict[type, int] = {
     # SQLITE_FULL: the writer learns the disk is full, as on a local fs.
     StoreFull: errno.ENOSPC,
     StoreUnavailable: errno.EIO,
+    # Another process kept the write lock past the busy timeout: transient,
+    # and nothing goes read-only for it.
+    StoreBusy: errno.EBUSY,
     PublishFailed: errno.EIO,
 }
 

@@ -41,7 +41,7 @@ from stepfs.store import durable, entrytable, layers as local_layers, publish
 from stepfs.store.errors import HistoryError, NoSuchLayer, WorkspaceError
 from stepfs.store.journal import _INSERT_LAYER, intent_checksum
 from stepfs.store.layers import Entry, State
-from stepfs.store.shared import attachment, stateread
+from stepfs.store.shared import attachment, newtree, stall, stateread
 from stepfs.store.shared.attachment import Attachment
 from stepfs.store.shared.newtree import NewTree
 from stepfs.store.shared.remote import Remote
@@ -58,7 +58,7 @@ def clone(url: HistoryURL, directory: str, at: int | None = None) -> tuple[str, 
     (workspace path, shared layer, local layer)."""
     directory = os.path.realpath(directory)  # a symlink to an empty directory: that directory, as before
     _check_target(directory)
-    with Remote.open(url) as remote:
+    with Remote.open(url, hint=stall.RETRY_HINT) as remote:
         head = remote.head()
         if head is None:
             raise HistoryError(f"the shared history {url.display} does not exist; attach a workspace to make it "
@@ -263,9 +263,7 @@ def _publish_tree(staging: str, directory: str) -> None:
         if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (os.getuid(), os.getgid()):
             os.chown(staging, st.st_uid, st.st_gid)
     else:
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(staging, 0o777 & ~mask)
+        os.chmod(staging, 0o777 & ~newtree.current_umask())
     parent, name = os.path.split(directory)
     pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -129,6 +129,6 @@ def read(url, limit: int | None = None) -> list[tuple[LayerRecord, tuple[int, in
             check_format(facts, url.display)
             return records(run(*statement(url.name, limit, "pyformat")))
     except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-        raise stall.unreachable(url.display, exc, watchdog.stalled) from None
+        raise stall.unreachable(url.display, exc, watchdog.stalled, stall.RETRY_HINT) from None
     finally:
         watchdog.stop()

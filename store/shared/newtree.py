@@ -56,7 +56,9 @@ class NewTree:
 
     def __init__(self, root: str):
         self.root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._umask = os.umask(0)  # restored by close; nothing else of the process makes files meanwhile
+        # Read, never set: a program that calls ``sync.clone`` from several
+        # threads keeps its own umask for its own files.
+        self._umask = current_umask()
         self.fds: dict[bytes, int] = {}
         self.dirs: list[tuple[bytes, int, bytes | None]] = []  # modes and attributes, set by finish
         self._pool = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="stepfs-clone-write")
@@ -93,7 +95,8 @@ class NewTree:
             else:
                 raise HistoryError(f"the shared history names {s.path!r} as a {s.kind}, which this stepfs cannot "
                                    f"make; upgrade stepfs.")
-        return [self._pool.submit(_make_all, todo[i:i + TASK_PATHS]) for i in range(0, len(todo), TASK_PATHS)]
+        return [self._pool.submit(_make_all, todo[i:i + TASK_PATHS], self._umask)
+                for i in range(0, len(todo), TASK_PATHS)]
 
     def wait(self, futures: list[Future]) -> None:
         """Wait for a batch's paths; raise the first failure."""
@@ -116,27 +119,39 @@ class NewTree:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)  # no task may still use a descriptor closed below
-        os.umask(self._umask)
         self._close_dirs()
         os.close(self.root_fd)
 
 
-def _make_all(todo: list[tuple[int, bytes, PathState]]) -> None:
+def current_umask() -> int:
+    """The process's umask, from ``/proc/self/status`` (Linux 4.7+); setting
+    it to read it back would change it for every thread meanwhile."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o777  # unknown: assume every bit is dropped, so every file gets its chmod
+
+
+def _make_all(todo: list[tuple[int, bytes, PathState]], umask: int) -> None:
     for pfd, name, s in todo:
-        _make(pfd, name, s)
+        _make(pfd, name, s, umask)
 
 
-def _make(pfd: int, name: bytes, s: PathState) -> None:
+def _make(pfd: int, name: bytes, s: PathState, umask: int) -> None:
     if s.kind == "file":
-        # Made with its mode (the umask is 0 while the tree is written): no
-        # chmod after, except for the bits open() may drop.
+        # Made with its mode: a chmod after only when the umask or open()
+        # drops some of its bits (most files' modes pass a usual umask).
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, s.mode & 0o777,
                      dir_fd=pfd)
         try:
             view, done = memoryview(s.data), 0
             while done < len(view):
                 done += os.write(fd, view[done:])
-            if s.mode & ~0o777:
+            if s.mode & ~0o777 or s.mode & umask:
                 os.fchmod(fd, s.mode)
             if s.xattrs:
                 xattrs.apply_fd(fd, xattrs.decode(s.xattrs))

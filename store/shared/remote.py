@@ -59,6 +59,9 @@ class Remote:
     def __init__(self, url: HistoryURL):
         self.url = url
         self.name = url.name
+        #: What a lost connection's message tells the user to do: a command
+        #: that does not publish a step sets ``stall.RETRY_HINT``.
+        self.hint = stall.PUBLISH_HINT
         if url.dialect == "postgresql":
             # No pre-ping (a round trip per checkout): a dropped connection fails its
             # transaction as HistoryUnreachable, and each command has a pool of its own.
@@ -108,8 +111,9 @@ class Remote:
         self._watchdog.disarm()
 
     @classmethod
-    def open(cls, url: HistoryURL) -> "Remote":
+    def open(cls, url: HistoryURL, hint: str = stall.PUBLISH_HINT) -> "Remote":
         remote = cls(url)
+        remote.hint = hint
         try:
             remote._ensure_schema()
         except BaseException:
@@ -166,10 +170,7 @@ class Remote:
             try:
                 yield conn
             except BaseException:
-                try:
-                    conn.exec_driver_sql("ROLLBACK")
-                except Exception:
-                    conn.invalidate()  # closing it ends the transaction on the server
+                _abandon(conn)
                 raise
             conn.exec_driver_sql("COMMIT")
 
@@ -197,7 +198,7 @@ class Remote:
             raise
 
     def unreachable(self, exc: BaseException) -> HistoryUnreachable:
-        return stall.unreachable(self.url.display, exc, self._watchdog.stalled)
+        return stall.unreachable(self.url.display, exc, self._watchdog.stalled, self.hint)
 
     @contextmanager
     def lock(self, workspace: str | None = None) -> Iterator[None]:
@@ -442,10 +443,7 @@ class Remote:
                 except HistoryUnreachable:
                     raise  # the connection is closed: the server rolls the transaction back
                 except BaseException:
-                    try:
-                        conn.exec_driver_sql("ROLLBACK")
-                    except Exception:
-                        conn.invalidate()  # closing it ends the transaction on the server
+                    _abandon(conn)
                     raise
                 conn.exec_driver_sql("COMMIT")
             if rows[-1][0][0] != 1:
@@ -620,6 +618,15 @@ class Remote:
         if pruned_named:
             problems.append(f"{pruned_named} entries of {self.name} belong to pruned layers")
         return counts, problems
+
+
+def _abandon(conn: Connection) -> None:
+    """End a failed transaction: ROLLBACK, or, when even that cannot be
+    sent, close the connection (the server rolls back a closed session's)."""
+    try:
+        conn.exec_driver_sql("ROLLBACK")
+    except Exception:
+        conn.invalidate()
 
 
 def _entry_dict(r) -> dict:

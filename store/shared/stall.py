@@ -89,15 +89,22 @@ def session_args(connect_timeout: float) -> dict:
     }
 
 
-def unreachable(display: str, exc: BaseException, stalled: float | None):
+#: What to do after a lost connection, for a command that publishes (a step,
+#: a sync, a rollback: a cut before COMMIT publishes nothing) ...
+PUBLISH_HINT = "nothing was published: start or reach the server, then run 'stepfs sync'."
+#: ... and for one that only reads, or changes the history in one
+#: transaction of its own (prune, gc-history): the same command again.
+RETRY_HINT = "start or reach the server, then run the same command again."
+
+
+def unreachable(display: str, exc: BaseException, stalled: float | None, hint: str = PUBLISH_HINT):
     """The :class:`HistoryUnreachable` a failed or cut connection to the
     history ``display`` is reported as (``stalled``: the bound a cut
-    statement overran)."""
+    statement overran; ``hint``: what to do next)."""
     from stepfs.store.errors import HistoryUnreachable
 
     text = str(getattr(exc, "orig", exc)).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     if stalled is not None:
         first = f"the server did not answer for {stalled:g} s"
-    return HistoryUnreachable(f"the shared history {display} cannot be reached ({first}); "
-                              f"nothing was published: start or reach the server, then run 'stepfs sync'.")
+    return HistoryUnreachable(f"the shared history {display} cannot be reached ({first}); {hint}")

@@ -31,6 +31,11 @@ class Config:
     checkpoint_reps: int = 10
     growth_big_mib: int = 10
     growth_steps: int = 100
+    tools_git_files: int = 200     # tools: .py files of the repository git clones
+    tools_py_files: int = 300      # tools: stdlib .py files compileall compiles (and sed -i edits)
+    tools_tree_files: int = 1_000  # tools: files of the stdlib copy rsync / diff / tar move (3.11: all 999, 32 MB)
+    tools_sqlite_rows: int = 5_000  # tools: rows inserted by the sqlite3 CLI, 250 per transaction
+    tools_c_units: int = 8         # tools: C source files make builds
     targets: tuple[str, ...] = ("native", "overlay", "fuse-overlayfs", "passthrough", "stepfs")
     only: tuple[str, ...] = ()     # workload groups to run (empty: all)
     profile: tuple[str, ...] = ()  # side-by-side workloads to profile (empty: no profile)
@@ -55,4 +60,5 @@ def smoke() -> Config:
     return Config(mode="smoke", big_mib=1, reps=1, small_files=40, npm_files=100, commit_ws=(200,),
                   commit_changed=(1,), commit_reps=2, mount_ws=(100,), mount_reps=1, cli_reps=1, guard_samples=5,
                   checkpoint_files=200, checkpoint_reps=1, growth_big_mib=1, growth_steps=2,
+                  tools_git_files=10, tools_py_files=20, tools_tree_files=30, tools_sqlite_rows=500, tools_c_units=2,
                   targets=("native", "stepfs"), only=("untar", "commit"))

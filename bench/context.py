@@ -62,7 +62,7 @@ class Context:
         d.mkdir(parents=True, exist_ok=False)
         return d
 
-    def _once(self, key: str, make) -> Path:
+    def once(self, key: str, make) -> Path:
         if key not in self._data:
             t0 = time.perf_counter()
             self._data[key] = make()
@@ -73,19 +73,19 @@ class Context:
     # -- shared inputs ------------------------------------------------------------
 
     def big_file(self) -> Path:
-        return self._once("big file", lambda: fixtures.big_file(self.data_dir / "big.bin", self.cfg.big_mib))
+        return self.once("big file", lambda: fixtures.big_file(self.data_dir / "big.bin", self.cfg.big_mib))
 
     def tree(self) -> Path:
-        return self._once("source tree", lambda: fixtures.source_tree(self.data_dir / "src", self.cfg.small_files))
+        return self.once("source tree", lambda: fixtures.source_tree(self.data_dir / "src", self.cfg.small_files))
 
     def tar(self) -> Path:
-        return self._once("tarball", lambda: fixtures.tarball(self.tree(), self.data_dir / "src.tar"))
+        return self.once("tarball", lambda: fixtures.tarball(self.tree(), self.data_dir / "src.tar"))
 
     def workspace(self, files: int) -> Path:
         """A workspace of ``files`` tiny files shared by the stepfs-only
         groups (mount time, then commit latency); removed with the temp root."""
-        return self._once(f"{files}-file workspace",
+        return self.once(f"{files}-file workspace",
                           lambda: fixtures.workspace(self.data_dir / f"ws{files}", files))
 
     def repo(self) -> Path:
-        return self._once("git repository", lambda: fixtures.git_repo(self.tree(), self.data_dir / "repo"))
+        return self.once("git repository", lambda: fixtures.git_repo(self.tree(), self.data_dir / "repo"))

@@ -58,19 +58,29 @@ def _short(frame: str) -> str:
 
 #: Frames every busy stack of the daemon runs under: left out of the inclusive list.
 ENTRY_FRAMES = {"<module> (daemon.py)", "main (daemon.py)", "serve (daemon.py)", "run (fuse_ops.py)",
-                "FUSE.__init__ (mfusepy.py)", "_run_code (<frozen runpy>)", "_run_module_as_main (<frozen runpy>)"}
+                "<module> (main.py)", "main (main.py)", "serve (main.py)", "main_with_hook.<locals>.main (loop.py)",
+                "Thread._bootstrap (threading.py)", "Thread._bootstrap_inner (threading.py)",
+                "Thread.run (threading.py)", "FUSE.__init__ (mfusepy.py)", "_run_code (<frozen runpy>)", "_run_module_as_main (<frozen runpy>)"}
 
 
 #: py-spy's idle detection misses threads blocked in native code (--native):
 #: a stack is idle when a loop waits for work, i.e. its innermost Python frame
 #: is one of these and its leaf is one of the blocking calls below.
-LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "socket.accept (socket.py)"}
+LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "main_with_hook.<locals>.main (loop.py)", "socket.accept (socket.py)",
+               "Watcher._run (watch.py)"}
 BLOCKING_CALLS = ("read", "accept4", "accept", "poll", "ppoll", "epoll_wait", "select", "recv", "recvmsg",
                   "futex", "__futex_abstimed_wait_common", "__GI___futex_abstimed_wait_cancelable64")
+#: A helper thread (row timer, spares, delta work) parked on a condition
+#: is idle too; its leaf is often an unresolved libc address.  The same
+#: wait under the FUSE loop is a request stalled on a helper: kept busy.
+WAIT_FRAMES = {"Condition.wait (threading.py)"}
+FUSE_LOOP_FRAMES = {"FUSE.__init__ (mfusepy.py)", "main_with_hook.<locals>.main (loop.py)"}
 
 
 def _is_idle(frames: list[str], py: list[str]) -> bool:
     leaf = frames[-1].split(" (", 1)[0]
+    if py and py[-1] in WAIT_FRAMES and not FUSE_LOOP_FRAMES & set(py):
+        return True
     return bool(py) and py[-1] in LOOP_FRAMES and leaf in BLOCKING_CALLS
 
 
@@ -141,33 +151,38 @@ def profile(ctx: Context, names: tuple[str, ...] = PROFILED) -> dict:
         try:
             w.prepare(ctx, case / "lower")
             with target.mounted(case) as mp:
-                pid = target.pid
-                proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
-                                         "--native", "--nolineno", "--output", str(raw_path)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True)
-                try:
-                    _wait_sampling(proc)
-                    cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
-                    timings = w.run(ctx, mp)
-                    wall, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
-                finally:
-                    proc.send_signal(signal.SIGINT)
-                    try:
-                        proc.wait(timeout=60)
-                    except subprocess.TimeoutExpired:
-                        proc.kill()
-                        proc.wait()
-            raw = raw_path.read_text() if raw_path.exists() else ""
-            out[name] = {"wall_s": wall, "daemon_cpu_s": cpu, "daemon_busy_share": cpu / wall if wall else None,
-                         "timings": timings, **summarize(raw)}
-            log(f"profiled {name}: daemon CPU {cpu:.2f} s of {wall:.2f} s wall")
+                out[name] = record(spy, target.pid, raw_path, lambda: w.run(ctx, mp))
+            log(f"profiled {name}: daemon CPU {out[name]['daemon_cpu_s']:.2f} s of {out[name]['wall_s']:.2f} s wall")
         except Exception as exc:  # a profiler problem must not lose the run's numbers
             log(f"profiling {name} failed: {exc}")
             out[name] = {"status": f"failed: {exc}"}
         finally:
             shutil.rmtree(case, ignore_errors=True)
     return out
+
+
+def record(spy: str, pid: int, raw_path: Path, work) -> dict:
+    """Run ``work()`` with py-spy sampling daemon ``pid`` into ``raw_path``:
+    wall time, the daemon's CPU time, ``work``'s result (``timings``) and
+    the :func:`summarize` of the samples."""
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                             "--native", "--nolineno", "--output", str(raw_path)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_sampling(proc)
+        cpu0, t0 = _cpu_seconds(pid), time.perf_counter()
+        timings = work()
+        wall, cpu = time.perf_counter() - t0, _cpu_seconds(pid) - cpu0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    raw = raw_path.read_text() if raw_path.exists() else ""
+    return {"wall_s": wall, "daemon_cpu_s": cpu, "daemon_busy_share": cpu / wall if wall else None,
+            "timings": timings, **summarize(raw)}
 
 
 def profile_commit(ctx: Context, changed: int = 10, commits: int = 5) -> dict:

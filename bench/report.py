@@ -130,6 +130,9 @@ def evaluate(w: dict) -> list[Goal]:
     for name, limit in (("npm_create_unversioned", 1.5), ("rm_rf_unversioned", 2.0)):
         if name in w:  # issue 19 part 1: generated trees at native speed
             goals.append(Goal(f"{name}: time <= {limit:g}x native", _ratio(w, name, "stepfs/native"), limit, "<="))
+    if "tools_total" in w:  # issue 19: the real-client workloads of the suite's tool tests
+        goals.append(Goal("real-client tools (git, pip, compileall, pytest, sqlite3, sed/cp, rsync + diff, tar, "
+                          "make + gcc) in total: time <= 1.5x fuse-overlayfs", _ratio(w, "tools_total", fo), 1.5, "<="))
     commits = _by_size(w, "commit_10_")
     if commits:
         big_n, big = commits[-1]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import report
+from . import report, tools
 from .context import BENCH_DIR, Context, drop_caches, log, sh, timed
 from .targets import Target
 from stepfs.overlayfs.client import mounts
@@ -180,6 +180,8 @@ WORKLOADS: list[Workload] = [
     Workload("close_write_4k", {"close_write_4k": "close(2) latency after rewriting an existing 4 KiB file "
                                                   "(stepfs: flush = version-token guard + staging)"},
              _close_write, _prepare_4k, kind="latency", reps=lambda ctx: 1),
+    # issue 19: the real programs of tests/test_mount_tools.py, one row each and their total
+    Workload("tools", tools.METRICS, tools.run, tools.prepare),
 ]
 
 

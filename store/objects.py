@@ -103,6 +103,9 @@ _OBJECT_INSERT_INLINE = Prepared(_O.insert(), ["oid", "size", "gen", "data", "co
 _OBJECTS_BY_KEY = Prepared(select(_O.c.oid).where(_O.c.oid.in_(bindparam("oids", expanding=True))))
 #: Content up to this many bytes is stored inline in its object row (format 7).
 INLINE_MAX = 2048
+#: Bigger contents up to this many bytes are chunked in one batch by
+#: ``ObjectStore.put_many`` (held in memory whole anyway); bigger ones one by one.
+BATCHED_CHUNKED_MAX = 1 << 20
 
 
 def _free_key(digest: str, taken: list[str]) -> str:
@@ -202,7 +205,9 @@ class ObjectStore:
         """Store several contents; returns their object ids, in order.  The
         small (inline) ones take one lookup of their keys and one multi-row
         insert in all, instead of a lookup, a generation read and an insert
-        each (a clone puts thousands); the others go through
+        each (a clone puts thousands); bigger ones up to
+        :data:`BATCHED_CHUNKED_MAX` are chunked in one batch too
+        (:meth:`_put_chunked_many`), the rest go through
         :meth:`put_bytes`.  A key found goes through :meth:`put_bytes`
         too (its family is compared byte for byte), and so does a content
         of the same key as another here but other bytes.  The lookup is of the exact keys only: a content whose
@@ -210,23 +215,34 @@ class ObjectStore:
         under ``digest`` (a second copy; bytes are never merged)."""
         out: list[str | None] = [None] * len(contents)
         small: dict[str, tuple[int, bytes]] = {}
+        chunked: dict[str, tuple[int, bytes]] = {}
         repeats: list[tuple[int, int]] = []  # (index, index of the first content of its key)
         for i, data in enumerate(contents):
             if len(data) > self.inline_max:
-                out[i] = self.put_bytes(conn, data)
-                continue
+                if self.hasher is not xxh3_hex or len(data) > BATCHED_CHUNKED_MAX:
+                    out[i] = self.put_bytes(conn, data)
+                    continue
+                family = chunked  # the key is the whole content's XXH3-128, as _put_stream's
+            else:
+                family = small
             digest = self.hasher(data)
-            if digest in small:
-                repeats.append((i, small[digest][0]))  # put below, once the first is in
+            if digest in small or digest in chunked:
+                first = small[digest][0] if digest in small else chunked[digest][0]
+                repeats.append((i, first))  # put below, once the first is in
                 continue
-            small[digest] = (i, data)
-        keys = list(small)
-        for j in range(0, len(keys), _BATCH):
-            for (oid,) in _OBJECTS_BY_KEY.execute(conn, {"oids": keys[j:j + _BATCH]}):
-                i, data = small.pop(oid)
-                out[i] = self.put_bytes(conn, data)
-        if small:
+            family[digest] = (i, data)
+        gen = None
+        for family in (small, chunked):
+            keys = list(family)
+            for j in range(0, len(keys), _BATCH):
+                for (oid,) in _OBJECTS_BY_KEY.execute(conn, {"oids": keys[j:j + _BATCH]}):
+                    i, data = family.pop(oid)
+                    out[i] = self.put_bytes(conn, data)
+        if chunked:
             gen = generation(conn)
+            self._put_chunked_many(conn, chunked, gen, out)
+        if small:
+            gen = generation(conn) if gen is None else gen
             rows = []
             for digest, (i, data) in small.items():
                 how, encoded = codec.compress(data)
@@ -238,6 +254,36 @@ class ObjectStore:
             same = contents[i] == contents[first]  # else a collision: its own key, from put_bytes
             out[i] = out[first] if same else self.put_bytes(conn, contents[i])
         return out  # type: ignore[return-value]
+
+    def _put_chunked_many(self, conn: Connection, contents: dict[str, tuple[int, bytes]], gen: int,
+                          out: list) -> None:
+        """:meth:`put_many`'s contents too big to be inline, none of whose
+        keys is stored: cut as :meth:`_put_stream` cuts them, their chunks
+        put in runs of :data:`_BATCH` (:meth:`_put_chunks`), their object and
+        chunk-list rows in one insert each, instead of five statements per
+        content (a mount's row write stores every small file closed since
+        the last one).  ``out[i]`` gets content ``i``'s object id."""
+        cut: list[tuple[str, int, int]] = []  # (key, index in out, number of chunks)
+        pieces: list[memoryview] = []
+        for digest, (i, data) in contents.items():
+            mine = [p for window in chunking.windows(lambda offset, n, d=data: d[offset:offset + n], self.chunker)
+                    for p in window]
+            cut.append((digest, i, len(mine)))
+            pieces += mine
+        cids: list[tuple[str, int]] = []
+        for j in range(0, len(pieces), _BATCH):
+            cids += self._put_chunks(conn, pieces[j:j + _BATCH])
+        objects, lists, at = [], [], 0
+        for digest, i, n in cut:
+            pos = 0
+            for seq, (cid, length) in enumerate(cids[at:at + n]):
+                lists.append({"oid": digest, "seq": seq, "offset": pos, "cid": cid})
+                pos += length
+            at += n
+            objects.append({"oid": digest, "size": pos, "gen": gen})
+            out[i] = digest
+        _OBJECT_INSERT.executemany(conn, objects)
+        _OBJECT_CHUNKS_INSERT.executemany(conn, lists)
 
     def put_fd(self, conn: Connection, fd: int) -> tuple[str, int]:
         """Store the whole content of the open file ``fd`` (read with pread).

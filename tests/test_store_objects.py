@@ -294,3 +294,33 @@ def test_put_many_stores_each_content_once_and_never_merges_colliding_bytes(db):
         assert count(conn, schema.objects) == len(set(batch))
         assert oids == [objects.put_bytes(conn, b) for b in batch]  # put again: found, not stored anew
         assert count(conn, schema.objects) == len(set(batch))
+
+
+def test_put_many_chunks_small_contents_in_one_batch_as_put_bytes_would(db):
+    """The contents too big to be inline but small enough to batch (a
+    mount's row write of small closed files): the ids, chunk lists and
+    bytes ``put_bytes`` gives, in a fixed number of statements whatever
+    their count; a repeated content stored once, a stored one found."""
+    rng = random.Random(5)
+    blobs = [rng.randbytes(rng.randint(2049, 40_000)) for _ in range(300)]
+    objects = ObjectStore()
+    statements = []
+    with db.write() as conn:
+        stored = objects.put_bytes(conn, blobs[3])
+        raw = conn.connection.dbapi_connection  # statements run on its cursors (db.Prepared)
+        raw.set_trace_callback(statements.append)
+        batch = [*blobs, blobs[9]]
+        try:
+            oids = objects.put_many(conn, batch)
+        finally:
+            raw.set_trace_callback(None)
+        # (the trace shows each row of an executemany: count the lookups)
+        lookups = [st for st in statements if st.lstrip().upper().startswith("SELECT")]
+        assert 0 < len(lookups) <= 10  # not a few per content
+        assert oids[3] == stored and oids[9] == oids[-1]
+        assert oids == [xxh3_hex(b) for b in batch]
+        assert [objects.read_all(conn, oid) for oid in oids] == batch
+        assert count(conn, schema.objects) == len(blobs)
+    with db.write() as conn:
+        assert oids == [objects.put_bytes(conn, b) for b in batch]  # found, not stored anew
+        assert count(conn, schema.objects) == len(blobs)

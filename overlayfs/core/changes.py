@@ -414,9 +414,9 @@ class Changes:
                     raise IsADirectory(new)
                 if src_kind == "special":
                     raise Unsupported(old)  # sockets and devices stay where they are
-                fresh = self.content.fresh_under(agent, old)
+                fresh = self.content.fresh_under(agent, old, subtree=False)
                 self._rename_leaf(old, new, agent)
-            self.content.moved(agent, old, new, fresh)
+            self.content.moved(agent, old, new, fresh, subtree=src_kind == "dir")
             self.ns.entries_changed(old, new)
 
     def _hide(self, old: str, new: str, agent: str) -> None:
@@ -451,7 +451,7 @@ class Changes:
             # and their close succeeds (POSIX); other agents' drafts lose.
             self.remove(new, agent)
         else:
-            self.content.unkey(agent, new)
+            self.content.unkey(agent, new, subtree=False)  # a file goes there: nothing can be below it
         self.ns.upper.pop(old)
         if node.link_group is not None:
             node.names.discard(old)

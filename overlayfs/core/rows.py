@@ -113,18 +113,19 @@ class PendingRows:
         row of that path in the same transaction, after :meth:`write`)."""
         self.rows.pop(path, None)
 
-    def write(self, conn: Connection, step: int, empty_oid, put_bytes, held=frozenset()) -> None:
+    def write(self, conn: Connection, step: int, empty_oid, put_many, held=frozenset()) -> None:
         """Apply every recorded change through ``conn`` (the caller's write
         transaction; :meth:`clear` once it committed).  ``empty_oid(conn)``
         stores the empty object for a file row that names no content yet (a
         created file nobody closed, moved or changed before its close);
-        ``put_bytes(conn, data)`` stores held content (its object id);
+        ``put_many(conn, contents)`` stores held contents (their object
+        ids, in order: one batch, not a few statements per file);
         ``held``: placeholders a node still has as its content."""
         # Content no row and no node names any more (a file closed again,
         # or removed, before this write) is never stored.
         named = {row.oid for row in self.rows.values() if row is not None and row.oid in self.contents}
-        self.stored = {key: put_bytes(conn, data) for key, data in self.contents.items()
-                       if key in named or key in held}
+        keys = [key for key in self.contents if key in named or key in held]
+        self.stored = dict(zip(keys, put_many(conn, [self.contents[key] for key in keys]))) if keys else {}
         for path in self.trees:
             staging.remove_tree(conn, step, path)
         puts = []
@@ -320,7 +321,7 @@ class StagedRows:
             self.pending.discard(path)
         if self.pending:
             held = {key for key, node in self._holders.items() if node.oid == key}
-            self.pending.write(conn, self.step, self._empty_oid, self.objects.put_bytes, held)
+            self.pending.write(conn, self.step, self._empty_oid, self.objects.put_many, held)
 
     def written(self) -> None:
         for key, oid in self.pending.stored.items():

@@ -48,14 +48,20 @@ SMALL_BASE = 4096
 _local = threading.local()
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    c = getattr(_local, "c", None)
+def compressor(level: int = PUT_LEVEL) -> zstandard.ZstdCompressor:
+    """This thread's zstd compressor at ``level`` (a context is not
+    thread-safe, and making one per call costs more than small inputs)."""
+    per_level = getattr(_local, "c", None)
+    if per_level is None:
+        per_level = _local.c = {}
+    c = per_level.get(level)
     if c is None:
-        c = _local.c = zstandard.ZstdCompressor(level=PUT_LEVEL)
+        c = per_level[level] = zstandard.ZstdCompressor(level=level)
     return c
 
 
-def _decompressor() -> zstandard.ZstdDecompressor:
+def decompressor() -> zstandard.ZstdDecompressor:
+    """This thread's zstd decompressor."""
     d = getattr(_local, "d", None)
     if d is None:
         d = _local.d = zstandard.ZstdDecompressor()
@@ -70,7 +76,7 @@ def compress(raw) -> tuple[int, bytes | memoryview]:
     """``(codec, data)`` for new chunk bytes ``raw``: zstd where it pays."""
     if len(raw) < MIN_SIZE:
         return RAW, raw
-    packed = _compressor().compress(raw)
+    packed = compressor().compress(raw)
     if pays(len(packed), len(raw)):
         return ZSTD, packed
     return RAW, raw
@@ -99,7 +105,7 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
         return bytes(data)
     try:
         if codec == ZSTD:
-            return _decompressor().decompress(bytes(data), max_output_size=size)
+            return decompressor().decompress(bytes(data), max_output_size=size)
         if codec == DELTA:
             if base_raw is None:
                 raise ValueError("a delta chunk without its base")
@@ -109,7 +115,7 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
                 # a content-dictionary chain on the thread's own decompressor
                 # decodes the same frame with the base as its dictionary.
                 frame = stored_frame(base_raw)
-                out = _decompressor().decompress_content_dict_chain([frame, bytes(data)])
+                out = decompressor().decompress_content_dict_chain([frame, bytes(data)])
                 if len(out) != size:
                     raise ValueError(f"{len(out)} bytes decoded, {size} recorded")
                 return out

@@ -30,6 +30,7 @@ from collections import OrderedDict
 import xxhash
 import zstandard
 
+from stepfs.store.codec import compressor, decompressor
 from stepfs.store.keytext import from_db, to_db
 
 #: The list a decoded row carries, in this order (path is the path id).
@@ -48,21 +49,6 @@ VERSION = 1
 LEVEL = 6
 
 _BIG = sys.byteorder == "big"
-_local = threading.local()
-
-
-def _cctx() -> zstandard.ZstdCompressor:
-    c = getattr(_local, "c", None)
-    if c is None:
-        c = _local.c = zstandard.ZstdCompressor(level=LEVEL)
-    return c
-
-
-def _dctx() -> zstandard.ZstdDecompressor:
-    d = getattr(_local, "d", None)
-    if d is None:
-        d = _local.d = zstandard.ZstdDecompressor()
-    return d
 
 
 def _ints(values, code: str) -> bytes:
@@ -97,7 +83,7 @@ def encode(rows: list[tuple]) -> bytes:
         vals = [bytes(v) if v is not None else None for v in vals]
         out.append(_ints([-1 if v is None else len(v) for v in vals], "i"))
         out.append(b"".join(v for v in vals if v is not None))
-    return _cctx().compress(b"".join(out))
+    return compressor(LEVEL).compress(b"".join(out))
 
 
 class ListDamaged(ValueError):
@@ -112,8 +98,10 @@ def _decode(blob: bytes) -> list[tuple]:
     return rows
 
 
-def _columns(blob: bytes) -> list[tuple]:
-    raw = memoryview(_dctx().decompress(bytes(blob)))
+def _open(blob) -> tuple[memoryview, int, list[str | None], int]:
+    """A list's decompressed bytes, its entry count, its kind table (index
+    0: absent) and the offset of its first column."""
+    raw = memoryview(decompressor().decompress(bytes(blob)))
     if raw[0] != VERSION:
         raise ValueError(f"entry list of version {raw[0]}, this stepfs reads {VERSION}")
     n = int.from_bytes(raw[1:5], "little")
@@ -123,30 +111,46 @@ def _columns(blob: bytes) -> list[tuple]:
         size = raw[at]
         kinds.append(bytes(raw[at + 1:at + 1 + size]).decode("ascii"))
         at += 1 + size
+    return raw, n, kinds, at
+
+
+def _array(raw: memoryview, at: int, n: int, code: str) -> array:
+    """``n`` little-endian integers of type ``code`` at ``at`` (``_ints``'s inverse)."""
+    a = array(code)
+    a.frombytes(raw[at:at + a.itemsize * n])
+    if _BIG:  # pragma: no cover
+        a.byteswap()
+    return a
+
+
+def _byte_column(raw: memoryview, at: int, n: int, keep: bool = True) -> tuple[list | None, int]:
+    """A byte column's values (None for NULL; None for all when not
+    ``keep``: skipped) and the offset after it."""
+    lengths = _array(raw, at, n, "i")
+    at += 4 * n
+    if not keep:
+        return None, at + sum(size for size in lengths if size > 0)
+    vals: list = []
+    for size in lengths:
+        if size < 0:
+            vals.append(None)
+        else:
+            vals.append(bytes(raw[at:at + size]))
+            at += size
+    return vals, at
+
+
+def _columns(blob: bytes) -> list[tuple]:
+    raw, n, kinds, at = _open(blob)
     cols: dict[str, list] = {}
     for name in INTS:
-        a = array("q")
-        a.frombytes(raw[at:at + 8 * n])
-        if _BIG:  # pragma: no cover
-            a.byteswap()
+        cols[name] = [None if v == NULL_INT else v for v in _array(raw, at, n, "q")]
         at += 8 * n
-        cols[name] = [None if v == NULL_INT else v for v in a]
     for name in KINDS:
         cols[name] = [kinds[i] for i in raw[at:at + n]]
         at += n
     for name in BYTES:
-        lengths = array("i")
-        lengths.frombytes(raw[at:at + 4 * n])
-        if _BIG:  # pragma: no cover
-            lengths.byteswap()
-        at += 4 * n
-        vals: list = []
-        for size in lengths:
-            if size < 0:
-                vals.append(None)
-            else:
-                vals.append(bytes(raw[at:at + size]))
-                at += size
+        vals, at = _byte_column(raw, at, n)
         if name in OIDS:
             vals = [from_db(v) if v is not None else None for v in vals]
         cols[name] = vals
@@ -161,30 +165,13 @@ def stored_oids(blob) -> list[tuple[bytes | None, bytes | None]]:
     stored bytes name every object of a history, and converting every
     column of every list cost more than the rest of ``show``."""
     try:
-        raw = memoryview(_dctx().decompress(bytes(blob)))
-        n = int.from_bytes(raw[1:5], "little")
-        at = 6
-        for _ in range(raw[5]):
-            at += 1 + raw[at]
+        raw, n, _kinds, at = _open(blob)
         at += 8 * n * len(INTS) + n * len(KINDS)
         out: dict[str, list] = {}
         for name in BYTES:
-            lengths = array("i")
-            lengths.frombytes(raw[at:at + 4 * n])
-            if _BIG:  # pragma: no cover
-                lengths.byteswap()
-            at += 4 * n
-            if name in OIDS:
-                vals: list = []
-                for size in lengths:
-                    if size < 0:
-                        vals.append(None)
-                    else:
-                        vals.append(bytes(raw[at:at + size]))
-                        at += size
+            vals, at = _byte_column(raw, at, n, keep=name in OIDS)
+            if vals is not None:
                 out[name] = vals
-            else:
-                at += sum(size for size in lengths if size > 0)
             if len(out) == len(OIDS):
                 break
     except (zstandard.ZstdError, IndexError, ValueError) as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepfs.store import entrylist
+from stepfs.store import codec, entrylist
 from stepfs.store.keytext import to_db
 
 
@@ -39,8 +39,8 @@ def test_rows_come_back_as_they_went_in():
 @pytest.mark.parametrize("damage", [
     lambda b: b[:-3],  # a torn frame
     lambda b: b"\x00" * len(b),
-    lambda b: entrylist._cctx().compress(entrylist._dctx().decompress(b) + b"x"),  # a byte after the columns
-    lambda b: entrylist._cctx().compress(b"\x02" + entrylist._dctx().decompress(b)[1:]),  # another version
+    lambda b: codec.compressor(entrylist.LEVEL).compress(codec.decompressor().decompress(b) + b"x"),  # a byte after the columns
+    lambda b: codec.compressor(entrylist.LEVEL).compress(b"\x02" + codec.decompressor().decompress(b)[1:]),  # another version
 ])
 def test_a_list_that_does_not_decode_is_damaged(damage):
     with pytest.raises(entrylist.ListDamaged):

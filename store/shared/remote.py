@@ -56,12 +56,12 @@ def sha256_hex(data) -> str:
 class Remote:
     """One history URL's database.  Use :meth:`open`; close when done."""
 
-    def __init__(self, url: HistoryURL):
+    def __init__(self, url: HistoryURL, hint: str = stall.PUBLISH_HINT):
         self.url = url
         self.name = url.name
         #: What a lost connection's message tells the user to do: a command
-        #: that does not publish a step sets ``stall.RETRY_HINT``.
-        self.hint = stall.PUBLISH_HINT
+        #: that does not publish a step passes ``stall.RETRY_HINT``.
+        self.hint = hint
         if url.dialect == "postgresql":
             # No pre-ping (a round trip per checkout): a dropped connection fails its
             # transaction as HistoryUnreachable, and each command has a pool of its own.
@@ -112,8 +112,7 @@ class Remote:
 
     @classmethod
     def open(cls, url: HistoryURL, hint: str = stall.PUBLISH_HINT) -> "Remote":
-        remote = cls(url)
-        remote.hint = hint
+        remote = cls(url, hint)
         try:
             remote._ensure_schema()
         except BaseException:

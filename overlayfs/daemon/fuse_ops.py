@@ -20,8 +20,9 @@ Choices (measured or forced, see README "Architecture"):
   namespace (``view.HIDDEN_PREFIX``).
 * ``use_ino``: inode numbers come from the view (workspace inodes, kept on
   copy-up).
-* 60 s attribute and entry timeouts (``timeouts.ENTRY_TIMEOUT``), no negative
-  caching.  The kernel's caches are what make repeated metadata work (a
+* 60 s attribute and entry timeouts (``timeouts.ENTRY_TIMEOUT``), and as
+  long for a name found absent when its appearance can be announced
+  (:meth:`StepFS._negative`).  The kernel's caches are what make repeated metadata work (a
   second ``git status``) cheap; what makes them safe is that nothing changes
   the view unannounced: changes through the mount go through the kernel
   (a change through one name of a workspace hard link that shows in its
@@ -72,10 +73,11 @@ from stepfs.overlayfs.daemon.closers import Writers  # noqa: E402
 from stepfs.overlayfs.daemon.libfuse.highlevel import _FUSE
 from stepfs.overlayfs.daemon.libfuse.loop import hooked
 from stepfs.overlayfs.daemon.libfuse.lowlevel import ListingCache
-from stepfs.overlayfs.daemon.libfuse.notify import KernelCache
+from stepfs.overlayfs.daemon.libfuse.notify import INC_EPOCH_MINOR, KernelCache
 from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from stepfs.overlayfs.core.passthrough import HANDLE_BASE  # noqa: E402
-from stepfs.overlayfs.core.view import Overlay  # noqa: E402
+from stepfs.overlayfs.core.metatree import is_meta  # noqa: E402
+from stepfs.overlayfs.core.view import HIDDEN_PREFIX, Overlay  # noqa: E402
 from stepfs.overlayfs.daemon.watch import Watcher  # noqa: E402
 
 log = logging.getLogger("stepfs.fuse")
@@ -205,6 +207,8 @@ class StepFS(mfusepy.Operations):
         # proves libfuse's layout, and off for good once the mount cannot
         # watch: short_timeouts).
         self.listings = ListingCache()
+        # Whether LOOKUPs that find nothing may be cached (init, _negative).
+        self.negatives = False
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -243,9 +247,17 @@ class StepFS(mfusepy.Operations):
         # are seen (watcher).
         if self.kernel_cache is not None and config is not None:
             installed = self.listings.install(mfusepy._libfuse.fuse_get_context().contents.fuse)
+            self.listings.config = config
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
             self.kernel_cache.lookups_told = installed
+            # Negative names are cached only where the kernel can expire one
+            # alone (FUSE_EXPIRE_ONLY, 7.38) and renew every name
+            # (FUSE_NOTIFY_INC_EPOCH, 7.44: a LOOKUP in flight when its name
+            # appears; KernelCache._expire_negatives).
+            self.negatives = (self.listings.enabled and NEGATIVE_TIMEOUT > 0 and conn is not None
+                              and conn.proto_major == 7 and conn.proto_minor >= INC_EPOCH_MINOR)
+            self.kernel_cache.negatives_cached = self.negatives
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if self.kernel_cache is not None:
@@ -261,8 +273,10 @@ class StepFS(mfusepy.Operations):
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
         edits can no longer be seen as they happen; any thread)."""
         self.listings.enabled = False  # the next opendir of each directory drops its cached listing
+        self.negatives = False
         if self.kernel_cache is not None:
-            self.kernel_cache.listings_cached = False
+            self.kernel_cache.listings_cached = self.kernel_cache.negatives_cached = False
+            self.kernel_cache.expire_negatives()
         config = self._config  # None once the teardown began
         if config is not None:
             config.entry_timeout = SHORT_TIMEOUT
@@ -303,7 +317,20 @@ class StepFS(mfusepy.Operations):
             self._gone.discard(path)
             if not self.listings.in_lookup and self.view.upper.get(path) is None:
                 raise mfusepy.FuseOSError(errno.ESTALE)
-        out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        if fh is None and self.listings.in_lookup and self.negatives:
+            forgets = self.kernel_cache.forgets
+            try:
+                out = self.view.getattr(path, None, agent=self._agent)
+            except Exception as exc:
+                code = exc.errno if isinstance(exc, OSError) else errno_for(exc)
+                if code == errno.ENOENT:
+                    try:
+                        self._negative(path, forgets)
+                    except Exception:  # the answer stays ENOENT, uncached
+                        log.exception("caching the absence of %r failed", path)
+                raise
+        else:
+            out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
         if fh is None:
@@ -312,6 +339,29 @@ class StepFS(mfusepy.Operations):
                 held.clear()
             held.add(path)
         return out
+
+    def _negative(self, path: str, forgets: int) -> None:
+        """The LOOKUP being answered finds no ``path``: let the kernel keep
+        that for :data:`NEGATIVE_TIMEOUT` when every way the name can
+        appear other than through this mount's kernel expires it
+        (``KernelCache.forget``: the watcher, rollback, discard; the
+        kernel's own create, link, rename and mkdir replace the name).  Not
+        for ``.stepfs`` (generated from the store: layers appear with no
+        event), nor in an unversioned tree (the watcher does not watch it,
+        and a run's bind mount writes there past this mount), nor once the
+        mount stops watching (:attr:`ListingCache.enabled`), nor when a
+        forget ran while the view was asked (``forgets``: its event may be
+        about this very name)."""
+        if not self.listings.enabled or is_meta(path) or path.rpartition("/")[2].startswith(HIDDEN_PREFIX):
+            return
+        parent = path.rsplit("/", 1)[0] or "/"
+        rules = self.view.unversioned
+        if rules.dir_covered(parent) or rules.covers(path, True) or rules.covers(path, False):
+            return
+        config = self._config
+        if config is not None and self.kernel_cache.note_negative(
+                path, self.listings.lookup_parent, self.listings.lookup_name, NEGATIVE_TIMEOUT, forgets):
+            config.negative_timeout = NEGATIVE_TIMEOUT  # this reply only (ListingCache._lookup)
 
     def listed_attrs(self, path: str, names: list[str]) -> list[dict | None]:
         """:meth:`getattr` of each name in directory ``path`` (None where it
@@ -563,6 +613,6 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
             use_ino=True,
             attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
             entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
-            negative_timeout=NEGATIVE_TIMEOUT,
+            negative_timeout=0.0,  # raised for one reply at a time: StepFS._negative
             **extra,
         )

@@ -95,6 +95,13 @@ class ListingCache:
         # must get the truth, never ESTALE (issue 18 item 6).
         self.in_lookup = True
         self.installed = False
+        # The LOOKUP being answered (parent node id, name), and libfuse's live
+        # ``struct fuse_config``: a negative answer may set its
+        # ``negative_timeout`` for that one reply (StepFS.getattr); it is put
+        # back to 0 as soon as the reply is sent.
+        self.lookup_parent = 0
+        self.lookup_name = b""
+        self.config = None
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
@@ -114,10 +121,14 @@ class ListingCache:
 
     def _lookup(self, req, parent, name):
         self.in_lookup = True
+        self.lookup_parent, self.lookup_name = parent, name
         try:
             self._orig["lookup"](req, parent, name)
         finally:
             self.in_lookup = False
+            config = self.config
+            if config is not None and config.negative_timeout:
+                config.negative_timeout = 0.0
 
     def _reading(self, op: str):
         """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
@@ -167,6 +178,7 @@ class ListingCache:
     def uninstall(self) -> None:
         """Put libfuse's own handlers back (from ``destroy``)."""
         self.enabled = self.in_lookup = self.installed = False
+        self.config = None
         for slot, addr in self._slots:
             slot.value = addr
         self._slots.clear()

@@ -9,6 +9,7 @@ import logging
 import os
 import struct
 import threading
+import time
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy
 
@@ -16,6 +17,20 @@ log = logging.getLogger("stepfs.fuse")
 
 #: ``struct fuse_out_header`` of FUSE_NOTIFY_INC_EPOCH (len, code 8, unique 0).
 _INC_EPOCH = struct.pack("<IiQ", 16, 8, 0)
+#: FUSE_NOTIFY_INVAL_ENTRY: ``fuse_out_header`` (code 3) + ``struct
+#: fuse_notify_inval_entry_out`` (parent, namelen, flags) + name + NUL.
+_INVAL_ENTRY = 3
+#: Its flag that only expires the name (protocol 7.38, Linux 6.2): a full
+#: invalidation would also detach whatever is mounted on a directory.
+_EXPIRE_ONLY = 1
+#: The protocol minor of FUSE_NOTIFY_INC_EPOCH (Linux 6.16).
+INC_EPOCH_MINOR = 44
+#: A negative name this young whose expiry found no name in the kernel may
+#: belong to a LOOKUP still in flight: every name is renewed instead.
+_IN_FLIGHT_S = 2.0
+#: Negative names recorded at most (:meth:`KernelCache.note_negative`);
+#: beyond it, once the expired ones are dropped, negatives are not cached.
+NEGATIVE_LIMIT = 20000
 
 
 class KernelCache:
@@ -78,12 +93,24 @@ class KernelCache:
         #: installed).  When not, gone names never get ESTALE and
         #: :meth:`invalidate` renews every name instead.
         self.lookups_told = True
+        # Names the kernel was told are absent, with a timeout: view path ->
+        # (parent node id, name, monotonic expiry, when noted).  Added by the loop
+        # (note_negative), expired by forget from any other thread.
+        self._negatives: dict[str, tuple[int, bytes, float, float]] = {}
+        self._neg_lock = threading.Lock()
+        #: How many forgets began (read by the loop before it asks the view).
+        self.forgets = 0
+        #: Whether negative names are being cached (``StepFS._negative``;
+        #: for the control channel's ``ping``).
+        self.negatives_cached = False
+        self._loop_thread = 0
 
     def attach(self) -> None:
         """Record the running ``struct fuse *`` (from inside a callback)."""
         lib = mfusepy._libfuse
         self._fuse = lib.fuse_get_context().contents.fuse
         self._dev_fd = lib.fuse_session_fd(lib.fuse_get_session(self._fuse))
+        self._loop_thread = threading.get_ident()
 
     def detach(self, wait: float = 10.0) -> bool:
         """The session is ending: close the gate (later calls do nothing),
@@ -128,8 +155,103 @@ class KernelCache:
             return False
         return True
 
+    def note_negative(self, path: str, parent: int, name: bytes, timeout: float, forgets: int) -> bool:
+        """Record that the LOOKUP being answered tells the kernel ``path``
+        (``name`` in node ``parent``) is absent for ``timeout`` seconds, so
+        that :meth:`forget` of it (or of a directory above it) can expire
+        the kernel's negative name; False (do not cache it) when too many
+        are recorded, or when a forget ran since :attr:`forgets` was
+        ``forgets`` (it may have been about this name, before it was
+        recorded).  On the loop thread."""
+        now = time.monotonic()
+        with self._neg_lock:
+            if self.forgets != forgets:
+                return False
+            negs = self._negatives
+            if len(negs) >= NEGATIVE_LIMIT:
+                for key in [k for k, (_p, _n, until) in negs.items() if until <= now]:
+                    del negs[key]
+                if len(negs) >= NEGATIVE_LIMIT:
+                    return False
+            negs[path] = (parent, name, now + timeout, now)
+        return True
+
+    def negatives_noted(self) -> int:
+        """How many negative names are recorded (expired ones included until
+        pruned); any thread."""
+        with self._neg_lock:
+            return len(self._negatives)
+
+    def _expire_negatives(self, path: str | None) -> None:
+        """Expire the kernel's cached negative names of ``path`` and below
+        it (None: all of them).  Not on the loop thread: the kernel takes
+        the parent directory's lock, which a request waiting for the loop
+        may hold."""
+        now = time.monotonic()
+        with self._neg_lock:
+            self.forgets += 1
+            negs = self._negatives
+            if not negs:
+                return
+            if path is None:
+                keys = list(negs)
+            else:
+                keys = [path] if path in negs else []
+                if path == "/":
+                    keys = list(negs)
+                else:
+                    under = path + "/"
+                    keys += [k for k in negs if k.startswith(under)]
+            todo = [negs.pop(k) for k in keys]
+        todo = [rec for rec in todo if rec[2] > now]
+        if not todo:
+            return
+        with self._gate:
+            fd = self._dev_fd if self._fuse else -1
+            if fd < 0:
+                return
+            self._inflight += 1
+        renew = False
+        try:
+            for parent, name, _until, noted in todo:
+                body = struct.pack("<QII", parent, len(name), _EXPIRE_ONLY) + name + b"\0"
+                try:
+                    os.write(fd, struct.pack("<IiQ", 16 + len(body), _INVAL_ENTRY, 0) + body)
+                except OSError as exc:
+                    if exc.errno != errno.ENOENT:
+                        log.warning("expiring the negative name %r failed: %s", name, os.strerror(exc.errno))
+                        renew = True
+                    elif now - noted < _IN_FLIGHT_S:
+                        # Not in the kernel yet: its LOOKUP may still be on
+                        # its way back.  A new epoch invalidates what that
+                        # LOOKUP caches (the kernel read the epoch before
+                        # sending it).  Otherwise the name is simply gone.
+                        renew = True
+            if renew:
+                self.new_epoch()
+        finally:
+            with self._gate:
+                self._inflight -= 1
+                if not self._inflight:
+                    self._gate.notify_all()
+
+    def expire_negatives(self) -> None:
+        """Expire every negative name the kernel holds (the mount stops
+        watching); on the loop thread it renews every name instead."""
+        if threading.get_ident() == self._loop_thread:
+            with self._neg_lock:
+                self.forgets += 1
+                self._negatives.clear()
+            self.new_epoch()
+        else:
+            self._expire_negatives(None)
+
     def forget(self, path: str) -> bool:
-        """Invalidate one view path; True when the kernel had it cached."""
+        """Invalidate one view path; True when the kernel had it cached.
+        A negative name cached for it or below it is expired too (except on
+        the loop thread: hard-link names, which exist)."""
+        if threading.get_ident() != self._loop_thread:
+            self._expire_negatives(path)
         with self._gate:
             fuse = self._fuse
             if not fuse:

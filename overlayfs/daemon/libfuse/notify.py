@@ -33,6 +33,15 @@ _IN_FLIGHT_S = 2.0
 NEGATIVE_LIMIT = 20000
 
 
+def _ancestors(path: str) -> list[str]:
+    """The directories above view path ``path``: ``/a/b/c`` -> ``/a/b``, ``/a``, ``/``."""
+    out = []
+    while path not in ("/", ""):
+        path = path.rsplit("/", 1)[0] or "/"
+        out.append(path)
+    return out
+
+
 class KernelCache:
     """Invalidation of the kernel's caches for paths of one mount.
 
@@ -97,6 +106,9 @@ class KernelCache:
         # (parent node id, name, monotonic expiry, when noted).  Added by the loop
         # (note_negative), expired by forget from any other thread.
         self._negatives: dict[str, tuple[int, bytes, float, float]] = {}
+        # Every directory above a recorded name -> how many are below it: a
+        # forget of a path with none below costs no scan.
+        self._above: dict[str, int] = {}
         self._neg_lock = threading.Lock()
         #: How many forgets began (read by the loop before it asks the view).
         self.forgets = 0
@@ -169,12 +181,26 @@ class KernelCache:
                 return False
             negs = self._negatives
             if len(negs) >= NEGATIVE_LIMIT:
-                for key in [k for k, (_p, _n, until) in negs.items() if until <= now]:
-                    del negs[key]
+                for key in [k for k, rec in negs.items() if rec[2] <= now]:
+                    self._drop(key)
                 if len(negs) >= NEGATIVE_LIMIT:
                     return False
+            if path not in negs:
+                for up in _ancestors(path):
+                    self._above[up] = self._above.get(up, 0) + 1
             negs[path] = (parent, name, now + timeout, now)
         return True
+
+    def _drop(self, path: str) -> tuple[int, bytes, float, float]:
+        """Remove one record (under :attr:`_neg_lock`)."""
+        above = self._above
+        for up in _ancestors(path):
+            left = above[up] - 1
+            if left:
+                above[up] = left
+            else:
+                del above[up]
+        return self._negatives.pop(path)
 
     def negatives_noted(self) -> int:
         """How many negative names are recorded (expired ones included until
@@ -193,16 +219,14 @@ class KernelCache:
             negs = self._negatives
             if not negs:
                 return
-            if path is None:
+            if path is None or path == "/":
                 keys = list(negs)
             else:
                 keys = [path] if path in negs else []
-                if path == "/":
-                    keys = list(negs)
-                else:
+                if path in self._above:  # a directory with recorded names below it
                     under = path + "/"
                     keys += [k for k in negs if k.startswith(under)]
-            todo = [negs.pop(k) for k in keys]
+            todo = [self._drop(k) for k in keys]
         todo = [rec for rec in todo if rec[2] > now]
         if not todo:
             return
@@ -242,6 +266,7 @@ class KernelCache:
             with self._neg_lock:
                 self.forgets += 1
                 self._negatives.clear()
+                self._above.clear()
             self.new_epoch()
         else:
             self._expire_negatives(None)

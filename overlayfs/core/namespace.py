@@ -130,8 +130,11 @@ class Namespace:
         reachable there (absent, or a file or symlink in place of a parent)."""
         return self.root.lstat_or_none(rel(path))
 
-    def lower_token(self, path: str) -> str:
-        st = self.lower_stat(path)
+    def lower_token(self, path: str, st: os.stat_result | None | bool = False) -> str:
+        """The version token of the workspace's ``path``; ``st``: its
+        ``lstat`` (or None) when the caller just took it."""
+        if st is False:
+            st = self.lower_stat(path)
         if st is None:
             return tokens.ABSENT
         target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None

@@ -226,7 +226,30 @@ class Namespace:
         return out
 
     def is_empty_dir(self, path: str) -> bool:
-        return len(self.listing(path)) <= 2
+        """Whether directory ``path`` lists nothing but ``.`` and ``..``:
+        :meth:`listing`'s merge without building and sorting the entries
+        (every rmdir of an ``rm -rf`` asks, of a directory whose names are
+        all whiteouts by then)."""
+        node, st = self.resolve(path)
+        if self.kind(node, st) != "dir":
+            raise NotADirectory(path)
+        nodes = self.upper.nodes
+        prefix = path if path != "/" else ""
+        for name in self.upper.child_names(path):
+            child = nodes.get(prefix + "/" + name)
+            if child is not None and child.kind != "whiteout":
+                return False  # (None: a directory on the way to staged paths, listed below if it exists)
+        if node is None or not node.opaque:
+            try:
+                wpath = rel(path)
+                lower = self.listings.listdir(wpath, st if st is not None else self.root.lstat(wpath))
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            for name, _kind, _ino in lower:
+                child = nodes.get(prefix + "/" + name)
+                if child is None or child.kind != "whiteout":
+                    return False
+        return True
 
     def inherit_group(self, path: str, node: Node) -> None:
         """In a set-group-ID directory a new name takes the directory's

@@ -359,6 +359,15 @@ def test_directory_link_counts_follow_subdirectories(ws_view, tmp_path):
     assert view.getattr("/d")["st_nlink"] == 5
     view.rmdir("/d/sub2")
     assert view.getattr("/d")["st_nlink"] == 4
+    # Removing files keeps the count (an rm -rf asks it before each
+    # unlink); removing a directory, a workspace one too, does not.
+    view.unlink("/d/new")
+    view.unlink("/d/one")
+    assert view.getattr("/d")["st_nlink"] == 4
+    view.rmdir("/d/outside")
+    assert view.getattr("/d")["st_nlink"] == 3
+    view.mkdir("/d/outside", 0o755)
+    assert view.getattr("/d")["st_nlink"] == 4
     view.rename("/d/sub", "/sub")
     assert view.getattr("/d")["st_nlink"] == 3
     view.mkdir("/new", 0o755)

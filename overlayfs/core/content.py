@@ -46,6 +46,7 @@ import logging
 import os
 import stat as stat_mod
 import time
+from typing import Callable
 
 
 from stepfs.store import tokens
@@ -556,11 +557,16 @@ class Content:
 
     # -- drafts following namespace changes ----------------------------------------
 
-    def removed(self, agent: str, path: str, heir: str | None) -> None:
+    def removed(self, agent: str | Callable[[], str], path: str, heir: str | None) -> None:
         """``agent`` removed ``path`` (and everything below it): its drafts
         there are detached (its open descriptors keep working, POSIX-style),
         except that a draft of a hard-linked file moves to ``heir``, the
-        file's remaining name.  Other agents' drafts lose at their close."""
+        file's remaining name.  Other agents' drafts lose at their close.
+        ``agent`` may be a callable, asked only when there are drafts."""
+        if not self.drafts:
+            return
+        if callable(agent):
+            agent = agent()
         prefix = path + "/"
         for (a, p), d in list(self.drafts.items()):
             if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:

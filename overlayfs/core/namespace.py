@@ -130,8 +130,11 @@ class Namespace:
         reachable there (absent, or a file or symlink in place of a parent)."""
         return self.root.lstat_or_none(rel(path))
 
-    def lower_token(self, path: str) -> str:
-        st = self.lower_stat(path)
+    def lower_token(self, path: str, st: os.stat_result | None | bool = False) -> str:
+        """The version token of the workspace's ``path``; ``st``: its
+        ``lstat`` (or None) when the caller just took it."""
+        if st is False:
+            st = self.lower_stat(path)
         if st is None:
             return tokens.ABSENT
         target = self.root.readlink(rel(path)) if stat_mod.S_ISLNK(st.st_mode) else None
@@ -223,7 +226,30 @@ class Namespace:
         return out
 
     def is_empty_dir(self, path: str) -> bool:
-        return len(self.listing(path)) <= 2
+        """Whether directory ``path`` lists nothing but ``.`` and ``..``:
+        :meth:`listing`'s merge without building and sorting the entries
+        (every rmdir of an ``rm -rf`` asks, of a directory whose names are
+        all whiteouts by then)."""
+        node, st = self.resolve(path)
+        if self.kind(node, st) != "dir":
+            raise NotADirectory(path)
+        nodes = self.upper.nodes
+        prefix = path if path != "/" else ""
+        for name in self.upper.child_names(path):
+            child = nodes.get(prefix + "/" + name)
+            if child is not None and child.kind != "whiteout":
+                return False  # (None: a directory on the way to staged paths, listed below if it exists)
+        if node is None or not node.opaque:
+            try:
+                wpath = rel(path)
+                lower = self.listings.listdir(wpath, st if st is not None else self.root.lstat(wpath))
+            except (FileNotFoundError, NotADirectoryError):
+                return True
+            for name, _kind, _ino in lower:
+                child = nodes.get(prefix + "/" + name)
+                if child is None or child.kind != "whiteout":
+                    return False
+        return True
 
     def inherit_group(self, path: str, node: Node) -> None:
         """In a set-group-ID directory a new name takes the directory's

@@ -42,6 +42,7 @@ import errno
 import logging
 import os
 import threading
+from typing import Callable
 
 from stepfs.store import staging
 from stepfs.store.errors import StepfsError
@@ -241,12 +242,14 @@ class Overlay:
             return self.passthrough.mkdir(path, mode, owner)
         self.changes.mkdir(path, mode, owner, agent)
 
-    def rmdir(self, path: str, agent: str = DEFAULT) -> None:
+    def rmdir(self, path: str, agent: str | Callable[[], str] = DEFAULT) -> None:
+        """``agent`` (here and in :meth:`unlink`) may be a callable, asked
+        only when the view holds drafts (``Content.removed``)."""
         if self._unv(path, True):
             return self.passthrough.rmdir(path)
         self.changes.rmdir(path, agent)
 
-    def unlink(self, path: str, agent: str = DEFAULT) -> None:
+    def unlink(self, path: str, agent: str | Callable[[], str] = DEFAULT) -> None:
         if self._unv(path, False):
             return self.passthrough.unlink(path)
         self.changes.unlink(path, agent)

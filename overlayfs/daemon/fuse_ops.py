@@ -405,13 +405,15 @@ class StepFS(mfusepy.Operations):
     def mkdir(self, path, mode):
         self.view.mkdir(path, mode, owner=_owner(), agent=self._agent())
 
+    # The agent of a removal matters only to its own open drafts: asked
+    # (a /proc read) only when the view holds drafts (Content.removed).
     @_translating
     def rmdir(self, path):
-        self.view.rmdir(path, agent=self._agent())
+        self.view.rmdir(path, agent=self._agent)
 
     @_translating
     def unlink(self, path):
-        self.view.unlink(path, agent=self._agent())
+        self.view.unlink(path, agent=self._agent)
 
     @_translating
     def symlink(self, target, source):

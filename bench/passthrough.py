@@ -9,7 +9,12 @@ directory below: the same library (libfuse3 through
 ``FUSE_LIBRARY_NAME=fuse3``), the same single-threaded loop, the same kernel
 cache timeouts as ``overlayfs/fuse_ops.run`` (the bench passes the values it
 reads from there), ``default_permissions`` and ``use_ino``; ``hard_remove``
-so an unlinked open file costs no rename.  No overlay, no store, no locks.
+so an unlinked open file costs no rename.  Extended attributes are served
+as stepfs serves them (the kernel asks a filesystem that answers getxattr
+at every ``ls -l`` of a file, for ``security.selinux``; one that answers
+ENOSYS is never asked again, which would spare the reference requests
+stepfs must answer), with ``FUSE_CAP_POSIX_ACL`` so the kernel caches ACL
+answers, as stepfs asks.  No overlay, no store, no locks.
 Every path is joined under SOURCE; it is a benchmark reference, not a
 contained filesystem.
 """
@@ -27,6 +32,8 @@ os.environ.setdefault("FUSE_LIBRARY_NAME", "fuse3")
 
 import mfusepy  # noqa: E402  (needs the environment variable above)
 
+#: The kernel caches POSIX ACLs (``overlayfs/daemon/fuse_ops.py`` asks the same).
+FUSE_CAP_POSIX_ACL = 1 << 19
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 STAT_KEYS = ("st_mode", "st_ino", "st_nlink", "st_size", "st_uid", "st_gid", "st_blocks", "st_blksize")
@@ -53,6 +60,18 @@ class Passthrough(mfusepy.Operations):
 
     def _full(self, path: str) -> str:
         return self.source + path if path != "/" else self.source
+
+    def init_with_config(self, conn, config):
+        if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
+            conn.want |= FUSE_CAP_POSIX_ACL
+
+    @_os_errors
+    def getxattr(self, path, name, position=0):
+        return os.getxattr(self._full(path), name, follow_symlinks=False)
+
+    @_os_errors
+    def listxattr(self, path):
+        return os.listxattr(self._full(path), follow_symlinks=False)
 
     @_os_errors
     def getattr(self, path, fh=None):

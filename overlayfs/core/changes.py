@@ -176,7 +176,10 @@ class Changes:
             here = self.ns.upper.get(path)
             heir = min((n for n in here.names if n != path), default=None) \
                 if here is not None and here.link_group is not None else None
-            self.content.removed(agent, path, heir)
+            # Only a directory has drafts below it to look for among all.
+            subtree = here.kind == "dir" if here is not None else \
+                lower_st is None or stat_mod.S_ISDIR(lower_st.st_mode)
+            self.content.removed(agent, path, heir, subtree)
         node = self.ns.upper.get(path)
         if node is None:
             lower = lower_st if lower_st is not None else self.ns.lower_stat(path)

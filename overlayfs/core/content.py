@@ -557,18 +557,21 @@ class Content:
 
     # -- drafts following namespace changes ----------------------------------------
 
-    def removed(self, agent: str | Callable[[], str], path: str, heir: str | None) -> None:
+    def removed(self, agent: str | Callable[[], str], path: str, heir: str | None, subtree: bool = True) -> None:
         """``agent`` removed ``path`` (and everything below it): its drafts
         there are detached (its open descriptors keep working, POSIX-style),
         except that a draft of a hard-linked file moves to ``heir``, the
         file's remaining name.  Other agents' drafts lose at their close.
-        ``agent`` may be a callable, asked only when there are drafts."""
+        ``agent`` may be a callable, asked only when there are drafts;
+        ``subtree`` False: ``path`` is no directory, so only its own key is
+        looked up (an ``rm -rf`` after an untar would scan every draft per
+        unlink)."""
         if not self.drafts:
             return
         if callable(agent):
             agent = agent()
         prefix = path + "/"
-        for (a, p), d in list(self.drafts.items()):
+        for (a, p), d in self._drafts_at(agent, path, subtree):
             if a == agent and p == path and heir is not None and (a, heir) not in self.drafts:
                 del self.drafts[(a, p)]
                 self.reindex_draft(d, heir)

@@ -57,7 +57,7 @@ VERSION = 1
 #: version, count, checksum of the named pairs.
 _HEAD = struct.Struct("<BI8s")
 TEXT, BINARY = 1, 2
-LEVEL = 19
+LEVEL = 9
 _BIG = sys.byteorder == "big"
 
 

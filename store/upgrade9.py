@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from sqlalchemy import BigInteger, Column, Integer, MetaData, PrimaryKeyConstraint, Table
 
-from stepfs.store import linecounts, records, schema
+from stepfs.store import codec, linecounts, records, schema
 from stepfs.store.keys import HexKey
 from stepfs.store.keytext import to_db
 from stepfs.store.records import Change
@@ -36,6 +36,25 @@ LINE_COUNTS = Table(
 
 
 def upgrade(conn) -> None:
+    _short_deltas(conn)
+    _layer_counts(conn)
+
+
+def _short_deltas(conn) -> None:
+    """Every delta stored without the frame head its size implies
+    (``codec.delta``): inline objects' and chunks'."""
+    for table, key in (("objects", "oid"), ("chunks", "cid")):
+        short = []
+        for k, size, data in conn.exec_driver_sql(
+                f"SELECT {key}, size, data FROM {table} WHERE codec = ? AND data IS NOT NULL", (codec.DELTA,)):
+            head = codec.frame_head(size)
+            if head is not None and bytes(data).startswith(head):
+                short.append((bytes(data)[len(head):], k))
+        if short:
+            conn.exec_driver_sql(f"UPDATE {table} SET data = ? WHERE {key} = ?", short)
+
+
+def _layer_counts(conn) -> None:
     from stepfs.store.cardrows import Rows  # noqa: PLC0415
 
     schema.metadata.create_all(conn, tables=[schema.layer_counts])

@@ -172,8 +172,8 @@ def rewrite_layer(conn, number: int, change) -> None:
 def drop_format_9(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: the line counts as
     a version-8 writer kept them (``line_counts``, one row per object pair,
-    from the counts each layer's ``layer_counts`` row holds).  The caller
-    sets the version and commits."""
+    from the counts each layer's ``layer_counts`` row holds), and deltas
+    as whole zstd frames.  The caller sets the version and commits."""
     from sqlalchemy.dialects import sqlite
     from sqlalchemy.schema import CreateTable
 
@@ -192,6 +192,13 @@ def drop_format_9(raw) -> None:
                         (to_db(b), to_db(a), added, removed,
                          size(b) if n_old is None else n_old, size(a) if n_new is None else n_new))
     raw.execute("DROP TABLE layer_counts")
+    from stepfs.store import codec
+
+    for table, key in (("objects", "oid"), ("chunks", "cid")):  # deltas as whole frames
+        for k, size, data in raw.execute(f"SELECT {key}, size, data FROM {table} "
+                                         "WHERE codec = 2 AND data IS NOT NULL").fetchall():
+            if not bytes(data).startswith(codec.MAGIC):
+                raw.execute(f"UPDATE {table} SET data = ? WHERE {key} = ?", (codec.frame_head(size) + data, k))
 
 
 def drop_format_8(raw) -> None:

@@ -1,7 +1,8 @@
 """The upgrade of a version-8 store to format 9 (line counts per layer,
-``layer_counts``): every count format 8's ``line_counts`` held for a
-committed layer's changes is carried, the cards read the same, the store
-verifies, and a process killed at any durable call of the upgrade leaves a
+``layer_counts``; deltas without their frame head): every count format
+8's ``line_counts`` held for a committed layer's changes is carried, every
+delta loses its head and reads the same, the cards read the same, the
+store verifies, and a process killed at any durable call of the upgrade leaves a
 store that opens as version 8 or 9 with the same history (kernel-free
 tier)."""
 
@@ -50,6 +51,12 @@ def snapshot(ws) -> dict:
                 "counts": {n: linecounts.lookup(rows, n) for n in numbers}}
 
 
+def _whole_deltas(raw) -> int:
+    """Deltas stored as whole zstd frames (format 8's form)."""
+    return raw.execute("SELECT count(*) FROM objects WHERE codec = 2 AND substr(data, 1, 4) = x'28b52ffd'"
+                       ).fetchone()[0]
+
+
 def version(root) -> str:
     raw = sqlite3.connect(root / ".stepfs" / "store.db")
     try:
@@ -71,6 +78,7 @@ def version_8(tmp_path_factory):
     raw.execute("UPDATE meta SET value = '8' WHERE key = 'format_version'")
     raw.commit()
     assert raw.execute("SELECT count(*) FROM line_counts").fetchone()[0] >= 10
+    assert _whole_deltas(raw) >= 3
     raw.close()
     return root, before
 
@@ -93,6 +101,7 @@ def test_a_version_8_store_is_upgraded_keeping_every_count(version_8, tmp_path):
     try:
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
         assert "line_counts" not in tables and "layer_counts" in tables
+        assert _whole_deltas(raw) == 0  # stored without the head their size implies
     finally:
         raw.close()
 

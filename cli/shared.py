@@ -228,9 +228,10 @@ def cmd_rollback_shared(args, target, number: int) -> int:
 
 def cmd_verify_history(args) -> int:
     from stepfs.store.errors import StoreDamaged
+    from stepfs.store.shared.verifying import verify
 
     with _remote(args) as remote:
-        counts, problems = remote.verify()
+        counts, problems = verify(remote)
         display = remote.url.display
     text = "\n".join([f"checked {display}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))]
                      + [f"  problem: {p}" for p in problems])

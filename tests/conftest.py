@@ -35,6 +35,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 from stepfs.overlayfs.client import manage, mounts  # noqa: E402
 from stepfs.overlayfs.daemon.protocol import daemon_alive  # noqa: E402
 from pgserver import history_url, pg_server, pg_url  # noqa: E402,F401  (shared-history fixtures)
+from agentprocs import agents  # noqa: E402,F401  (processes that are a mount's agents)
 
 #: Seconds before pytest-timeout at which the watchdog aborts a test's mounts.
 WATCHDOG_MARGIN = 10

@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,133 +23,6 @@ import pytest
 from conftest import stepfs
 
 pytestmark = pytest.mark.mount
-
-#: One JSON command per line, one JSON answer per line (pipes, no sleeps).
-WORKER = r"""
-import json, os, subprocess, sys, threading
-fds = {}
-def answer(out):
-    print(json.dumps(out), flush=True)
-for line in sys.stdin:
-    cmd = json.loads(line)
-    op = cmd["op"]
-    out = {"ok": True}
-    try:
-        if op == "open":
-            fds[cmd["name"]] = os.open(cmd["path"], cmd["flags"], 0o644)
-        elif op == "write":
-            os.write(fds[cmd["name"]], cmd["data"].encode())
-        elif op == "close":
-            os.close(fds.pop(cmd["name"]))
-        elif op == "dup":
-            fds[cmd["new"]] = os.dup(fds[cmd["name"]])
-        elif op == "read":
-            with open(cmd["path"], "rb") as f:
-                out["data"] = f.read().decode()
-        elif op == "subprocess":  # closes every inherited descriptor above 2 before its exec
-            out["rc"] = subprocess.run(["true"]).returncode
-        elif op == "fork_exit":  # no exec: the child's exit closes its copies
-            pid = os.fork()
-            if pid == 0:
-                os._exit(0)
-            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        elif op == "fork_close":  # no exec: the child closes its copy itself
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.close(fds[cmd["name"]])
-                    os._exit(0)
-                except OSError as exc:
-                    os._exit(exc.errno)
-            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        elif op == "spawn":  # posix_spawn (vfork + exec); the copy inherited or closed at the exec
-            fd = fds[cmd["name"]]
-            os.set_inheritable(fd, cmd["inherit"])
-            pid = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
-            out["rc"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-            os.set_inheritable(fd, False)
-        elif op == "threads":  # several threads write; one starts a process meanwhile
-            fd = fds[cmd["name"]]
-            started = threading.Barrier(len(cmd["parts"]) + 1)
-            def writer(i, part):
-                started.wait()
-                os.pwrite(fd, part.encode(), i * len(part))
-            ts = [threading.Thread(target=writer, args=(i, p)) for i, p in enumerate(cmd["parts"])]
-            ts.append(threading.Thread(target=lambda: (started.wait(), subprocess.run(["true"]))))
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
-        elif op == "thread_close":  # another thread than the writers closes
-            err = []
-            def closer():
-                try:
-                    os.close(fds.pop(cmd["name"]))
-                except OSError as exc:
-                    err.append(exc.errno)
-            t = threading.Thread(target=closer)
-            t.start()
-            t.join()
-            if err:
-                raise OSError(err[0], os.strerror(err[0]))
-        else:
-            raise ValueError(op)
-    except OSError as exc:
-        out = {"ok": False, "errno": exc.errno}
-    answer(out)
-"""
-
-
-class Proc:
-    """A long-lived process in the mount; ``agent`` None: the default agent."""
-
-    def __init__(self, cwd: Path, agent: str | None):
-        env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
-        if agent is not None:
-            env["STEPFS_AGENT"] = agent
-        self.agent = agent
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-
-    def __call__(self, op: str, **kw) -> dict:
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, f"process of agent {self.agent} died"
-        return json.loads(line)
-
-    def ok(self, op: str, **kw) -> dict:
-        out = self(op, **kw)
-        assert out["ok"], f"{self.agent}: {op} {kw}: {out}"
-        return out
-
-    def read(self, path: str) -> str:
-        return self.ok("read", path=path)["data"]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def procs():
-    made: list[Proc] = []
-
-    def make(cwd: Path, agent: str | None) -> Proc:
-        made.append(Proc(cwd, agent))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for p in made:
-            try:
-                p.stop()
-            except Exception:
-                p.proc.kill()
-                p.proc.wait()
-
 
 def conflicts(mp: Path) -> list[dict]:
     r = stepfs("status", mp, "--json")
@@ -162,12 +34,12 @@ WRITE_TRUNC = os.O_WRONLY | os.O_TRUNC
 
 
 @pytest.fixture
-def setup(workspace, mount, procs):
+def setup(workspace, mount, agents):
     """``(mount, writer, reader)`` with ``t.txt`` holding ``base``, read once
     by the reader agent."""
     (workspace / "t.txt").write_text("base")
     m = mount(workspace)
-    writer, reader = procs(m.mountpoint, None), procs(m.mountpoint, "reader")
+    writer, reader = agents(m.mountpoint, None), agents(m.mountpoint, "reader")
     assert reader.read("t.txt") == "base"
     return m, writer, reader
 
@@ -284,12 +156,12 @@ def test_a_child_that_wrote_publishes_at_its_close(setup):
     assert reader.read("t.txt") == "from-child\n"
 
 
-def test_a_rival_that_closes_while_the_writer_runs_a_process_wins(setup, procs):
+def test_a_rival_that_closes_while_the_writer_runs_a_process_wins(setup, agents):
     """The version-token outcome of a real two-agent race is the same as
     without the child: the rival, who closed first, wins; the writer's own
     close fails with ESTALE and its bytes are kept as a conflict copy."""
     m, writer, reader = setup
-    rival = procs(m.mountpoint, "rival")
+    rival = agents(m.mountpoint, "rival")
     assert rival.read("t.txt") == "base"
     writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
     writer.ok("write", name="f", data="HALF ")
@@ -306,9 +178,9 @@ def test_a_rival_that_closes_while_the_writer_runs_a_process_wins(setup, procs):
         ("t.txt", "default", "stale-close")]
 
 
-def test_the_writer_that_closes_first_still_wins(setup, procs):
+def test_the_writer_that_closes_first_still_wins(setup, agents):
     m, writer, reader = setup
-    rival = procs(m.mountpoint, "rival")
+    rival = agents(m.mountpoint, "rival")
     assert rival.read("t.txt") == "base"
     writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
     rival.ok("open", name="r", path="t.txt", flags=WRITE_TRUNC)

@@ -36,128 +36,10 @@ from pathlib import Path
 
 import pytest
 
+from agentprocs import Agent
 from conftest import stepfs
 
 pytestmark = pytest.mark.mount
-
-#: A process that does file operations on command, one JSON line each, so a
-#: test interleaves several processes exactly (pipes, no sleeps).
-WORKER = r"""
-import json, os, sys
-fds = {}
-for line in sys.stdin:
-    cmd = json.loads(line)
-    op = cmd["op"]
-    out = {"ok": True}
-    try:
-        if op == "open":
-            fds[cmd["name"]] = os.open(cmd["path"], cmd["flags"], 0o644)
-        elif op == "write":
-            out["n"] = os.write(fds[cmd["name"]], cmd["data"].encode("latin-1"))
-        elif op == "close":
-            os.close(fds.pop(cmd["name"]))
-        elif op == "dup":
-            fds[cmd["new"]] = os.dup(fds[cmd["name"]])
-        elif op == "fork_close":
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.close(fds[cmd["name"]])
-                    code = 0
-                except OSError as exc:
-                    code = exc.errno
-                os._exit(code)
-            out["child"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-        elif op == "pread":
-            out["data"] = os.pread(fds[cmd["name"]], cmd["size"], cmd["offset"]).decode("latin-1")
-        elif op == "mmap":  # a shared mapping needs the page cache
-            import mmap
-            mmap.mmap(fds[cmd["name"]], 0, mmap.MAP_SHARED, mmap.PROT_READ).close()
-        elif op == "read":
-            with open(cmd["path"], "rb") as f:
-                out["data"] = f.read().decode("latin-1")
-        elif op == "pyclose":  # what Python's own file objects do
-            with open(cmd["path"], "w") as f:
-                f.write(cmd["data"])
-                print(json.dumps({"ok": True, "opened": True}), flush=True)
-                sys.stdin.readline()  # wait until told to close
-        else:
-            raise ValueError(op)
-    except OSError as exc:
-        out = {"ok": False, "errno": exc.errno, "error": str(exc)}
-    print(json.dumps(out), flush=True)
-"""
-
-
-class Agent:
-    """A process in the mount that is one agent (``name=None``: the mount's
-    default agent)."""
-
-    def __init__(self, cwd: Path, name: str | None):
-        env = {k: v for k, v in os.environ.items() if k != "STEPFS_AGENT"}
-        if name is not None:
-            env["STEPFS_AGENT"] = name
-        self.name = name
-        self.proc = subprocess.Popen([sys.executable, "-c", WORKER], cwd=cwd, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
-
-    def send(self, op: str, **kw) -> None:
-        self.proc.stdin.write(json.dumps({"op": op, **kw}) + "\n")
-        self.proc.stdin.flush()
-
-    def reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        assert line, f"agent {self.name} died"
-        return json.loads(line)
-
-    def __call__(self, op: str, **kw) -> dict:
-        self.send(op, **kw)
-        return self.reply()
-
-    def ok(self, op: str, **kw) -> dict:
-        out = self(op, **kw)
-        assert out["ok"], f"{self.name}: {op} {kw}: {out}"
-        return out
-
-    def read(self, path: str) -> str:
-        return self.ok("read", path=path)["data"]
-
-    def open_w(self, name: str, path: str, trunc: bool = True) -> dict:
-        return self("open", name=name, path=path, flags=os.O_WRONLY | (os.O_TRUNC if trunc else 0) | os.O_CREAT)
-
-    def write_file(self, path: str, data: str) -> dict:
-        """open, write, close; the first failure is the answer."""
-        out = self.open_w("w", path)
-        if not out["ok"]:
-            return out
-        self.ok("write", name="w", data=data)
-        return self("close", name="w")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-
-
-@pytest.fixture
-def agents():
-    """Factory ``agents(cwd, name)``; every process is stopped after the test."""
-    made: list[Agent] = []
-
-    def make(cwd: Path, name: str | None) -> Agent:
-        made.append(Agent(cwd, name))
-        return made[-1]
-
-    try:
-        yield make
-    finally:
-        for a in made:
-            try:
-                a.stop()
-            except Exception:
-                a.proc.kill()
-                a.proc.wait()
-
 
 def status_json(target: Path) -> dict:
     r = stepfs("status", target, "--json")
@@ -414,7 +296,7 @@ def test_s7_dup_fork_and_several_closes_make_one_decision(workspace, mount, agen
     # A child that never wrote closes its inherited copy, then the writer
     # its dup while the original is still open: neither ends the writer's
     # use of the file, so neither decides (issue 18 item 0).
-    assert loser.ok("fork_close", name="fd")["child"] == 0
+    assert loser.ok("fork_close", name="fd")["rc"] == 0
     assert loser("close", name="dup") == {"ok": True}
     out = loser("close", name="fd")  # the writer's last copy: the decision
     assert (out["ok"], out["errno"]) == (False, errno.ESTALE)
@@ -431,7 +313,7 @@ def test_s7_winning_descriptors_all_succeed(workspace, mount, agents):
     assert a.open_w("fd", "x")["ok"]
     a.ok("write", name="fd", data="solo\n")
     a.ok("dup", name="fd", new="dup")
-    assert a.ok("fork_close", name="fd")["child"] == 0
+    assert a.ok("fork_close", name="fd")["rc"] == 0
     assert a("close", name="dup") == {"ok": True}
     assert a("close", name="fd") == {"ok": True}
     assert m.path("x").read_text() == "solo\n"

@@ -89,6 +89,27 @@ def test_a_clone_never_sets_the_process_umask_and_keeps_modes_under_a_strict_one
     assert manifest(tmp_path / "new") == manifest(a)  # 0o666, 0o755 and 0o444 files, a 0o555 directory
 
 
+def test_a_sparse_file_stays_sparse_in_the_clone(history_url, tmp_path):
+    """An all-zero stretch of a file comes out as a hole, not as written
+    zeros (a clone of a workspace with a sparse image must not fill the
+    disk), and the bytes are the same."""
+    a = _ws(tmp_path / "a", {"README": b"hi\n"})
+    with open(a / "image", "wb") as f:
+        f.truncate(8 << 20)
+        f.seek(3 << 20)
+        f.write(b"data in the middle")
+    with open(a / "ends-in-zeros", "wb") as f:
+        f.write(b"head")
+        f.truncate(1 << 20)
+    client.attach(str(a), history_url)
+    sync.clone(parse(history_url), str(tmp_path / "new"))
+    assert manifest(tmp_path / "new") == manifest(a)
+    for name, size in (("image", 8 << 20), ("ends-in-zeros", 1 << 20)):
+        st = os.stat(tmp_path / "new" / name)
+        assert st.st_size == size
+        assert st.st_blocks * 512 <= 256 * 1024, (name, st.st_blocks)  # written zeros would be the whole size
+
+
 def test_a_clone_cut_before_its_rename_leaves_no_workspace(history_url, tmp_path):
     a = _rich(tmp_path / "a")
     client.attach(str(a), history_url)

@@ -23,6 +23,7 @@ from stepfs.store.errors import (CorruptObject, HeadMoved, HistoryError, History
 from stepfs.store.shared import sync, tables as T
 from stepfs.store.shared.remote import LayerRecord, Remote, sha256_hex
 from stepfs.store.shared.url import parse
+from stepfs.store.shared.verifying import verify as verify_history
 from stepfs.store.workspace import Workspace
 
 
@@ -59,13 +60,13 @@ def test_damaged_chunk_is_never_served_and_verify_names_it(history_url):
         digest = sha256_hex(b"payload")
         r.put_object(digest, [b"payload"])
         r.create(_record(0, "baseline"), [_entry(b"f", digest)])
-        counts, problems = r.verify()
+        counts, problems = verify_history(r)
         assert problems == [] and counts["objects"] == 1 and counts["layers"] == 1
         with r.tx() as conn:
             conn.execute(update(T.chunks).values(data=b"paylaod"))
         with pytest.raises(CorruptObject):
             r.read_object(digest)
-        _, problems = r.verify()
+        _, problems = verify_history(r)
         assert any("does not hash" in p for p in problems)
 
 
@@ -82,7 +83,7 @@ def test_publish_is_a_compare_and_swap_on_the_head(history_url):
         assert [e["path"] for e in r.entries(1)] == [b"a"]
         assert other.publish(1, _record(origin=7), [_entry(b"b")]) == 2
         assert r.origins("w" * 32) == {7: 2}
-        assert r.verify()[1] == []
+        assert verify_history(r)[1] == []
 
 
 def test_entries_must_name_stored_objects(history_url):
@@ -300,7 +301,7 @@ def test_connection_killed_inside_the_head_transaction_publishes_nothing(pg_url,
     out = client.sync_workspace(manage.Target(str(a)))
     assert [p["shared"] for p in out["published"]] == [1]
     with Remote.open(parse(pg_url)) as r:
-        assert sorted(e["path"] for e in r.entries(1)) == [b"f.txt", b"g.txt"] and r.verify()[1] == []
+        assert sorted(e["path"] for e in r.entries(1)) == [b"f.txt", b"g.txt"] and verify_history(r)[1] == []
 
 
 def test_two_processes_racing_on_one_path_one_wins(pg_url, tmp_path):

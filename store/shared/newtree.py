@@ -1,6 +1,7 @@
 """A clone's tree written into a new, empty directory nobody else sees yet
 (``store.shared.cloning``): each path straight at its place, no temporary
 file, no token check, no fsync (the clone syncs the filesystem once).
+An all-zero stretch of 64 KiB is left a hole, so a sparse file stays sparse.
 
 Paths are made parents first, in path order.  Each is made through its
 parent's descriptor, every directory opened without following a symlink,
@@ -34,6 +35,11 @@ TASK_PATHS = 64
 #: Directory descriptors kept open between batches (path order revisits
 #: few; beyond this many all are closed once a batch is written).
 OPEN_DIRS = 256
+#: A file's bytes are written in windows of this many; an all-zero window
+#: is left a hole, so a sparse file of the history stays sparse (a
+#: multiple of every usual block size; smaller files are written whole).
+HOLE_WINDOW = 64 * 1024
+_ZEROS = bytes(HOLE_WINDOW)
 
 _STORE = STORE_DIR.encode()
 
@@ -148,9 +154,7 @@ def _make(pfd: int, name: bytes, s: PathState, umask: int) -> None:
         fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, s.mode & 0o777,
                      dir_fd=pfd)
         try:
-            view, done = memoryview(s.data), 0
-            while done < len(view):
-                done += os.write(fd, view[done:])
+            _write_data(fd, s.data)
             if s.mode & ~0o777 or s.mode & umask:
                 os.fchmod(fd, s.mode)
             if s.xattrs:
@@ -164,3 +168,23 @@ def _make(pfd: int, name: bytes, s: PathState, umask: int) -> None:
     else:
         os.mknod(name, NODE_KINDS[s.kind] | 0o600, rdev_of(s.kind, s.target), dir_fd=pfd)
         os.chmod(name, s.mode, dir_fd=pfd, follow_symlinks=False)
+
+
+def _write_data(fd: int, data: bytes) -> None:
+    """Write ``data`` into the new empty file ``fd``, leaving every
+    all-zero window of :data:`HOLE_WINDOW` bytes a hole (the size is set
+    by ``ftruncate`` when the file ends in one)."""
+    view = memoryview(data)
+    size = len(view)
+    pos, ends_in_hole = 0, False
+    while pos < size:
+        end = min(pos + HOLE_WINDOW, size)
+        # startswith compares in place (a memoryview's == unpacks each byte)
+        ends_in_hole = end - pos == HOLE_WINDOW and data.startswith(_ZEROS, pos)
+        if not ends_in_hole:
+            done = pos
+            while done < end:
+                done += os.pwrite(fd, view[done:end], done)
+        pos = end
+    if ends_in_hole:
+        os.ftruncate(fd, size)

@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, func, select, text, update
+from sqlalchemy import create_engine, event, select, text, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
@@ -570,53 +570,6 @@ class Remote:
         for r in rows:
             out[bytes(r.path)] = _entry_dict(r)
         return out
-
-    # -- verify ----------------------------------------------------------------------
-
-    def verify(self) -> tuple[dict[str, int], list[str]]:
-        """Re-hash every chunk and object; check that the layers run 0..head
-        without a gap, that pruned ones come first and have no entries, and
-        every entry names stored objects."""
-        problems: list[str] = []
-        counts = {"chunks": 0, "objects": 0, "layers": 0, "entries": 0}
-        with self.tx() as conn:
-            for h, size, data in conn.execute(select(T.chunks.c.hash, T.chunks.c.size, T.chunks.c.data)):
-                counts["chunks"] += 1
-                if sha256_hex(data) != h or len(data) != size:
-                    problems.append(f"chunk {h} does not hash to its key")
-            objects = conn.execute(select(T.objects.c.hash, T.objects.c.size)).all()
-            head = conn.execute(select(T.histories.c.head).where(T.histories.c.name == self.name)).scalar()
-            numbers = conn.execute(select(T.layers.c.number).where(T.layers.c.history == self.name)
-                                   .order_by(T.layers.c.number)).scalars().all()
-            # Pruned layers (prune.py): a prefix of the history, with no entries left.
-            pruned = conn.execute(select(T.layers.c.number).where(T.layers.c.history == self.name,
-                                                                  T.layers.c.kind == "pruned")).scalars().all()
-            kept_from = min((n for n in numbers if n not in set(pruned)), default=None)
-            pruned_named = conn.execute(select(func.count()).select_from(T.entries).where(
-                T.entries.c.history == self.name, T.entries.c.layer.in_(pruned))).scalar() if pruned else 0
-            named = conn.execute(select(func.count()).select_from(T.entries).where(T.entries.c.history == self.name)).scalar()
-        for digest, size in objects:
-            counts["objects"] += 1
-            h, n = hashlib.sha256(), 0
-            try:
-                for piece in self.iter_object(digest):
-                    h.update(piece)
-                    n += len(piece)
-            except CorruptObject as exc:
-                problems.append(str(exc))
-                continue
-            if h.hexdigest() != digest or n != size:
-                problems.append(f"object {digest} does not hash to its key")
-        counts["layers"], counts["entries"] = len(numbers), int(named or 0)
-        if head is None:
-            problems.append(f"the history {self.name} does not exist")
-        elif list(numbers) != list(range(head + 1)):
-            problems.append(f"the layers of {self.name} do not run 0..{head} without a gap")
-        if pruned and (kept_from is None or max(pruned) > kept_from):
-            problems.append(f"a pruned layer of {self.name} is newer than a kept one")
-        if pruned_named:
-            problems.append(f"{pruned_named} entries of {self.name} belong to pruned layers")
-        return counts, problems
 
 
 def _abandon(conn: Connection) -> None:

@@ -36,11 +36,6 @@ class Rewound:
     paths: list[bytes]  # the paths it changes
 
 
-@dataclass
-class _Header:
-    number: int  # what sync._check_disk names in a conflict
-
-
 def plan(remote: Remote, number: int, paths: list[bytes] | None = None) -> tuple[int, list[tuple]]:
     """(head, [(path, head's row, N's row)]) for every path (below
     ``paths``) whose state differs between the head and layer ``number``."""
@@ -72,9 +67,9 @@ def rollback(ws, remote: Remote, att: Attachment, number: int, paths: list[bytes
             before = down.state(now, "after") if now is not None else State(None)
             after = down.state(then, "after") if then is not None else State(None)
             entries.append(Entry(path, before, after, then["after_mtime_ns"] if then is not None else None))
-        sync._check_disk(ws, att, [(_Header(head), entries)])  # the disk holds the head's state (or N's)
+        sync.check_disk(ws, att, [(head, entries)])  # the disk holds the head's state (or N's)
         # Each path's token as judged: the switch leaves (and records) an edit made outside after it.
-        todo, expect = sync._unapplied(ws, entries, {e.path: e.after for e in entries})
+        todo, expect = sync.unapplied(ws, entries, {e.path: e.after for e in entries})
         if not todo:
             raise NothingToRollBack(f"nothing to roll back: every path already holds its state as of layer {number} "
                                     f"of the shared history.")

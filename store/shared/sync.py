@@ -192,10 +192,10 @@ def pull(ws, remote: Remote, att: Attachment) -> list[Pulled]:
         plans = [(r, [down.entry(row) for row in rows[r.number]]) for r in incoming]
         if fold is not None:
             plans.insert(0, (fold, catchup.entries(ws, down, rows[fold.number])))
-        _check_disk(ws, att, plans)
+        check_disk(ws, att, [(r.number, entries) for r, entries in plans])
         final = {e.path: e.after for _r, entries in plans for e in entries}
         for r, entries in plans:
-            todo, expect = _unapplied(ws, entries, final)
+            todo, expect = unapplied(ws, entries, final)
             meta = {**r.meta, "shared_layer": r.number, "shared_host": r.host, "shared_workspace": r.workspace_path}
             number = publish.write_layer(ws, todo, kind=SYNC, message=r.message, agent=r.agent, mount=r.mount,
                                          meta=meta, consume_step=None, expect=expect)
@@ -213,14 +213,16 @@ def _refuse(att: Attachment, clashes: dict[bytes, int], why: str) -> None:
         sorted(os.fsdecode(p) for p in clashes), sorted(set(clashes.values())))
 
 
-def _check_disk(ws, att: Attachment, plans) -> None:
-    """Before anything is written: every path the pulled layers touch holds
-    the state the first of them starts from (or the state the last leaves)."""
+def check_disk(ws, att: Attachment, plans: list[tuple[int, list[Entry]]]) -> None:
+    """Before anything is written: every path the layers to apply touch
+    (``plans``: each shared layer's number, named in a conflict, and its
+    entries, oldest first) holds the state the first of them starts from
+    (or the state the last leaves)."""
     first: dict[bytes, tuple[State, int]] = {}
     last: dict[bytes, State] = {}
-    for r, entries in plans:
+    for number, entries in plans:
         for e in entries:
-            first.setdefault(e.path, (e.before, r.number))
+            first.setdefault(e.path, (e.before, number))
             last[e.path] = e.after
     clashes = {}
     with ws.db.read() as conn:
@@ -236,14 +238,14 @@ def _check_disk(ws, att: Attachment, plans) -> None:
 _CHANGED = "changed-outside-since-the-check"
 
 
-def _unapplied(ws, entries: list[Entry], final: dict[bytes, State]) -> tuple[list[Entry], dict[bytes, str]]:
+def unapplied(ws, entries: list[Entry], final: dict[bytes, State]) -> tuple[list[Entry], dict[bytes, str]]:
     """The entries whose path does not hold their after state already, and
     the token each has now, taken with the stat its state was judged by:
     the switch checks it just before the path's rename (as a commit does),
     so an edit made outside between this check and the switch is left and
     recorded, never overwritten.  A path holding neither the entry's
     before state nor the pull's final one changed outside since
-    :func:`_check_disk`."""
+    :func:`check_disk`."""
     todo, expect = [], {}
     with ws.db.read() as conn:
         for e in entries:

@@ -80,15 +80,15 @@ def main() -> None:
     with Workspace.open(path):  # makes the table in a store from before it
         pass
     with sqlite3.connect(db, isolation_level=None) as conn:
-        conn.execute("DELETE FROM line_counts")
+        conn.execute("DELETE FROM layer_counts")
     without = _time_log(path, args.runs)
     with Workspace.open(path) as ws:
         cards.read_log(ws, fold=False)  # a reader with the workspace open remembers the counts
     with sqlite3.connect(db, isolation_level=None) as conn:
-        rows = conn.execute("SELECT count(*) FROM line_counts").fetchone()[0]
+        rows = conn.execute("SELECT count(*) FROM layer_counts").fetchone()[0]
     with_rows = _time_log(path, args.runs)
     print(f"log of {path}: {without * 1000:.0f} ms computing every line count, {with_rows * 1000:.0f} ms "
-          f"with {rows} remembered rows (median of {args.runs}); load average {os.getloadavg()[0]:.2f} "
+          f"with {rows} layers' remembered rows (median of {args.runs}); load average {os.getloadavg()[0]:.2f} "
           f"{os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f}")
 
 

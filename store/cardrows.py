@@ -32,7 +32,7 @@ from stepfs.store.records import Entry, Layer
 
 #: Store formats whose tables these queries were written for: a store of
 #: another format is read through ``Workspace.open`` (which upgrades or refuses it).
-FORMATS = frozenset({8})
+FORMATS = frozenset({9})
 HASH_ALGORITHM = "xxh3_128"
 #: Object ids per ``IN`` list (SQLite bounds the variables of one statement).
 BATCH = 5000
@@ -106,9 +106,11 @@ class Rows:
         self.hasher = hasher
         self._table_exists = table_exists
         self._tables: dict[str, bool] = {}
-        #: Line counts the cards computed because the store had no row for
-        #: them (``store/linecounts.py``): a writer may remember them.
-        self.computed: dict[tuple[str, str], tuple] = {}
+        self._last_entries: tuple[int, tuple] | None = None
+        #: Line counts the cards computed because the store had none for
+        #: them, by committed layer (``store/linecounts.py``): a writer may
+        #: remember them.
+        self.computed: dict[int, dict[tuple[str, str], tuple]] = {}
 
     @classmethod
     def over(cls, conn, hasher: Callable[[bytes], str] = xxh3_hex) -> "Rows":
@@ -175,8 +177,14 @@ class Rows:
         return NoSuchLayer(f"layer {number} does not exist; 'stepfs log' lists the layers.")
 
     def entries(self, number: int) -> list[Entry]:
-        """Layer ``number``'s entries in path order."""
-        return entryrows.layer_entries(self.fetch, number)
+        """Layer ``number``'s entries in path order.  The last layer's are
+        kept for this transaction: a card reads them for its changes and
+        again for its remembered line counts (``store/linecounts.py``)."""
+        if self._last_entries is not None and self._last_entries[0] == number:
+            return list(self._last_entries[1])
+        got = entryrows.layer_entries(self.fetch, number)
+        self._last_entries = (number, tuple(got))
+        return got
 
     # -- objects -----------------------------------------------------------------
 

@@ -86,13 +86,15 @@ def file_card(objects: ObjectStore, conn: Connection, c: Change, tolerant: bool 
     return card_entry(Rows.over(conn, objects.hasher), c, tolerant)
 
 
-def card_entry(rows: Rows, c: Change, tolerant: bool = False, counts: dict | None = None) -> dict:
+def card_entry(rows: Rows, c: Change, tolerant: bool = False, counts: dict | None = None,
+               layer: int | None = None) -> dict:
     """One path of a card.  ``tolerant``: a file whose bytes cannot be read
     back (a corrupt chunk) gets ``unreadable: True`` and no line counts
     instead of failing the card (``log`` lists layers from their rows,
     whatever the chunks).  ``counts``: remembered line counts by object
     pair (``store/linecounts.py``); a pair not in it is computed from the
-    objects' bytes, added to it and to ``rows.computed``."""
+    objects' bytes and added to it, and, when the change is one of committed
+    layer ``layer``'s, to ``rows.computed[layer]``."""
     out = {
         "path": os.fsdecode(c.path), "op": c.op, "kind": c.after.kind or c.before.kind,
         "before": _state(c.before), "after": _state(c.after),
@@ -114,7 +116,8 @@ def card_entry(rows: Rows, c: Change, tolerant: bool = False, counts: dict | Non
                 raise
             out.update(unreadable=True)
             return out
-        rows.computed[pair] = got
+        if layer is not None:
+            rows.computed.setdefault(layer, {})[pair] = got
         if counts is not None:
             counts[pair] = got
     added, removed, n_old, n_new = got
@@ -126,19 +129,22 @@ def card_entry(rows: Rows, c: Change, tolerant: bool = False, counts: dict | Non
 
 
 def card_for(objects: ObjectStore, conn: Connection, header: dict, changes: list[Change],
-             fold: bool = True, tolerant: bool = False) -> dict:
+             fold: bool = True, tolerant: bool = False, layer: int | None = None) -> dict:
     """:func:`card_of` read through ``conn``."""
-    return card_of(Rows.over(conn, objects.hasher), header, changes, fold, tolerant)
+    return card_of(Rows.over(conn, objects.hasher), header, changes, fold, tolerant, layer)
 
 
-def card_of(rows: Rows, header: dict, changes: list[Change], fold: bool = True, tolerant: bool = False) -> dict:
+def card_of(rows: Rows, header: dict, changes: list[Change], fold: bool = True, tolerant: bool = False,
+            layer: int | None = None) -> dict:
     """A card from a layer header (number, kind, created_ns, message, agent,
     mount, meta) and its changes; with ``fold``, each ``.git`` directory is
     one entry of ``folded`` (its files are not read) instead of one per path
-    (``tolerant``: see :func:`card_entry`)."""
+    (``tolerant``: see :func:`card_entry`).  ``layer``: the committed layer
+    the changes are (some of) the changes of, whose remembered line counts
+    serve them (``store/linecounts.py``); None computes every count."""
     kept, folded = split_folded(changes) if fold else (changes, {})
-    counts = linecounts.lookup(rows, [p for c in kept if (p := linecounts.pair_of(c)) is not None])
-    files = [card_entry(rows, c, tolerant, counts) for c in kept]
+    counts = linecounts.lookup(rows, layer) if layer is not None and kept else {}
+    files = [card_entry(rows, c, tolerant, counts, layer) for c in kept]
     ops = [f["op"] for f in files]
     return {
         **header,
@@ -172,7 +178,7 @@ def card(objects: ObjectStore, conn: Connection, number: int, fold: bool = True)
 def card_at(rows: Rows, number: int, fold: bool = True) -> dict:
     """The card of committed layer ``number``; raises NoSuchLayer."""
     layer = rows.layer(number)
-    c = card_of(rows, header(layer), _changes(rows, number), fold)
+    c = card_of(rows, header(layer), _changes(rows, number), fold, layer=number)
     c["stored_bytes"] = rows.added_bytes([number])[number]
     return c
 
@@ -195,14 +201,14 @@ def log(objects: ObjectStore, conn: Connection, limit: int | None = None, fold: 
 def log_of(rows: Rows, limit: int | None = None, fold: bool = True) -> list[dict]:
     """Committed layers, newest first, each as its card without the per-file
     list (``files`` holds the count; ``folded`` stays a list).  Line counts
-    are read from ``line_counts`` (``store/linecounts.py``); only a change
-    with no row there reads its content.  A file whose chunks are corrupt is counted in
+    are read from ``layer_counts`` (``store/linecounts.py``); only a change
+    not counted there reads its content.  A file whose chunks are corrupt is counted in
     ``unreadable`` instead of failing the listing (``stepfs verify`` names it)."""
     out = []
     listed = rows.layers(limit=limit)
     added = rows.added_bytes([layer.number for layer in listed])
     for layer in listed:
-        c = card_of(rows, header(layer), _changes(rows, layer.number), fold, tolerant=True)
+        c = card_of(rows, header(layer), _changes(rows, layer.number), fold, tolerant=True, layer=layer.number)
         unreadable = sum(1 for f in c["files"] if f.get("unreadable"))
         if unreadable:
             c["unreadable"] = unreadable

@@ -92,10 +92,43 @@ def stored_frame(raw: bytes) -> bytes:
     return b"\x28\xb5\x2f\xfd" + head + (1 | n << 3).to_bytes(3, "little") + bytes(raw)
 
 
+MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def frame_head(n: int) -> bytes | None:
+    """The first bytes of a single-segment zstd frame of ``n`` bytes with
+    its content size, no dictionary id and no checksum (magic, frame header
+    descriptor, content size), or None above 65,791 bytes."""
+    if n < 256:
+        return MAGIC + bytes((0x20, n))
+    if n <= 65791:
+        return MAGIC + bytes((0x60,)) + (n - 256).to_bytes(2, "little")
+    return None
+
+
 def delta(raw: bytes, base_raw: bytes, level: int = DELTA_LEVEL) -> bytes:
-    """``raw`` compressed with ``base_raw`` as dictionary."""
+    """``raw`` compressed with ``base_raw`` as dictionary.  Format 9: a
+    frame that starts with :func:`frame_head` of its size is stored without
+    those 6-7 bytes (most deltas are 15-30 bytes: the head was a quarter of
+    them); :func:`decode` puts them back.  Stored data never starts with the
+    magic then (a block header of those bytes would be larger than a block
+    may be), so the two forms cannot be confused."""
     d = zstandard.ZstdCompressionDict(base_raw, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-    return zstandard.ZstdCompressor(level=level, dict_data=d).compress(raw)
+    frame = zstandard.ZstdCompressor(level=level, dict_data=d).compress(raw)
+    head = frame_head(len(raw))
+    if head is not None and frame.startswith(head):
+        return frame[len(head):]
+    return frame
+
+
+def _framed(data: bytes, size: int) -> bytes:
+    """A delta's stored bytes as a whole frame (:func:`delta`)."""
+    if data.startswith(MAGIC):
+        return data
+    head = frame_head(size)
+    if head is None:
+        raise ValueError("a delta without its frame header for a size that needs one")
+    return head + data
 
 
 def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
@@ -109,6 +142,7 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
         if codec == DELTA:
             if base_raw is None:
                 raise ValueError("a delta chunk without its base")
+            data = _framed(bytes(data), size)
             if 0 < len(base_raw) <= SMALL_BASE:
                 # A small base (an inline object's): a new decompressor with a
                 # dictionary costs 30-70 us, several times the decompression;

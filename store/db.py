@@ -243,7 +243,7 @@ class Database:
 
     def _add_optional(self) -> None:
         """Make the optional tables an older stepfs did not (FORMAT.md,
-        ``line_counts``: no format number).  A store that cannot be written now is
+        ``layer_counts``: no format number).  A store that cannot be written now is
         read without them (their readers look for them first)."""
         try:
             with self.write() as conn:
@@ -298,6 +298,8 @@ UPGRADES: dict[int, list[str]] = {
     7: [lambda conn: _upgrade7(conn)],
     # Entry lists per layer, a tree of paths, path_layers (store/upgrade8.py).
     8: [lambda conn: _upgrade8(conn)],
+    # Line counts per layer instead of per object pair (store/upgrade9.py).
+    9: [lambda conn: _upgrade9(conn)],
 }
 
 
@@ -311,6 +313,12 @@ def _upgrade8(conn) -> None:
     from stepfs.store import upgrade8  # only an old store needs it
 
     upgrade8.upgrade(conn)
+
+
+def _upgrade9(conn) -> None:
+    from stepfs.store import upgrade9  # only an old store needs it
+
+    upgrade9.upgrade(conn)
 
 
 def _orig(exc: Exception) -> str:

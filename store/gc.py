@@ -179,13 +179,12 @@ def collect(ws: Workspace, dry_run: bool = False, quiesce: Callable[[], None] | 
             _count(conn, report)
             conn.exec_driver_sql("DELETE FROM object_chunks WHERE oid IN (SELECT oid FROM gc_objects)")
             conn.exec_driver_sql("DELETE FROM objects WHERE oid IN (SELECT oid FROM gc_objects)")
-            if conn.dialect.has_table(conn, "line_counts"):  # optional (store/linecounts.py)
-                # Every row naming an object gone, not only those collected now: an
-                # older stepfs's gc left its rows behind.
+            if conn.dialect.has_table(conn, "layer_counts"):  # optional (store/linecounts.py)
+                # A row names only objects its committed layer's entries name, so
+                # it goes with its layer; one of a layer no longer committed is dropped.
                 conn.exec_driver_sql(
-                    "DELETE FROM line_counts WHERE "
-                    "(before_oid != x'' AND before_oid NOT IN (SELECT oid FROM objects)) OR "
-                    "(after_oid != x'' AND after_oid NOT IN (SELECT oid FROM objects))")
+                    "DELETE FROM layer_counts WHERE layer NOT IN "
+                    "(SELECT number FROM layers WHERE state = 'committed')")
             conn.exec_driver_sql("DELETE FROM chunks WHERE cid IN (SELECT cid FROM gc_chunks)")
             conn.exec_driver_sql("DROP TABLE temp.gc_objects")
             conn.exec_driver_sql("DROP TABLE temp.gc_chunks")

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import entrytable, keys, schema
+from stepfs.store import entrytable, keys, linecounts, schema
 from stepfs.store.errors import InputError
 from stepfs.store.entrytable import entry_from_row
 from stepfs.store.layers import Entry
@@ -185,7 +185,9 @@ def prune(ws: Workspace, keep_last: int | None = None, keep_within_ns: int | Non
         with ws.db.write(durable=True) as conn:
             folded = _fold(conn, keep)
             step = conn.execute(select(L.c.step).where(L.c.number == keep)).scalar()
+            held = linecounts.held_through(conn, keep)
             entrytable.replace_through(conn, keep, folded)
+            linecounts.carry(conn, keep, held)  # the counts the folded layer still needs
             conn.execute(L.update().where(L.c.number == keep).values(intent_sum=intent_checksum(folded, step)))
             conn.execute(L.update().where(L.c.number < keep, L.c.state == "committed").values(state="pruned"))
             conn.execute(M.delete().where(M.c.key == "pruned_below"))

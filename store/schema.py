@@ -250,29 +250,23 @@ conflicts = Table(
     Column("token_theirs", Text, nullable=False, default=""),
 )
 
-# Line counts of a file change, remembered once so that ``log`` and
-# ``show`` read them instead of reading and diffing both versions
-# (store/linecounts.py).  Keyed by the pair of objects, '' for "no file"
-# (added, deleted, or a file that became another kind): content-addressed,
-# so a row is never stale, whichever layer or prune's folding names the
-# pair.  ``lines_added``/``lines_removed`` NULL: binary or too large to
-# count; the byte sizes are the card's ``bytes_before``/``bytes_after``.
-# Optional: a store without it reads as before and gets it when next
-# opened for writing (FORMAT.md, "Remembered line counts").
-line_counts = Table(
-    "line_counts",
+# Line counts of a layer's file changes, remembered once so that ``log``
+# and ``show`` read them instead of reading and diffing both versions
+# (store/linecounts.py, format 9).  One row a layer: ``data`` is one zstd
+# frame of fixed-width columns naming each counted change by the positions
+# of its entries in the layer's list, with a checksum of the object pairs
+# they named when written, so a row whose layer's list changed since is
+# ignored, never read stale.  Optional: a store without it reads as before
+# and gets it when next opened for writing (FORMAT.md, "layer_counts").  A rowid table: a big layer's frame is one row, not overflow
+# pages of a WITHOUT ROWID b-tree.
+layer_counts = Table(
+    "layer_counts",
     metadata,
-    Column("before_oid", HexKey, nullable=False),
-    Column("after_oid", HexKey, nullable=False),
-    Column("lines_added", Integer),
-    Column("lines_removed", Integer),
-    Column("bytes_before", BigInteger, nullable=False),
-    Column("bytes_after", BigInteger, nullable=False),
-    PrimaryKeyConstraint("before_oid", "after_oid"),
-    sqlite_with_rowid=False,
+    Column("layer", Integer, primary_key=True, autoincrement=False),
+    Column("data", LargeBinary, nullable=False),
 )
 #: Tables a store of this format may lack: made when it is next opened to write.
-OPTIONAL_TABLES = ("line_counts",)
+OPTIONAL_TABLES = ("layer_counts",)
 #: Tables a store gets from its upgrade to this format (a store of an older
 #: version lacks them until then).
 INTRODUCED = {"paths": 8, "layer_entries": 8, "path_layers": 8}

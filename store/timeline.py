@@ -113,9 +113,9 @@ def card_page(objects: ObjectStore, conn: Connection, number: int, offset: int =
     layer = layers.get(conn, number)
     changes = diff.from_entries(conn, layers.entries(conn, number))
     head = cards.header(layer)
-    page = cards.card_for(objects, conn, head, changes[offset:offset + limit])
+    page = cards.card_for(objects, conn, head, changes[offset:offset + limit], layer=number)
     if len(changes) <= LINE_COUNT_FILES and (offset > 0 or len(changes) > limit):
-        whole = cards.card_for(objects, conn, head, changes)
+        whole = cards.card_for(objects, conn, head, changes, layer=number)
         page.update({k: whole[k] for k in ("added", "deleted", "renamed", "modified",
                                            "lines_added", "lines_removed")})
     elif len(changes) > LINE_COUNT_FILES:

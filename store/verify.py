@@ -81,7 +81,7 @@ def verify(ws: Workspace, progress: Callable[[int, int | None], None] | None = N
             state["total"] = None
         for what, check in (("the database's integrity", _sqlite), ("the chunks", _chunks),
                             ("the objects", _objects), ("the entry lists", _lists), ("the layers", _layers),
-                            ("the references", _references)):
+                            ("the line counts", _line_counts), ("the references", _references)):
             try:
                 check(conn, report, ws.objects.hasher, state)
             except DBAPIError as exc:
@@ -170,6 +170,13 @@ def _layers(conn, report: Report, _hasher, _state) -> None:
 
 def _lists(conn, report: Report, _hasher, _state) -> None:
     for problem in entrytable.list_problems(conn):
+        report.add("layer", problem)
+
+
+def _line_counts(conn, report: Report, _hasher, _state) -> None:
+    from stepfs.store import linecounts
+
+    for problem in linecounts.problems(conn):
         report.add("layer", problem)
 
 

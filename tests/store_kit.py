@@ -169,11 +169,45 @@ def rewrite_layer(conn, number: int, change) -> None:
     entrytable.insert(conn, number, change(entries))
 
 
+def drop_format_9(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: the line counts as
+    a version-8 writer kept them (``line_counts``, one row per object pair,
+    from the counts each layer's ``layer_counts`` row holds), and deltas
+    as whole zstd frames.  The caller sets the version and commits."""
+    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.schema import CreateTable
+
+    from stepfs.store import cardrows, linecounts, upgrade9
+    from stepfs.store.keytext import to_db
+
+    rows = cardrows.Rows(lambda sql, params=(): raw.execute(sql, params).fetchall())
+    raw.execute(str(CreateTable(upgrade9.LINE_COUNTS).compile(dialect=sqlite.dialect())))
+
+    def size(oid):
+        return raw.execute("SELECT size FROM objects WHERE oid = ?", (to_db(oid),)).fetchone()[0] if oid else 0
+
+    for (number,) in raw.execute("SELECT layer FROM layer_counts ORDER BY layer").fetchall():
+        for (b, a), (added, removed, n_old, n_new) in linecounts.lookup(rows, number).items():
+            raw.execute("INSERT OR IGNORE INTO line_counts VALUES (?, ?, ?, ?, ?, ?)",
+                        (to_db(b), to_db(a), added, removed,
+                         size(b) if n_old is None else n_old, size(a) if n_new is None else n_new))
+    raw.execute("DROP TABLE layer_counts")
+    from stepfs.store import codec
+
+    for table, key in (("objects", "oid"), ("chunks", "cid")):  # deltas as whole frames
+        for k, size, data in raw.execute(f"SELECT {key}, size, data FROM {table} "
+                                         "WHERE codec = 2 AND data IS NOT NULL").fetchall():
+            if not bytes(data).startswith(codec.MAGIC):
+                raw.execute(f"UPDATE {table} SET data = ? WHERE {key} = ?", (codec.frame_head(size) + data, k))
+
+
 def drop_format_8(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: the entry tables
     as a version-7 writer made them (one ``entries`` row per entry, no
-    lists, no ``paths`` or ``path_layers``).  The caller sets the version
-    and commits."""
+    lists, no ``paths`` or ``path_layers``; format 8's ``line_counts``, see
+    :func:`drop_format_9`).  The caller sets the version and commits."""
+    if raw.execute("SELECT 1 FROM sqlite_master WHERE name = 'layer_counts'").fetchone():
+        drop_format_9(raw)
     from sqlalchemy.dialects import sqlite
     from sqlalchemy.schema import CreateIndex, CreateTable
 

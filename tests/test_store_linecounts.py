@@ -1,8 +1,10 @@
-"""Remembered line counts (store/linecounts.py, table ``line_counts``):
-``log`` and ``show`` give the same cards with and without the rows, the
-rows are filled after a commit by the background pass and by a reader
-with the workspace open, the read-only CLI path computes what is missing
-and writes nothing, gc drops the rows of objects it collects, and a store
+"""Remembered line counts (store/linecounts.py, table ``layer_counts``, one
+frame a layer): ``log`` and ``show`` give the same cards with and without
+the rows, the rows are filled after a commit by the background pass and by
+a reader with the workspace open, the read-only CLI path computes what is
+missing and writes nothing, prune carries what its folded layer still
+needs, a row whose layer's list changed is never read, gc drops the rows
+of layers that are gone, verify names a damaged or stale row, and a store
 without the table reads and gets it.  Kernel-free."""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import sqlite3
 import pytest
 
 from stepfs.overlayfs.client import reads
-from stepfs.store import cards, gc, linecounts, prune, publish
+from stepfs.store import cards, gc, linecounts, prune, publish, verify
 from stepfs.store.paths import DB_NAME, STORE_DIR
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, open_workspace
@@ -55,14 +57,26 @@ def _db(ws) -> sqlite3.Connection:
 
 
 def _rows(ws) -> list[tuple]:
-    with _db(ws) as db:
-        return db.execute("SELECT hex(before_oid), hex(after_oid), lines_added, lines_removed, "
-                          "bytes_before, bytes_after FROM line_counts ORDER BY 1, 2").fetchall()
+    """Every remembered count: ``(layer, before, after, counts)``."""
+    with ws.db.read() as conn:
+        rows = cards.Rows.over(conn, ws.objects.hasher)
+        return sorted((n, b, a, c) for (n,) in rows.fetch("SELECT layer FROM layer_counts", ())
+                      for (b, a), c in linecounts.lookup(rows, n).items())
 
 
 def _forget(ws) -> None:
     with _db(ws) as db:
-        db.execute("DELETE FROM line_counts")
+        db.execute("DELETE FROM layer_counts")
+
+
+def _rewrite(ws, number, change) -> None:
+    """Layer ``number``'s row holding ``change(counts)`` instead."""
+    with ws.db.read() as conn:
+        rows = cards.Rows.over(conn, ws.objects.hasher)
+        entries = rows.entries(number)
+        data = linecounts.encode(entries, change(linecounts.lookup(rows, number)))
+    with _db(ws) as db:
+        db.execute("UPDATE layer_counts SET data = ? WHERE layer = ?", (data, number))
 
 
 def _direct(ws, answer):
@@ -105,11 +119,43 @@ def test_cards_are_the_same_with_and_without_remembered_counts(ws):
 def test_log_reads_the_rows_instead_of_the_content(ws):
     cards.read_log(ws)
     first = _direct(ws, lambda rows: cards.log_of(rows))
-    with _db(ws) as db:  # a row that says something else is what the log then shows
-        assert db.execute("UPDATE line_counts SET lines_added = lines_added + 1000 "
-                          "WHERE lines_added IS NOT NULL").rowcount >= 1
+    # a row that says something else is what the log then shows
+    _rewrite(ws, 1, lambda counts: {p: ((c[0] + 1000, *c[1:]) if c[0] is not None else c)
+                                     for p, c in counts.items()})
     again = _direct(ws, lambda rows: cards.log_of(rows))
     assert sum(c["lines_added"] for c in again) > sum(c["lines_added"] for c in first) + 1000
+
+
+def test_a_frame_round_trips_and_names_changes_by_position(ws):
+    cards.read_log(ws, fold=False)
+    with ws.db.read() as conn:
+        rows = cards.Rows.over(conn, ws.objects.hasher)
+        entries = rows.entries(1)
+        counts = linecounts.lookup(rows, 1)
+        assert len(counts) >= 5
+        data = linecounts.encode(entries, counts)
+        assert linecounts.decode(data, entries) == counts
+        # the same positions over another list name other pairs: not read
+        assert linecounts.decode(data, entries[1:]) is None
+        assert linecounts.decode(data, rows.entries(2)) is None
+        with pytest.raises(linecounts.Damaged):
+            linecounts.decode(data[:-3], entries)
+    assert ("", entries[0].after.oid) in counts or any(not b for b, _a in counts)  # an added file: no before
+
+
+def test_a_stale_or_damaged_row_is_not_read_and_verify_names_it(ws):
+    cards.read_log(ws, fold=False)
+    expected = _everything(ws, lambda answer: _direct(ws, answer))
+    with _db(ws) as db:
+        two = db.execute("SELECT data FROM layer_counts WHERE layer = 2").fetchone()[0]
+        db.execute("UPDATE layer_counts SET data = ? WHERE layer = 1", (two,))  # names layer 2's pairs
+        db.execute("UPDATE layer_counts SET data = x'00112233' WHERE layer = 3")
+    assert _everything(ws, lambda answer: _direct(ws, answer)) == expected  # computed instead
+    problems = verify.verify(ws).problems
+    assert any("layer 1 no longer match" in p for p in problems), problems
+    assert any("layer 3 are damaged" in p for p in problems), problems
+    cards.read_log(ws, fold=False)  # a reader writes them again
+    assert verify.verify(ws).ok
 
 
 def test_the_background_pass_fills_a_new_layers_counts(ws):
@@ -125,35 +171,46 @@ def test_the_background_pass_fills_a_new_layers_counts(ws):
     finally:
         ws.deltas.stop()
     rows = _rows(ws)
-    assert len(rows) == 3  # the layer's three file changes, nothing of older layers
+    assert len(rows) == 3 and {r[0] for r in rows} == {number}  # the layer's three file changes
     card = _direct(ws, lambda r: cards.card_at(r, number))
     with ws.db.read() as conn:
         pairs = {linecounts.pair_of(c) for c in cards._changes(cards.Rows.over(conn), number)}
-        assert set(linecounts.lookup(cards.Rows.over(conn), pairs)) == pairs
+        assert set(linecounts.lookup(cards.Rows.over(conn), number)) == pairs
     by_path = {f["path"]: f for f in card["files"]}
     assert (by_path["new.txt"]["lines_added"], by_path["text"]["lines_removed"]) == (3, 1)
 
 
-def test_rows_of_objects_gc_collects_are_dropped(ws):
-    cards.read_log(ws)
-    before = len(_rows(ws))
-    with _db(ws) as db:  # a row an older stepfs's gc would have left: its object is gone
-        db.execute("INSERT INTO line_counts VALUES (x'', x'00112233445566778899aabbccddeeff', 1, 0, 0, 2)")
-    assert prune.prune(ws, keep_last=1).keep_from is not None
+def test_prune_carries_what_the_folded_layer_still_needs_and_gc_drops_the_rest(ws):
+    cards.read_log(ws, fold=False)
+    before = _rows(ws)
+    assert {r[0] for r in before} == {1, 2, 3}
+    expected_two = {(b, a): c for n, b, a, c in before if n == 2}
+    assert prune.prune(ws, keep_last=2).keep_from == 2
+    after = _rows(ws)
+    assert {r[0] for r in after} == {2, 3}
+    carried = {(b, a): c for n, b, a, c in after if n == 2}
+    with ws.db.read() as conn:
+        rows = cards.Rows.over(conn, ws.objects.hasher)
+        needed = {p for c in cards._changes(rows, 2) if (p := linecounts.pair_of(c)) is not None}
+    assert carried and set(carried) <= needed
+    assert all(expected_two.get(p, c) == c for p, c in carried.items())  # .git/HEAD's addition, kept
+    assert verify.verify(ws).ok
+    assert _direct(ws, lambda rows: cards.log_of(rows)) == cards.read_log(ws)
+    with _db(ws) as db:  # a row an older stepfs's prune would have left: its layer is pruned
+        db.execute("INSERT INTO layer_counts (layer, data) SELECT 1, data FROM layer_counts WHERE layer = 3")
+    assert any("layer 1 remain" in p for p in verify.verify(ws).problems)
     report = gc.collect(ws)
     assert report.objects >= 1
-    with ws.db.read() as conn:
-        live = {bytes(r[0]).hex() for r in conn.exec_driver_sql("SELECT oid FROM objects")}
-    after = _rows(ws)
-    assert 0 < len(after) < before
-    for b, a, *_ in after:
-        assert (b == "" or b.lower() in live) and (a == "" or a.lower() in live)
-    assert _direct(ws, lambda rows: cards.log_of(rows)) == cards.read_log(ws)
+    assert {r[0] for r in _rows(ws)} == {2, 3}
+    with _db(ws) as db:
+        assert db.execute("SELECT count(*) FROM layer_counts WHERE layer = 1").fetchone()[0] == 0
+    assert verify.verify(ws).ok
 
 
-def test_remember_skips_pairs_whose_object_is_gone(ws):
+def test_remember_skips_pairs_the_layer_does_not_name(ws):
     _forget(ws)
-    assert linecounts.remember(ws, {("", "00112233445566778899aabbccddeeff"): (1, 0, 0, 2)}) == 0
+    assert linecounts.remember(ws, {3: {("", "00112233445566778899aabbccddeeff"): (1, 0, 0, 2)}}) == 0
+    assert linecounts.remember(ws, {99: {("", "00112233445566778899aabbccddeeff"): (1, 0, 0, 2)}}) == 0
     assert _rows(ws) == []
 
 
@@ -162,7 +219,7 @@ def test_a_store_without_the_table_reads_and_gets_it(ws):
     path = ws.path
     ws.close()
     with sqlite3.connect(f"{path}/{STORE_DIR}/{DB_NAME}", isolation_level=None) as db:
-        db.execute("DROP TABLE line_counts")  # as a store written before the table existed
+        db.execute("DROP TABLE layer_counts")  # as a store written before the table existed
     from types import SimpleNamespace
 
     old = SimpleNamespace(path=path)

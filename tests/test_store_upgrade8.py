@@ -101,7 +101,7 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
     assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] > 10
     raw.close()
     with Workspace.open(str(root)) as ws:
-        assert version(root) == "8"
+        assert version(root) == "9"
         assert snapshot(ws) == version_7[1]
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -134,7 +134,7 @@ def test_the_upgrade_killed_at_every_durable_call_leaves_version_7_or_8(version_
     shutil.copytree(version_7[0], count, symlinks=True)
     with durable.installed(counter):
         _open(count)
-    assert version(count) == "8" and counter.durable_commits, counter.trace
+    assert version(count) == "9" and counter.durable_commits, counter.trace
     seen = set()
     for k in range(1, counter.n + 2):
         run = fast_tmp / f"run{k}"
@@ -147,10 +147,10 @@ def test_the_upgrade_killed_at_every_durable_call_leaves_version_7_or_8(version_
         outcome = fork_run(body)
         assert outcome == ("completed" if k == counter.n + 1 else "killed"), k
         got = version(run)
-        assert got in ("7", "8"), (k, got)
+        assert got in ("7", "9"), (k, got)
         seen.add(got)
         with Workspace.open(str(run)) as ws:  # a version-7 store is upgraded now
             assert snapshot(ws) == version_7[1], k
             assert verify.verify(ws).ok, k
         shutil.rmtree(run)
-    assert seen == {"7", "8"}  # killed before the COMMIT, and completed
+    assert seen == {"7", "9"}  # killed before the COMMIT, and completed

@@ -562,3 +562,49 @@ def materialize(tree: dict, db_image: bytes, ws_path: Path) -> None:
     store = ws_path / ".stepfs"
     store.mkdir()
     (store / "store.db").write_bytes(db_image)
+
+
+def store_version(root: Path) -> str:
+    """The ``format_version`` a workspace's store records (read without stepfs)."""
+    raw = sqlite3.connect(root / ".stepfs" / "store.db")
+    try:
+        return raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()[0]
+    finally:
+        raw.close()
+
+
+def upgrade_killed_at_every_durable_call(old_store: Path, tmp: Path, old: str, new: str, snapshot, want) -> None:
+    """Open a copy of the workspace ``old_store`` (format ``old``) once per
+    durable call of its upgrade, killed at that call: each leaves format
+    ``old`` or ``new``, and reopened (upgraded then) it gives ``snapshot``
+    equal to ``want`` and a clean verify; the last run completes."""
+    from stepfs.store import verify
+
+    def open_store(root: Path) -> None:
+        Workspace.open(str(root), recover=False).close()
+
+    counter = Counter()
+    count = tmp / "count"
+    shutil.copytree(old_store, count, symlinks=True)
+    with durable.installed(counter):
+        open_store(count)
+    assert store_version(count) == new and counter.durable_commits, counter.trace
+    seen = set()
+    for k in range(1, counter.n + 2):
+        run = tmp / f"run{k}"
+        shutil.copytree(old_store, run, symlinks=True)
+
+        def body() -> None:
+            with durable.installed(KillAt(k)):
+                open_store(run)
+
+        outcome = fork_run(body)
+        assert outcome == ("completed" if k == counter.n + 1 else "killed"), k
+        got = store_version(run)
+        assert got in (old, new), (k, got)
+        seen.add(got)
+        with Workspace.open(str(run)) as ws:  # an old store is upgraded now
+            assert snapshot(ws) == want, k
+            assert verify.verify(ws).ok, k
+        shutil.rmtree(run)
+    assert seen == {old, new}  # killed before the COMMIT, and completed

@@ -12,8 +12,8 @@ import sqlite3
 import pytest
 from sqlalchemy import select
 
-from crashkit import Counter, KillAt, fast_tmp, fork_run  # noqa: F401  (fast_tmp is a fixture)
-from stepfs.store import durable, entrytable, history, prune, publish, schema, staging, verify
+from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from stepfs.store import entrytable, history, prune, publish, schema, staging, verify
 from stepfs.store.layers import entries as load_entries
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_8, open_workspace
@@ -75,13 +75,6 @@ def as_version_7(root) -> None:
     raw.close()
 
 
-def version(root) -> str:
-    raw = sqlite3.connect(root / ".stepfs" / "store.db")
-    try:
-        return raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()[0]
-    finally:
-        raw.close()
-
 
 @pytest.fixture(scope="module")
 def version_7(tmp_path_factory):
@@ -101,7 +94,7 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
     assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] > 10
     raw.close()
     with Workspace.open(str(root)) as ws:
-        assert version(root) == "9"
+        assert store_version(root) == "9"
         assert snapshot(ws) == version_7[1]
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -123,34 +116,6 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
         raw.close()
 
 
-def _open(root) -> None:
-    Workspace.open(str(root), recover=False).close()
-
-
 @pytest.mark.timeout(300)
-def test_the_upgrade_killed_at_every_durable_call_leaves_version_7_or_8(version_7, fast_tmp):
-    counter = Counter()
-    count = fast_tmp / "count"
-    shutil.copytree(version_7[0], count, symlinks=True)
-    with durable.installed(counter):
-        _open(count)
-    assert version(count) == "9" and counter.durable_commits, counter.trace
-    seen = set()
-    for k in range(1, counter.n + 2):
-        run = fast_tmp / f"run{k}"
-        shutil.copytree(version_7[0], run, symlinks=True)
-
-        def body() -> None:
-            with durable.installed(KillAt(k)):
-                _open(run)
-
-        outcome = fork_run(body)
-        assert outcome == ("completed" if k == counter.n + 1 else "killed"), k
-        got = version(run)
-        assert got in ("7", "9"), (k, got)
-        seen.add(got)
-        with Workspace.open(str(run)) as ws:  # a version-7 store is upgraded now
-            assert snapshot(ws) == version_7[1], k
-            assert verify.verify(ws).ok, k
-        shutil.rmtree(run)
-    assert seen == {"7", "9"}  # killed before the COMMIT, and completed
+def test_the_upgrade_killed_at_every_durable_call_leaves_version_7_or_the_current_one(version_7, fast_tmp):
+    upgrade_killed_at_every_durable_call(version_7[0], fast_tmp, "7", "9", snapshot, version_7[1])

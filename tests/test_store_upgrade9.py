@@ -13,8 +13,8 @@ import sqlite3
 
 import pytest
 
-from crashkit import Counter, KillAt, fast_tmp, fork_run  # noqa: F401  (fast_tmp is a fixture)
-from stepfs.store import cards, durable, linecounts, prune, publish, verify
+from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from stepfs.store import cards, linecounts, prune, publish, verify
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_9, open_workspace
 
@@ -57,13 +57,6 @@ def _whole_deltas(raw) -> int:
                        ).fetchone()[0]
 
 
-def version(root) -> str:
-    raw = sqlite3.connect(root / ".stepfs" / "store.db")
-    try:
-        return raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone()[0]
-    finally:
-        raw.close()
-
 
 @pytest.fixture(scope="module")
 def version_8(tmp_path_factory):
@@ -87,7 +80,7 @@ def test_a_version_8_store_is_upgraded_keeping_every_count(version_8, tmp_path):
     root = tmp_path / "ws"
     shutil.copytree(version_8[0], root, symlinks=True)
     with Workspace.open(str(root)) as ws:
-        assert version(root) == "9"
+        assert store_version(root) == "9"
         assert snapshot(ws) == version_8[1]
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -114,40 +107,12 @@ def test_a_version_8_store_without_line_counts_is_upgraded(version_8, tmp_path):
     raw.commit()
     raw.close()
     with Workspace.open(str(root)) as ws:
-        assert version(root) == "9"
+        assert store_version(root) == "9"
         got = snapshot(ws)
         assert got["log"] == version_8[1]["log"] and not any(got["counts"].values())
         assert verify.verify(ws).ok
 
 
-def _open(root) -> None:
-    Workspace.open(str(root), recover=False).close()
-
-
 @pytest.mark.timeout(300)
 def test_the_upgrade_killed_at_every_durable_call_leaves_version_8_or_9(version_8, fast_tmp):
-    counter = Counter()
-    count = fast_tmp / "count"
-    shutil.copytree(version_8[0], count, symlinks=True)
-    with durable.installed(counter):
-        _open(count)
-    assert version(count) == "9" and counter.durable_commits, counter.trace
-    seen = set()
-    for k in range(1, counter.n + 2):
-        run = fast_tmp / f"run{k}"
-        shutil.copytree(version_8[0], run, symlinks=True)
-
-        def body() -> None:
-            with durable.installed(KillAt(k)):
-                _open(run)
-
-        outcome = fork_run(body)
-        assert outcome == ("completed" if k == counter.n + 1 else "killed"), k
-        got = version(run)
-        assert got in ("8", "9"), (k, got)
-        seen.add(got)
-        with Workspace.open(str(run)) as ws:  # a version-8 store is upgraded now
-            assert snapshot(ws) == version_8[1], k
-            assert verify.verify(ws).ok, k
-        shutil.rmtree(run)
-    assert seen == {"8", "9"}  # killed before the COMMIT, and completed
+    upgrade_killed_at_every_durable_call(version_8[0], fast_tmp, "8", "9", snapshot, version_8[1])

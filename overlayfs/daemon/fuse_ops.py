@@ -317,20 +317,18 @@ class StepFS(mfusepy.Operations):
             self._gone.discard(path)
             if not self.listings.in_lookup and self.view.upper.get(path) is None:
                 raise mfusepy.FuseOSError(errno.ESTALE)
-        if fh is None and self.listings.in_lookup and self.negatives:
-            forgets = self.kernel_cache.forgets
-            try:
-                out = self.view.getattr(path, None, agent=self._agent)
-            except Exception as exc:
-                code = exc.errno if isinstance(exc, OSError) else errno_for(exc)
-                if code == errno.ENOENT:
-                    try:
-                        self._negative(path, forgets)
-                    except Exception:  # the answer stays ENOENT, uncached
-                        log.exception("caching the absence of %r failed", path)
-                raise
-        else:
+        # Read before the view is asked: a forget meanwhile may be about this name.
+        forgets = self.kernel_cache.forgets if self.negatives else 0
+        try:
             out = self.view.getattr(path, fh.fh if fh is not None else None, agent=self._agent)
+        except Exception as exc:
+            if fh is None and self.negatives and self.listings.in_lookup and \
+                    (exc.errno if isinstance(exc, OSError) else errno_for(exc)) == errno.ENOENT:
+                try:
+                    self._negative(path, forgets)
+                except Exception:  # the answer stays ENOENT, uncached
+                    log.exception("caching the absence of %r failed", path)
+            raise
         if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
             self._watch(path)  # before the kernel can cache anything inside it
         if fh is None:

@@ -186,9 +186,15 @@ def mount(workspace: str, mountpoint: str, debug: bool = False, require_read: bo
         log_start = log.tell()  # this run's part of the log (it is appended to across mounts)
         cmd = daemon_command(ws_path, mp, debug, require_read, auto_step, allow_other, keep_last, warn_size,
                              excludes, default_excludes) + ["--ready-fd", str(write_end)]
+        # A process group of its own (no terminal signal reaches it: it
+        # is never the foreground group), but the caller's session, not a
+        # new one: a session is a scheduler autogroup, and a daemon in a
+        # group apart from its clients is not run in turn with them on
+        # each round trip (the CPU idles and is woken for every request;
+        # a first git status of 2,000 files took about twice as long).
         proc = subprocess.Popen(
             cmd, pass_fds=(write_end,), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True, cwd="/",
+            process_group=0, cwd="/",
         )
     os.close(write_end)
     try:

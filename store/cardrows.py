@@ -27,12 +27,12 @@ from typing import Callable, Iterator
 from stepfs.store.errors import CorruptObject, LayerPruned, NoSuchLayer
 from stepfs.store.keytext import from_db, to_db
 from stepfs.store.paths import DB_NAME, STORE_DIR
-from stepfs.store import entryrows
+from stepfs.store import baseref, entryrows
 from stepfs.store.records import Entry, Layer
 
 #: Store formats whose tables these queries were written for: a store of
 #: another format is read through ``Workspace.open`` (which upgrades or refuses it).
-FORMATS = frozenset({9})
+FORMATS = frozenset({10})
 HASH_ALGORITHM = "xxh3_128"
 #: Object ids per ``IN`` list (SQLite bounds the variables of one statement).
 BATCH = 5000
@@ -72,6 +72,36 @@ def decode_chunk(base_row: Callable[[str], tuple | None], cid: str, data, codec_
         return codec.decode(codec_, data, size, base_raw)
     except ValueError as exc:
         raise CorruptObject(f"chunk {cid} is corrupt: it cannot be decoded ({exc}); run 'stepfs verify' for a full report.") from None
+
+
+def inline_with_base(fetch, oid: str, data, codec_: int | None, size: int, base,
+                     check: Callable[[bytes], bool] | None = None) -> tuple[bytes, str | None]:
+    """``(bytes, base key or None)`` of inline object ``oid`` from its row's
+    fields; a delta's base is found by its prefix (format 10,
+    ``store/baseref.py``) with ``fetch(sql, params)``, ``check(bytes)``
+    telling apart objects that share it.  Raises :class:`CorruptObject`."""
+    from stepfs.store import codec
+
+    try:
+        if codec_ != codec.DELTA:
+            return codec.decode(codec_ or codec.RAW, data, size, None), None
+    except ValueError as exc:
+        raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
+                            f"run 'stepfs verify' for a full report.") from None
+    candidates = []
+    for key, bdata, bcodec, bsize in (fetch(baseref.CANDIDATES, baseref.bounds(base)) if base is not None else []):
+        try:
+            candidates.append((_key(key), codec.decode(bcodec or codec.RAW, bdata, bsize)))
+        except ValueError:
+            continue  # a damaged object is no base (verify reports it)
+    if not candidates:
+        raise CorruptObject(f"object {oid} is a delta whose base object is missing; "
+                            f"run 'stepfs verify' for a full report.")
+    got = baseref.decode(candidates, oid, lambda b: codec.decode(codec.DELTA, data, size, b), check)
+    if got is None:
+        raise CorruptObject(f"object {oid} is corrupt: it does not decode against its base; "
+                            f"run 'stepfs verify' for a full report.")
+    return got
 
 
 def object_chunks(rows, oid: str, base_row: Callable[[str], tuple | None], hasher: Callable[[bytes], str],
@@ -200,19 +230,13 @@ class Rows:
 
     def read_all(self, oid: str) -> bytes:
         """An object's bytes, every chunk verified."""
-        from stepfs.store import codec  # noqa: PLC0415
-
-        inline = self.fetch("SELECT o.data, o.codec, o.size, b.data, b.codec, b.size FROM objects o "
-                            "LEFT JOIN objects b ON b.oid = o.base WHERE o.oid = ?", (_db(oid),))
+        inline = self.fetch("SELECT data, codec, size, base FROM objects WHERE oid = ?", (_db(oid),))
         if inline and inline[0][0] is not None:  # stored in its row (format 7)
-            stored, how, size, bdata, bhow, bsize = inline[0]
-            try:
-                base = codec.decode(bhow or codec.RAW, bdata, bsize) if how == codec.DELTA and bdata is not None else None
-                data = codec.decode(how or codec.RAW, stored, size, base)
-            except ValueError as exc:
-                raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
-                                    f"run 'stepfs verify' for a full report.") from None
-            if self.hasher(data) != oid.split(".", 1)[0]:
+            stored, how, size, base = inline[0]
+            digest = oid.split(".", 1)[0]
+            data, _base = inline_with_base(self.fetch, oid, stored, how, size, base,
+                                           lambda d: self.hasher(d) == digest)
+            if self.hasher(data) != digest:
                 raise CorruptObject(f"object {oid} is corrupt; run 'stepfs verify' for a full report.")
             return data
         rows = [(_key(r[0]), r[1], r[2], r[3], r[4], _key(r[5])) for r in self.fetch(
@@ -235,7 +259,10 @@ class Rows:
             # An object stored inline (format 7) is its own piece (and its base's).
             for oid, base in self.fetch("SELECT oid, base FROM objects WHERE data IS NOT NULL AND "
                                         f"oid IN ({', '.join('?' * len(part))})", keys):
-                out[_key(oid)] = [INLINE + _key(oid)] + ([INLINE + _key(base)] if base is not None else [])
+                # a delta's base (format 10: by prefix; every object under it, a collision counted too)
+                bases = [r[0] for r in self.fetch(baseref.CANDIDATES.replace("oid, data, codec, size", "oid"),
+                                                  baseref.bounds(base))] if base is not None else []
+                out[_key(oid)] = [INLINE + _key(oid)] + [INLINE + _key(b) for b in bases]
         for oid, cid, base in rows:
             oid = _key(oid)
             out.setdefault(oid, []).append(_key(cid))

@@ -258,7 +258,8 @@ class Database:
         the version again: another process may have just upgraded it)."""
         # Version 7 rebuilds tables that others refer to: without foreign-key
         # checks for that transaction (SQLite's recipe for a table rebuild).
-        with self.write(durable=True, foreign_keys=version >= 7 or schema.FORMAT_VERSION < 7) as conn:
+        # Version 10 rebuilds objects (store/upgrade10.py) likewise.
+        with self.write(durable=True, foreign_keys=version >= 10 or schema.FORMAT_VERSION < 7) as conn:
             row = conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar()
             current = int(row)
             for target in range(current + 1, schema.FORMAT_VERSION + 1):
@@ -300,6 +301,8 @@ UPGRADES: dict[int, list[str]] = {
     8: [lambda conn: _upgrade8(conn)],
     # Line counts per layer instead of per object pair (store/upgrade9.py).
     9: [lambda conn: _upgrade9(conn)],
+    # A delta's base named by a key prefix (store/upgrade10.py).
+    10: [lambda conn: _upgrade10(conn)],
 }
 
 
@@ -319,6 +322,12 @@ def _upgrade9(conn) -> None:
     from stepfs.store import upgrade9  # only an old store needs it
 
     upgrade9.upgrade(conn)
+
+
+def _upgrade10(conn) -> None:
+    from stepfs.store import upgrade10  # only an old store needs it
+
+    upgrade10.upgrade(conn)
 
 
 def _orig(exc: Exception) -> str:
@@ -510,7 +519,8 @@ class Prepared:
             names = list(compiled.positiontup)
             # Key columns are bytes in the database, hex in Python (format 7,
             # store/keys.py): the two conversions SQLAlchemy would apply.
-            to_db = {n for n in names if keys.is_key(compiled.binds[n].type)}
+            to_db = {n: keys.bind_converter(compiled.binds[n].type) for n in names
+                     if keys.bind_converter(compiled.binds[n].type) is not None}
             selected = getattr(self.stmt, "selected_columns", None)
             from_db = [i for i, c in enumerate(selected or ()) if keys.is_key(c.type)]
             entry = (compiled.string, names, to_db, from_db)
@@ -533,8 +543,9 @@ class Prepared:
         values: list = []
         for name in names:
             value = params[name]
-            if name in to_db:
-                value = [keys.to_db(v) for v in value] if isinstance(value, (list, tuple)) else keys.to_db(value)
+            convert = to_db.get(name) if to_db else None
+            if convert is not None:
+                value = [convert(v) for v in value] if isinstance(value, (list, tuple)) else convert(value)
             if isinstance(value, (list, tuple)):  # an expanding IN list
                 key = (name, len(value))
                 text = self._expanded.get(key)

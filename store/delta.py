@@ -33,8 +33,8 @@ from sqlalchemy import bindparam, exists, select
 
 from stepfs.store import codec, entrytable, schema
 from stepfs.store.db import Prepared
-from stepfs.store.errors import StepfsError
-from stepfs.store.objects import chunk_bytes, inline_bytes
+from stepfs.store.errors import CorruptObject, StepfsError
+from stepfs.store.objects import chunk_bytes, inline_and_base, inline_bytes
 
 # (``ws`` arguments are ``store.workspace.Workspace``s; not imported: publish
 # calls this module at a commit's end, and workspace imports publish.)
@@ -141,8 +141,11 @@ def plan_inline(conn, before_oid: str, after_oid: str, level: int = codec.DELTA_
         return []  # (a base stays a base)
     base = before_oid
     brow = _inline_row(conn, base)
-    if brow is not None and brow.codec == codec.DELTA:
-        base = brow.base
+    if brow is not None and brow.codec == codec.DELTA and brow.data is not None:
+        try:  # its base, found by prefix (format 10)
+            base = inline_and_base(conn, before_oid, brow.data, brow.codec, brow.size, brow.base)[1]
+        except CorruptObject:
+            return []
         brow = _inline_row(conn, base)
     if brow is None or brow.data is None or brow.codec == codec.DELTA or base == after_oid:
         return []

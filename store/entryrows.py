@@ -17,7 +17,7 @@ from bisect import bisect_left
 from collections import namedtuple
 from typing import Callable, Iterable
 
-from stepfs.store import entrylist
+from stepfs.store import baseref, entrylist
 from stepfs.store.records import Entry, State
 
 Fetch = Callable[[str, tuple], list]
@@ -240,6 +240,11 @@ SELECT f.layer, 0, c.base, (SELECT length(data) FROM chunks WHERE cid = c.base) 
 UNION ALL
 SELECT f.layer, 1, o.oid, length(o.data) FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL
 UNION ALL
-SELECT f.layer, 1, o.base, (SELECT length(data) FROM objects WHERE oid = o.base AND data IS NOT NULL)
-  FROM first_obj f JOIN objects o ON o.oid = f.oid WHERE o.data IS NOT NULL AND o.base IS NOT NULL
+SELECT f.layer, 1, b.oid, length(b.data)
+  FROM first_obj f JOIN objects o ON o.oid = f.oid
+  JOIN objects b ON b.oid >= o.base AND b.oid < """ + baseref.TOP_SQL.format(col="o.base") + """
+   AND b.data IS NOT NULL AND (b.codec IS NULL OR b.codec != 2)
+ WHERE o.data IS NOT NULL AND o.base IS NOT NULL
 """
+# (Format 10: a delta names its base by a key prefix, store/baseref.py; a
+# collision counts the other object too.)

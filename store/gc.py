@@ -40,7 +40,7 @@ from typing import Callable
 from sqlalchemy import select, text
 
 from stepfs.store import durable as durable_calls
-from stepfs.store import entrytable, schema
+from stepfs.store import baseref, entrytable, schema
 from stepfs.store.objects import generation
 from stepfs.store.workspace import Workspace
 
@@ -110,10 +110,12 @@ def _garbage(conn, gen: int) -> None:
     conn.execute(text(f"CREATE TEMP TABLE gc_objects AS {_UNREFERENCED}"), {"gen": gen})
     conn.exec_driver_sql("CREATE INDEX temp.gc_objects_oid ON gc_objects (oid)")
     # An object that is the base of a delta object that stays, stays too (a
-    # base is never a delta: one pass is enough; format 7).
-    conn.exec_driver_sql("""
-        DELETE FROM gc_objects WHERE oid IN (SELECT base FROM objects WHERE base IS NOT NULL
-                                              AND oid NOT IN (SELECT oid FROM gc_objects))""")
+    # base is never a delta: one pass is enough; format 7).  Format 10: a
+    # delta names its base by a key prefix, so every object under a prefix
+    # a staying delta names stays (store/baseref.py).
+    conn.exec_driver_sql(f"""
+        DELETE FROM gc_objects WHERE substr(oid, 1, {baseref.BASE_BYTES}) IN (
+            SELECT base FROM objects WHERE base IS NOT NULL AND oid NOT IN (SELECT oid FROM gc_objects))""")
     # Chunks that only collected objects list (or none at all) ...
     conn.exec_driver_sql("""
         CREATE TEMP TABLE gc_chunks AS SELECT c.cid AS cid, length(c.data) AS stored FROM chunks c

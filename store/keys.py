@@ -24,6 +24,7 @@ from __future__ import annotations
 from sqlalchemy import LargeBinary
 from sqlalchemy.types import TypeDecorator
 
+from stepfs.store import baseref
 from stepfs.store.keytext import HASH_BYTES, from_db, to_db  # noqa: F401  (re-exported)
 
 
@@ -44,6 +45,38 @@ class HexKey(TypeDecorator):
         return value
 
 
+class BaseRef(TypeDecorator):
+    """``objects.base`` (format 10, ``store/baseref.py``): bound as a hex
+    key, stored as the first ``BASE_BYTES`` bytes of its stored form, read
+    back as those bytes (a prefix, not a key)."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        return None if value is None else baseref.of(value)
+
+    def process_result_value(self, value, dialect):
+        return None if value is None else bytes(value)
+
+    def process_literal_param(self, value, dialect):  # pragma: no cover - never rendered inline
+        return value
+
+
 def is_key(type_) -> bool:
     """Whether a column or bind of type ``type_`` holds keys."""
     return isinstance(type_, HexKey)
+
+
+def bind_converter(type_):
+    """What ``db.Prepared`` applies to a bind of type ``type_`` (a key
+    column's, or ``objects.base``'s: format 10), or None."""
+    if isinstance(type_, HexKey):
+        return to_db
+    if isinstance(type_, BaseRef):
+        return _base_of
+    return None
+
+
+def _base_of(value):
+    return None if value is None else baseref.of(value)

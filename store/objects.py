@@ -92,11 +92,6 @@ _OBJECT_READ = Prepared(
 _OBJECT_CHUNKS_INSERT = Prepared(_OC.insert(), ["oid", "seq", "offset", "cid"])
 _OBJECT_SIZE = Prepared(select(_O.c.size).where(_O.c.oid == bindparam("oid")))
 _OBJECT_INLINE = Prepared(select(_O.c.data, _O.c.codec, _O.c.size, _O.c.base).where(_O.c.oid == bindparam("oid")))
-_B = _O.alias("b")
-# An object's inline row with its delta base's row: one query per read.
-_OBJECT_INLINE_BASE = Prepared(
-    select(_O.c.data, _O.c.codec, _O.c.size, _B.c.data, _B.c.codec, _B.c.size)
-    .select_from(_O.outerjoin(_B, _B.c.oid == _O.c.base)).where(_O.c.oid == bindparam("oid")))
 _OBJECT_FAMILY_INLINE = Prepared(select(_O.c.oid, _O.c.size, _O.c.data, _O.c.codec, _O.c.base)
                                  .where(_key_family(_O.c.oid)))
 _OBJECT_INSERT_INLINE = Prepared(_O.insert(), ["oid", "size", "gen", "data", "codec", "base"])
@@ -134,22 +129,26 @@ def _chunk_row(conn: Connection, cid: str) -> tuple | None:
     return tuple(rows[0]) if rows else None
 
 
-def inline_bytes(conn: Connection, oid: str, data, codec_: int | None, size: int, base: str | None) -> bytes:
+def _fetch(conn: Connection):
+    def fetch(sql: str, params: tuple = ()) -> list:
+        return conn.exec_driver_sql(sql, params).fetchall()
+    return fetch
+
+
+def inline_bytes(conn: Connection, oid: str, data, codec_: int | None, size: int, base,
+                 hasher: Hasher | None = None) -> bytes:
     """The decoded bytes of inline object ``oid`` from its row's fields (a
-    delta's base object read too).  Raises :class:`CorruptObject`."""
-    base_raw = None
-    if codec_ == codec.DELTA:
-        rows = _OBJECT_INLINE.execute(conn, {"oid": base}) if base is not None else []
-        if not rows or rows[0][0] is None or rows[0][1] == codec.DELTA:
-            raise CorruptObject(f"object {oid} is a delta whose base object {base} is missing; "
-                                f"run 'stepfs verify' for a full report.")
-        bdata, bcodec, bsize, _bbase = rows[0]
-        base_raw = inline_bytes(conn, base, bdata, bcodec, bsize, None)
-    try:
-        return codec.decode(codec_ or codec.RAW, data, size, base_raw)
-    except ValueError as exc:
-        raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
-                            f"run 'stepfs verify' for a full report.") from None
+    delta's base object read too, found by its prefix ``base``, format 10;
+    ``hasher`` tells apart objects sharing it).  Raises :class:`CorruptObject`."""
+    return inline_and_base(conn, oid, data, codec_, size, base, hasher)[0]
+
+
+def inline_and_base(conn: Connection, oid: str, data, codec_: int | None, size: int, base,
+                    hasher: Hasher | None = None) -> tuple[bytes, str | None]:
+    """:func:`inline_bytes` and the key of the delta's base (None: no delta)."""
+    digest = oid.split(".", 1)[0]
+    check = (lambda d: hasher(d) == digest) if hasher is not None else None
+    return cardrows.inline_with_base(_fetch(conn), oid, data, codec_, size, base, check)
 
 
 def _new_chunk_row(cid: str, piece) -> dict:
@@ -409,7 +408,7 @@ class ObjectStore:
                 continue
             if stored is not None:
                 try:
-                    same = inline_bytes(conn, oid, stored, how, size, base) == data
+                    same = inline_bytes(conn, oid, stored, how, size, base, self.hasher) == data
                 except CorruptObject:
                     same = False  # damaged: never a match (verify reports it)
             else:
@@ -426,23 +425,13 @@ class ObjectStore:
         """``(object exists, its bytes if stored inline)``; raises
         :class:`CorruptObject` for inline bytes that do not decode or (with
         ``verify``) do not hash to the key."""
-        rows = _OBJECT_INLINE_BASE.execute(conn, {"oid": oid})
+        rows = _OBJECT_INLINE.execute(conn, {"oid": oid})
         if not rows:
             return False, None
-        stored, how, size, bdata, bhow, bsize = rows[0]
+        stored, how, size, base = rows[0]
         if stored is None:
             return True, None
-        try:
-            base_raw = None
-            if how == codec.DELTA:
-                if bdata is None or bhow == codec.DELTA:
-                    raise CorruptObject(f"object {oid} is a delta whose base object is missing; "
-                                        f"run 'stepfs verify' for a full report.")
-                base_raw = codec.decode(bhow or codec.RAW, bdata, bsize)
-            data = codec.decode(how or codec.RAW, stored, size, base_raw)
-        except ValueError as exc:
-            raise CorruptObject(f"object {oid} is corrupt: it cannot be decoded ({exc}); "
-                                f"run 'stepfs verify' for a full report.") from None
+        data = inline_bytes(conn, oid, stored, how, size, base, self.hasher)
         if len(data) != size or (verify and self.hasher(data) != oid.split(".", 1)[0]):
             raise CorruptObject(f"object {oid} is corrupt; run 'stepfs verify' for a full report.")
         return True, data

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import select
 
-from stepfs.store import entrytable, keys, linecounts, schema
+from stepfs.store import baseref, entrytable, keys, linecounts, schema
 from stepfs.store.errors import InputError
 from stepfs.store.entrytable import entry_from_row
 from stepfs.store.layers import Entry
@@ -123,10 +123,11 @@ def referenced_bytes(conn, keep_from: int) -> int:
         SELECT coalesce(sum(length(data)), 0) FROM chunks
          WHERE cid IN (SELECT cid FROM live) OR cid IN (SELECT cid FROM bases)""").scalar()
     # Objects stored inline (format 7) hold their own bytes.
-    total += conn.exec_driver_sql("""
+    # (Format 10: a delta names its base by a key prefix, store/baseref.py.)
+    total += conn.exec_driver_sql(f"""
         SELECT coalesce(sum(length(data)), 0) FROM objects
          WHERE data IS NOT NULL AND (oid IN (SELECT oid FROM prune_oids)
-               OR oid IN (SELECT base FROM objects WHERE base IS NOT NULL
+               OR substr(oid, 1, {baseref.BASE_BYTES}) IN (SELECT base FROM objects WHERE base IS NOT NULL
                            AND oid IN (SELECT oid FROM prune_oids)))""").scalar()
     conn.exec_driver_sql("DROP TABLE temp.prune_oids")
     return int(total)

@@ -28,7 +28,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-from stepfs.store.keys import HexKey
+from stepfs.store.keys import BaseRef, HexKey
 from stepfs.store.version import FORMAT_VERSION  # noqa: F401  (alone there, so --version reads it cheaply)
 
 # FORMAT_VERSION: the one integer format version of a store.  A store whose
@@ -94,8 +94,9 @@ objects = Table(
     Column("codec", Integer),
     # With codec 2: the inline object whose bytes are the zstd dictionary
     # (a delta against an earlier version of the same path, made when the
-    # layer is written; store/delta.py).  Never itself a delta.
-    Column("base", HexKey, ForeignKey("objects.oid")),
+    # layer is written; store/delta.py).  Never itself a delta.  Format 10:
+    # the first 4 bytes of its key (store/baseref.py), so no foreign key.
+    Column("base", BaseRef),
     # Set (1) on an object once a delta names it as base, never cleared: such
     # an object is never made a delta (chains stay one link long).  A flag
     # in the row, not an index on ``base`` (which took about 10 % of a

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from stepfs.store import codec, entrytable, refs, schema
 from stepfs.store.entrylist import ListDamaged
 from stepfs.store.errors import CorruptObject
-from stepfs.store.objects import chunk_bytes, inline_bytes, xxh3_hex
+from stepfs.store.objects import chunk_bytes, inline_and_base, xxh3_hex
 from stepfs.store.workspace import Workspace
 
 C, O, OC = schema.chunks, schema.objects, schema.object_chunks
@@ -142,12 +142,12 @@ def _objects(conn, report: Report, hasher, state: dict) -> None:
         n += 1
         _tick(state)
         state["objects"].add(oid)
-        if base is not None:
-            bases.add(base)
         if is_base:
             marked.add(oid)
         if inline is not None:
-            _check_inline(conn, report, hasher, oid, size, (inline, how, base), lists.get(oid, []))
+            found = _check_inline(conn, report, hasher, oid, size, (inline, how, base), lists.get(oid, []))
+            if found is not None:  # the base its prefix names (format 10)
+                bases.add(found)
             continue
         _check_object(conn, report, hasher, oid, size, lists.get(oid, []), state["chunk_sizes"], state["bad_chunks"])
     for base in sorted(bases - marked):  # it could be made a delta itself: a chain of two
@@ -212,25 +212,27 @@ def _references(conn, report: Report, _hasher, state: dict) -> None:
     report.counts["staged"] = conn.execute(select(func.count()).select_from(schema.staged)).scalar_one()
 
 
-def _check_inline(conn, report: Report, hasher, oid: str, size: int, row, chunk_list) -> None:
+def _check_inline(conn, report: Report, hasher, oid: str, size: int, row, chunk_list) -> str | None:
     """An object stored in its row (format 7): decodes (a delta with its
-    base, which must be an inline object that is no delta), has its size,
-    hashes to its key, and lists no chunks."""
+    base, which must be an inline object that is no delta, found by the
+    prefix ``base`` names: format 10), has its size, hashes to its key,
+    and lists no chunks.  Returns the key of a delta's base found."""
     stored, how, base = row
     if chunk_list:
         report.add("object", f"object {oid} is stored inline and also lists chunks")
     if (how == codec.DELTA) != (base is not None):
         report.add("object", f"object {oid} has codec {how} and base {base}: a base belongs to a delta alone")
-        return
+        return None
     try:
-        data = inline_bytes(conn, oid, stored, how, size, base)
+        data, found = inline_and_base(conn, oid, stored, how, size, base, hasher)
     except CorruptObject as exc:
         report.add("object", str(exc))
-        return
+        return None
     if len(data) != size:
         report.add("object", f"object {oid} holds {len(data)} bytes inline, {size} recorded")
     elif hasher(data) != oid.split(".", 1)[0]:
         report.add("object", f"object {oid} is corrupt: its content no longer hashes to its key")
+    return found
 
 
 def _check_object(conn, report: Report, hasher, oid: str, size: int, chunk_list: list[tuple[int, int, str]],

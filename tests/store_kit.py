@@ -169,6 +169,34 @@ def rewrite_layer(conn, number: int, change) -> None:
     entrytable.insert(conn, number, change(entries))
 
 
+def drop_format_10(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: ``objects`` as a
+    version-9 writer made it (``base`` the whole key of a delta's base,
+    with its foreign key).  The caller sets the version and commits."""
+    import xxhash
+
+    from stepfs.store import cardrows
+    from stepfs.store.keytext import from_db, to_db
+
+    def fetch(sql, params=()):
+        return raw.execute(sql, params).fetchall()
+
+    whole = {}
+    for oid, data, how, size, base in fetch("SELECT oid, data, codec, size, base FROM objects WHERE base IS NOT NULL"):
+        key = from_db(oid)
+        digest = key.split(".", 1)[0]
+        _data, found = cardrows.inline_with_base(fetch, key, data, how, size, base,
+                                                 lambda d: xxhash.xxh3_128_hexdigest(d) == digest)
+        whole[bytes(oid)] = to_db(found)
+    raw.execute("CREATE TABLE objects_v9 (oid BLOB NOT NULL, size BIGINT NOT NULL, gen INTEGER DEFAULT '0' NOT NULL, "
+                "data BLOB, codec INTEGER, base BLOB, is_base BOOLEAN, PRIMARY KEY (oid), "
+                "FOREIGN KEY(base) REFERENCES objects (oid)) WITHOUT ROWID")
+    raw.execute("INSERT INTO objects_v9 SELECT oid, size, gen, data, codec, NULL, is_base FROM objects")
+    raw.executemany("UPDATE objects_v9 SET base = ? WHERE oid = ?", [(b, o) for o, b in whole.items()])
+    raw.execute("DROP TABLE objects")
+    raw.execute("ALTER TABLE objects_v9 RENAME TO objects")
+
+
 def drop_format_9(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: the line counts as
     a version-8 writer kept them (``line_counts``, one row per object pair,
@@ -180,6 +208,7 @@ def drop_format_9(raw) -> None:
     from stepfs.store import cardrows, linecounts, upgrade9
     from stepfs.store.keytext import to_db
 
+    drop_format_10(raw)
     rows = cardrows.Rows(lambda sql, params=(): raw.execute(sql, params).fetchall())
     raw.execute(str(CreateTable(upgrade9.LINE_COUNTS).compile(dialect=sqlite.dialect())))
 

@@ -275,7 +275,7 @@ def test_a_format_1_store_with_a_pending_layer_is_upgraded_and_recovered(fast_tm
 
     assert check_recovered(run / "ws", t) == "NEW"  # opens: upgrade, then recovery
     raw = sqlite3.connect(db)
-    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == ("9",)
+    assert raw.execute("SELECT value FROM meta WHERE key = 'format_version'").fetchone() == (str(schema.FORMAT_VERSION),)
     assert raw.execute("SELECT number, state, step FROM layers ORDER BY number").fetchall() == [
         (0, "committed", None), (1, "committed", None)]
     raw.close()

@@ -62,7 +62,7 @@ def test_a_version_6_store_is_upgraded_keeping_every_byte(tmp_path):
     ws = Workspace.open(str(root))
     try:
         with ws.db.read() as conn:
-            assert conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar() == "9"
+            assert conn.execute(select(schema.meta.c.value).where(schema.meta.c.key == "format_version")).scalar() == str(schema.FORMAT_VERSION)
         assert snapshot(ws) == before
         report = verify.verify(ws)
         assert report.ok, report.problems

@@ -94,7 +94,7 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
     assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] > 10
     raw.close()
     with Workspace.open(str(root)) as ws:
-        assert store_version(root) == "9"
+        assert store_version(root) == str(schema.FORMAT_VERSION)
         assert snapshot(ws) == version_7[1]
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -118,4 +118,4 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_upgrade_killed_at_every_durable_call_leaves_version_7_or_the_current_one(version_7, fast_tmp):
-    upgrade_killed_at_every_durable_call(version_7[0], fast_tmp, "7", "9", snapshot, version_7[1])
+    upgrade_killed_at_every_durable_call(version_7[0], fast_tmp, "7", str(schema.FORMAT_VERSION), snapshot, version_7[1])

@@ -14,7 +14,7 @@ import sqlite3
 import pytest
 
 from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
-from stepfs.store import cards, linecounts, prune, publish, verify
+from stepfs.store import cards, linecounts, prune, publish, schema, verify
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_9, open_workspace
 
@@ -80,7 +80,7 @@ def test_a_version_8_store_is_upgraded_keeping_every_count(version_8, tmp_path):
     root = tmp_path / "ws"
     shutil.copytree(version_8[0], root, symlinks=True)
     with Workspace.open(str(root)) as ws:
-        assert store_version(root) == "9"
+        assert store_version(root) == str(schema.FORMAT_VERSION)
         assert snapshot(ws) == version_8[1]
         report = verify.verify(ws)
         assert report.ok, report.problems
@@ -107,7 +107,7 @@ def test_a_version_8_store_without_line_counts_is_upgraded(version_8, tmp_path):
     raw.commit()
     raw.close()
     with Workspace.open(str(root)) as ws:
-        assert store_version(root) == "9"
+        assert store_version(root) == str(schema.FORMAT_VERSION)
         got = snapshot(ws)
         assert got["log"] == version_8[1]["log"] and not any(got["counts"].values())
         assert verify.verify(ws).ok
@@ -115,4 +115,4 @@ def test_a_version_8_store_without_line_counts_is_upgraded(version_8, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_upgrade_killed_at_every_durable_call_leaves_version_8_or_9(version_8, fast_tmp):
-    upgrade_killed_at_every_durable_call(version_8[0], fast_tmp, "8", "9", snapshot, version_8[1])
+    upgrade_killed_at_every_durable_call(version_8[0], fast_tmp, "8", str(schema.FORMAT_VERSION), snapshot, version_8[1])

@@ -138,6 +138,11 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
         return bytes(data)
     try:
         if codec == ZSTD:
+            # A damaged header may declare terabytes, which zstd would
+            # allocate before finding the damage (max_output_size is then ignored).
+            declared = zstandard.frame_content_size(bytes(data))
+            if declared not in (-1, size):
+                raise ValueError(f"a frame of {declared} bytes, {size} recorded")
             return decompressor().decompress(bytes(data), max_output_size=size)
         if codec == DELTA:
             if base_raw is None:

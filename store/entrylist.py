@@ -86,6 +86,10 @@ def encode(rows: list[tuple]) -> bytes:
     return compressor(LEVEL).compress(b"".join(out))
 
 
+#: What a MemoryError while decoding means (it carries no message).
+_HUGE = "its frame header declares an impossible size"
+
+
 class ListDamaged(ValueError):
     """A list's bytes do not decode (a damaged store or intent)."""
 
@@ -93,8 +97,9 @@ class ListDamaged(ValueError):
 def _decode(blob: bytes) -> list[tuple]:
     try:
         rows = _columns(blob)
-    except (zstandard.ZstdError, IndexError, ValueError, UnicodeDecodeError) as exc:
-        raise ListDamaged(f"an entry list does not decode: {exc}") from None
+    # MemoryError: a damaged frame header declaring an impossible size.
+    except (zstandard.ZstdError, IndexError, ValueError, UnicodeDecodeError, MemoryError) as exc:
+        raise ListDamaged(f"an entry list does not decode: {str(exc) or _HUGE}") from None
     return rows
 
 
@@ -174,8 +179,8 @@ def stored_oids(blob) -> list[tuple[bytes | None, bytes | None]]:
                 out[name] = vals
             if len(out) == len(OIDS):
                 break
-    except (zstandard.ZstdError, IndexError, ValueError) as exc:
-        raise ListDamaged(f"an entry list does not decode: {exc}") from None
+    except (zstandard.ZstdError, IndexError, ValueError, MemoryError) as exc:
+        raise ListDamaged(f"an entry list does not decode: {str(exc) or _HUGE}") from None
     return list(zip(out["before_oid"], out["after_oid"]))
 
 

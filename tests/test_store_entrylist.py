@@ -47,6 +47,26 @@ def test_a_list_that_does_not_decode_is_damaged(damage):
         entrylist.decode(damage(entrylist.encode(ROWS)))
 
 
+def test_a_list_whose_header_declares_16_tib_is_damaged_not_a_memory_error():
+    blob = HUGE_HEADER + entrylist.encode(ROWS)[13:]
+    for read in (entrylist.decode, entrylist.stored_oids):
+        with pytest.raises(entrylist.ListDamaged, match="impossible size"):
+            read(blob)
+
+
+#: A zstd frame head: magic, a single-segment descriptor with an 8-byte content size, 2**44.
+HUGE_HEADER = bytes.fromhex("28b52ffd") + b"\xe0" + (1 << 44).to_bytes(8, "little")
+
+
+def test_a_chunk_frame_declaring_another_size_is_refused_before_it_is_decoded():
+    frame = codec.compressor(1).compress(b"x" * 1000)
+    assert codec.decode(codec.ZSTD, frame, 1000) == b"x" * 1000
+    with pytest.raises(ValueError, match="1000 bytes, 999 recorded"):
+        codec.decode(codec.ZSTD, frame, 999)
+    with pytest.raises(ValueError, match="17592186044416 bytes"):
+        codec.decode(codec.ZSTD, HUGE_HEADER + b"\x01\x00\x00", 10)
+
+
 def test_lists_split_at_the_maximum_and_the_cache_keeps_its_budget(monkeypatch):
     rows = [row(i, after_kind="file", after_mode=0o644, after_oid="%032x" % i) for i in range(1, 10_001)]
     parts = entrylist.split(rows)

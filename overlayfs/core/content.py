@@ -428,30 +428,61 @@ class Content:
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:
-            h = self._handle(fh)
+            h = self._reader(fh)
             if h.data is not None:
                 return h.data[offset:offset + size]
-            if h.draft is None:
-                # The same agent may have started a draft since this handle
-                # was opened: POSIX says it reads those bytes -- if the draft
-                # is of the very version this handle was opened on (not of a
-                # file that replaced it since).
-                d = self.drafts.get((h.agent, h.path))
-                if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
-                        and self.versions.still(d.base, h.path)):
-                    os.close(h.fd)
-                    h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                    h.draft, h.node = d, None
-                    self._open_drafts_add(d, 1)
             return os.pread(h.fd, size, offset)
 
+    def readinto(self, fh: int, buf: memoryview, offset: int) -> int:
+        """:meth:`read` into ``buf`` (a writable byte buffer, its length the
+        size asked): the bytes read, with no ``bytes`` object made."""
+        with self.lock:
+            h = self._reader(fh)
+            if h.data is not None:
+                chunk = h.data[offset:offset + len(buf)]
+                buf[:len(chunk)] = chunk
+                return len(chunk)
+            return os.preadv(h.fd, (buf,), offset)
+
+    def read_fd(self, fh: int) -> int | None:
+        """A new descriptor (the caller closes it) of the file handle
+        ``fh`` reads, for a read the caller does itself (the FUSE adapter
+        lets the kernel splice it); None for a handle whose bytes are in
+        memory (use :meth:`readinto`)."""
+        with self.lock:
+            h = self._reader(fh)
+            return None if h.data is not None else os.dup(h.fd)
+
+    def _reader(self, fh: int) -> Handle:
+        """Handle ``fh``, ready for a read (lock held)."""
+        h = self._handle(fh)
+        if h.draft is None and h.data is None:
+            # The same agent may have started a draft since this handle
+            # was opened: POSIX says it reads those bytes -- if the draft
+            # is of the very version this handle was opened on (not of a
+            # file that replaced it since).
+            d = self.drafts.get((h.agent, h.path))
+            if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
+                    and self.versions.still(d.base, h.path)):
+                os.close(h.fd)
+                h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                h.draft, h.node = d, None
+                self._open_drafts_add(d, 1)
+        return h
+
     def write(self, fh: int, data: bytes, offset: int) -> int:
+        return self.write_with(fh, len(data), offset, lambda fd: os.pwrite(fd, data, offset))
+
+    def write_with(self, fh: int, size: int, offset: int, put: Callable[[int], int]) -> int:
+        """A write of ``size`` bytes at ``offset`` that ``put(fd)`` performs
+        on the draft's descriptor (the adapter copies the request's data
+        there without making a ``bytes`` of it); returns what ``put`` does."""
         with self.lock:
             h = self._handle(fh)
             if not h.writable:
                 raise BadHandle(str(fh))
-            self._writable(h.draft, offset + len(data))
-            n = os.pwrite(h.fd, data, offset)
+            self._writable(h.draft, offset + size)
+            n = put(h.fd)
             h.wrote = True
             h.draft.dirty = True
             return n

@@ -85,6 +85,8 @@ log = logging.getLogger("stepfs.fuse")
 PAGE_TOKENS_LIMIT = 100_000
 #: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
 FUSE_CAP_POSIX_ACL = 1 << 19
+#: libfuse's FUSE_CAP_SPLICE_WRITE: READ replies go from a file to /dev/fuse by splice.
+FUSE_CAP_SPLICE_WRITE = 1 << 7
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 
@@ -260,6 +262,8 @@ class StepFS(mfusepy.Operations):
             self.kernel_cache.negatives_cached = self.negatives
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
+        if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
+            conn.want |= FUSE_CAP_SPLICE_WRITE  # READ replies spliced from the file (libfuse/bufs.py)
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -500,11 +504,35 @@ class StepFS(mfusepy.Operations):
     def read(self, path, size, offset, fi):
         return self.view.read(fi.fh, size, offset)
 
+    # libfuse calls read_buf and write_buf, not read and write, once these
+    # exist (their callers in libfuse/highlevel.py say why): same work,
+    # with the bytes moved by the kernel and libfuse instead of copied
+    # through a Python ``bytes``.
+    @_translating
+    def read_buf(self, path, fi):
+        """A new descriptor of what handle ``fi`` reads, for libfuse to
+        splice the reply from (``_FUSE.read_buf`` closes it); None for a
+        handle whose bytes are in memory (:meth:`readinto`)."""
+        return self.view.read_fd(fi.fh)
+
+    @_translating
+    def readinto(self, path, buf, offset, fi):
+        """:meth:`read` into ``buf`` (its length the size asked): the count."""
+        return self.view.readinto(fi.fh, buf, offset)
+
     @_translating
     def write(self, path, data, offset, fi):
         if fi.fh < HANDLE_BASE:
             self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
+
+    @_translating
+    def write_buf(self, path, size, offset, fi, put):
+        """:meth:`write` of ``size`` bytes that ``put(fd)`` copies to the
+        handle's descriptor at ``offset``."""
+        if fi.fh < HANDLE_BASE:
+            self.writers.wrote(fi.fh, self._caller())
+        return self.view.write_with(fi.fh, size, offset, put)
 
     @_translating
     def flush(self, path, fi):

@@ -327,11 +327,12 @@ class Overlay:
             return self.passthrough.write(fh, data, offset)
         return self.content.write(fh, data, offset)
 
-    def write_with(self, fh: int, size: int, offset: int, put: Callable[[int], int]) -> int:
+    def write_with(self, fh: int, size: int, offset: int, put: Callable[[int], int],
+                   data: Callable[[], object] | None = None) -> int:
         """``write`` of ``size`` bytes that ``put(fd)`` performs (``Content.write_with``)."""
         if fh >= HANDLE_BASE:
             return self.passthrough.write_with(fh, put)
-        return self.content.write_with(fh, size, offset, put)
+        return self.content.write_with(fh, size, offset, put, data)
 
     def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
         if fh is not None and fh >= HANDLE_BASE:

@@ -17,10 +17,10 @@ every byte of a sequential read or write, plus the allocations.  libfuse's
   the caller closes at the next READ (``_FUSE.read_buf``): another thread
   that closes or replaces the handle's own descriptor meanwhile (a draft
   moved to a new scratch file) cannot make libfuse read another file.
-* :func:`reply_buffer`: the same for a handle whose bytes are in memory
-  (``MOUNT/.stepfs`` files): they are copied into ``malloc`` memory that
-  the ``fuse_bufvec`` names, which libfuse writes and frees
-  (``fuse_free_buf``).
+* :func:`reply_buffer`: a READ of a handle whose bytes are in memory
+  (``MOUNT/.stepfs`` files) copies them into ``malloc`` memory that the
+  ``fuse_bufvec`` names, which libfuse writes to ``/dev/fuse`` as it is
+  and frees (``fuse_free_buf``).
 * :func:`copy_to_fd`: a WRITE's data (in libfuse's receive buffer, or in a
   pipe when libfuse received the request by ``splice``) is copied by
   ``fuse_buf_copy`` to the draft's descriptor at the offset: ``pwrite``
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import struct
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy
 
@@ -63,6 +64,13 @@ _buf_copy.argtypes, _buf_copy.restype = [ctypes.c_void_p, ctypes.c_void_p, ctype
 _buf_size = _lib.fuse_buf_size
 _buf_size.argtypes, _buf_size.restype = [ctypes.c_void_p], ctypes.c_size_t
 _VEC_SIZE = ctypes.sizeof(FuseBufvec)
+_BYTE = ctypes.c_char
+_memmove = ctypes.memmove
+#: ``struct fuse_bufvec`` of one ``struct fuse_buf``, packed: count, idx,
+#: off; size, flags, mem, fd, pos (``FuseBufvec``'s layout, checked below).
+_FD_VEC = struct.Struct("=QQQQi4xQi4xq")
+assert _FD_VEC.size == _VEC_SIZE and FuseBuf.pos.offset == 32 and FuseBufvec.buf.offset == 24
+_VOIDP_AT = ctypes.c_void_p.from_address
 
 
 def reply_buffer(bufpp, size: int, fill) -> int:
@@ -76,7 +84,7 @@ def reply_buffer(bufpp, size: int, fill) -> int:
     if not mem:
         return -errno.ENOMEM
     try:
-        n = fill(memoryview((ctypes.c_char * size).from_address(mem)).cast("B")) if size else 0
+        n = fill((_BYTE * size).from_address(mem)) if size else 0
         vec = _malloc(_VEC_SIZE)
         if not vec:
             raise MemoryError
@@ -87,7 +95,7 @@ def reply_buffer(bufpp, size: int, fill) -> int:
     v.count, v.idx, v.off = 1, 0, 0
     b = v.buf[0]
     b.size, b.flags, b.mem, b.fd, b.pos = n, 0, mem, -1, 0
-    ctypes.c_void_p.from_address(ctypes.cast(bufpp, ctypes.c_void_p).value).value = vec
+    _VOIDP_AT(ctypes.addressof(bufpp.contents)).value = vec
     return 0
 
 
@@ -100,17 +108,28 @@ def reply_fd(bufpp, fd: int, size: int, offset: int) -> int:
     vec = _malloc(_VEC_SIZE)
     if not vec:
         return -errno.ENOMEM
-    v = FuseBufvec.from_address(vec)
-    v.count, v.idx, v.off = 1, 0, 0
-    b = v.buf[0]
-    b.size, b.flags, b.mem, b.fd, b.pos = size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, None, fd, offset
-    ctypes.c_void_p.from_address(ctypes.cast(bufpp, ctypes.c_void_p).value).value = vec
+    # One copy of the packed struct: a field-by-field ctypes fill costs
+    # several times more, once per READ.
+    _memmove(vec, _FD_VEC.pack(1, 0, 0, size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, 0, fd, offset), _VEC_SIZE)
+    _VOIDP_AT(ctypes.addressof(bufpp.contents)).value = vec
     return 0
 
 
-def data_size(buf) -> int:
-    """Bytes of the WRITE data in libfuse's ``fuse_bufvec`` ``buf``."""
-    return _buf_size(ctypes.cast(buf, ctypes.c_void_p))
+def data_of(buf) -> tuple[int, int]:
+    """``(size, address)`` of the WRITE data in libfuse's ``fuse_bufvec``
+    ``buf``; address 0 unless the data is one piece of memory (not a pipe,
+    as when libfuse received the request by ``splice``).  Read before
+    :func:`copy_to_fd`, which moves the bufvec's position."""
+    v = FuseBufvec.from_address(ctypes.addressof(buf.contents))
+    if v.count != 1 or v.idx:
+        return _buf_size(ctypes.addressof(buf.contents)), 0
+    b = v.buf[0]
+    return b.size - v.off, (0 if b.flags & FUSE_BUF_IS_FD or not b.mem else b.mem + v.off)
+
+
+def view(address: int, size: int):
+    """``size`` bytes of memory at ``address`` as a buffer (valid while the callback runs)."""
+    return (_BYTE * size).from_address(address)
 
 
 def copy_to_fd(buf, fd: int, offset: int, size: int) -> int:
@@ -120,7 +139,7 @@ def copy_to_fd(buf, fd: int, offset: int, size: int) -> int:
     dst = FuseBufvec(1, 0, 0)
     b = dst.buf[0]
     b.size, b.flags, b.mem, b.fd, b.pos = size, FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK, None, fd, offset
-    n = _buf_copy(ctypes.byref(dst), ctypes.cast(buf, ctypes.c_void_p), 0)
+    n = _buf_copy(ctypes.addressof(dst), ctypes.addressof(buf.contents), 0)
     if n < 0:
         raise OSError(-n, "fuse_buf_copy")
     return n

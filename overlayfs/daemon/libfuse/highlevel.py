@@ -204,9 +204,10 @@ class _FUSE(mfusepy.FUSE):
         return bufs.reply_fd(bufpp, fd, size, offset)
 
     def write_buf(self, path, buf, offset, fip):
-        size = bufs.data_size(buf)
+        size, mem = bufs.data_of(buf)
         return self.operations.write_buf(None if path is None else path.decode(self.encoding, self.errors), size,
-                                         offset, fip.contents, lambda fd: bufs.copy_to_fd(buf, fd, offset, size))
+                                         offset, fip.contents, lambda fd: bufs.copy_to_fd(buf, fd, offset, size),
+                                         (lambda: bufs.view(mem, size)) if mem else None)
 
     def fgetattr(self, path, buf, fip):
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),

@@ -17,7 +17,7 @@ import time
 from typing import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, delete, func, or_, select
+from sqlalchemy import bindparam, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 
@@ -49,10 +49,16 @@ _UPSERT = {"sqlite": _upsert(sqlite.insert), "postgresql": _upsert(postgresql.in
 _SQLITE_UPSERT = Prepared(_UPSERT["sqlite"], ["step", "path", *_FIELDS])
 _INSERT = S.insert()
 _DELETE = delete(S).where(S.c.step == bindparam("b_step"), S.c.path == bindparam("b_path"))
-_DELETE_TREE = delete(S).where(
-    S.c.step == bindparam("b_step"),
-    or_(S.c.path == bindparam("b_path"), (S.c.path >= bindparam("b_lo")) & (S.c.path < bindparam("b_hi"))),
-)
+# What lies below a path: a range of the primary key.  (One statement with
+# "path = ? OR path in the range" made SQLite scan every row of the step:
+# 0.4 ms per removal of a step of 2,000 rows, on the view's lock.)
+_DELETE_BELOW = delete(S).where(S.c.step == bindparam("b_step"), S.c.path >= bindparam("b_lo"),
+                                S.c.path < bindparam("b_hi"))
+# The deletes of a batch of recorded rows (rows.PendingRows.write) run on the
+# DBAPI cursor in one executemany: through SQLAlchemy each cost about 50 us
+# of Python, one per file of an rm -rf of staged files.
+_PREPARED_DELETE = Prepared(_DELETE)
+_PREPARED_DELETE_BELOW = Prepared(_DELETE_BELOW)
 
 
 @dataclass
@@ -182,13 +188,30 @@ def put_many(conn: Connection, step: int, rows: list[StagedRow]) -> None:
 
 
 def remove(conn: Connection, step: int, path: bytes) -> None:
-    conn.execute(_DELETE, {"b_step": step, "b_path": path})
+    remove_many(conn, step, [path])
+
+
+def remove_many(conn: Connection, step: int, paths: list[bytes]) -> None:
+    """Remove the rows of ``paths`` (one statement run for each, one call)."""
+    if paths:
+        _PREPARED_DELETE.executemany(conn, [{"b_step": step, "b_path": p} for p in paths])
 
 
 def remove_tree(conn: Connection, step: int, path: bytes) -> None:
     """Remove the rows of ``path`` and of everything below it."""
-    prefix = path.rstrip(b"/") + b"/"
-    conn.execute(_DELETE_TREE, {"b_step": step, "b_path": path, "b_lo": prefix, "b_hi": prefix[:-1] + b"0"})
+    remove_trees(conn, step, [path])
+
+
+def remove_trees(conn: Connection, step: int, paths: list[bytes]) -> None:
+    """:func:`remove_tree` of each of ``paths``, in one call."""
+    if not paths:
+        return
+    remove_many(conn, step, paths)
+    below = []
+    for path in paths:
+        prefix = path.rstrip(b"/") + b"/"
+        below.append({"b_step": step, "b_lo": prefix, "b_hi": prefix[:-1] + b"0"})
+    _PREPARED_DELETE_BELOW.executemany(conn, below)
 
 
 def discard(conn: Connection, step: int, path: bytes, mount: str = "", agent: str = "",

@@ -52,6 +52,24 @@ def test_remove_tree_removes_exactly_the_subtree(db):
         assert b"e" not in [r.path for r in staging.load(conn, step)]
 
 
+def test_batched_removals_are_key_lookups(db):
+    """remove_trees / remove_many (a row write's recorded removals) remove
+    exactly their paths and subtrees, each by a search of the primary key:
+    a scan of the step's rows per removal made an rm -rf quadratic."""
+    with db.write() as conn:
+        step = staging.open_step(conn, "/m")
+        for name in [b"a", b"a/x", b"a.x", b"b", b"b/y/z", b"b0", b"c", b"c/k", b"d"]:
+            staging.put(conn, step, StagedRow(name, "dir"))
+        staging.remove_trees(conn, step, [b"a", b"b"])
+        staging.remove_many(conn, step, [b"c", b"nothing"])
+        assert [r.path for r in staging.load(conn, step)] == [b"a.x", b"b0", b"c/k", b"d"]
+        for prepared in (staging._PREPARED_DELETE, staging._PREPARED_DELETE_BELOW):
+            sql, names = prepared._compiled(conn.dialect)[:2]
+            plan = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql, tuple([step] + [b"a"] * (len(names) - 1)))
+            details = [row[-1] for row in plan]
+            assert any("USING" in d and "path" in d for d in details), details
+
+
 def test_put_many_inserts_and_replaces_every_field_in_one_statement(db):
     full = StagedRow(b"q", "file", 0o100600, oid=None, target=None, size=9, mtime_ns=5, opaque=False,
                      base="tok", uid=7, gid=8, xattrs=b"\x00x", link_group=3)

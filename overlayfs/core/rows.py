@@ -126,18 +126,20 @@ class PendingRows:
         named = {row.oid for row in self.rows.values() if row is not None and row.oid in self.contents}
         keys = [key for key in self.contents if key in named or key in held]
         self.stored = dict(zip(keys, put_many(conn, [self.contents[key] for key in keys]))) if keys else {}
-        for path in self.trees:
-            staging.remove_tree(conn, step, path)
-        puts = []
+        # Trees go first (every recorded row came after them); the removals
+        # and puts name distinct paths, so each kind runs as one batch.
+        staging.remove_trees(conn, step, self.trees)
+        puts, removes = [], []
         for path, row in self.rows.items():
             if row is None:
-                staging.remove(conn, step, path)
+                removes.append(path)
                 continue
             if row.kind == "file" and row.oid is None and row.scratch is None:
                 row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
             elif row.oid in self.stored:
                 row = dataclasses.replace(row, oid=self.stored[row.oid])
             puts.append(row)
+        staging.remove_many(conn, step, removes)
         staging.put_many(conn, step, puts)
 
     def clear(self) -> None:

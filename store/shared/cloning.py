@@ -294,18 +294,19 @@ def _clone_in_place(url: HistoryURL, remote: Remote, directory: str, number: int
     machinery (where no sibling can be renamed onto it)."""
     from stepfs.store.workspace import Workspace
 
-    states = remote.state_at(number)
-    _refuse_pruned(remote, number)
-    os.makedirs(directory, exist_ok=True)
-    with Workspace.open(directory, create=True) as ws:
-        with ws.db.read() as conn:
-            base = local_layers.head(conn)
-        with ws.commit_lock():
-            down = Downloader(ws, remote)
-            down.fetch([{"after_object": row["after_object"]} for row in states.values()])
-            entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
-                       for p, row in sorted(states.items()) if row["after_kind"] is not None]
-            local = publish.write_layer(ws, entries, kind=SYNC, message=message, agent="", mount="", meta=meta,
-                                        consume_step=None)
-        attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
-        return ws.path, number, local
+    with remote.objects_kept():  # the states, then their objects: no gc-history in between
+        states = remote.state_at(number)
+        _refuse_pruned(remote, number)
+        os.makedirs(directory, exist_ok=True)
+        with Workspace.open(directory, create=True) as ws:
+            with ws.db.read() as conn:
+                base = local_layers.head(conn)
+            with ws.commit_lock():
+                down = Downloader(ws, remote)
+                down.fetch([{"after_object": row["after_object"]} for row in states.values()])
+                entries = [Entry(p, State(None), down.state(row, "after"), row["after_mtime_ns"])
+                           for p, row in sorted(states.items()) if row["after_kind"] is not None]
+                local = publish.write_layer(ws, entries, kind=SYNC, message=message, agent="", mount="",
+                                            meta=meta, consume_step=None)
+            attachment.write(ws, Attachment(url, uuid.uuid4().hex, base, number))
+            return ws.path, number, local

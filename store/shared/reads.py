@@ -53,15 +53,16 @@ def file_bytes(remote: Remote, number: int, path: str) -> bytes:
     """``stepfs cat --history URL N PATH``."""
     rel = history_path(path)
     require_layer(remote, number)
-    row = remote.path_at(rel, number)
-    kind = None if row is None else row["after_kind"]
-    if kind is None:
-        prune.require_kept(remote, number)  # pruned since require_layer: its entries are gone
-        raise NoSuchPath(f"{path} did not exist as of layer {number} of the shared history; 'stepfs show N "
-                         f"--history URL' lists what each layer changed.")
-    if kind != "file":
-        raise NoSuchPath(f"{path} was a {kind} as of layer {number} of the shared history, not a file.")
-    return remote.read_object(row["after_object"])
+    with remote.objects_kept():  # a prune then gc-history between the entry and its bytes: no missing object
+        row = remote.path_at(rel, number)
+        kind = None if row is None else row["after_kind"]
+        if kind is None:
+            prune.require_kept(remote, number)  # pruned since require_layer: its entries are gone
+            raise NoSuchPath(f"{path} did not exist as of layer {number} of the shared history; 'stepfs show N "
+                             f"--history URL' lists what each layer changed.")
+        if kind != "file":
+            raise NoSuchPath(f"{path} was a {kind} as of layer {number} of the shared history, not a file.")
+        return remote.read_object(row["after_object"])
 
 
 def after_state(row: dict | None) -> State:
@@ -118,5 +119,6 @@ class _Objects:
 def read_changes(remote: Remote, old: int, new: int, paths: list[bytes] | None = None) -> tuple[list[Change], str]:
     """``stepfs diff --history URL N [M]``: the changes and their patch."""
     objects = _Objects(remote)
-    changes = records.pair_renames(changes_between(remote, old, new, paths), lambda d: objects.size(None, d))
-    return changes, diff.patch(objects, None, changes)
+    with remote.objects_kept():  # as file_bytes: the states, then their objects
+        changes = records.pair_renames(changes_between(remote, old, new, paths), lambda d: objects.size(None, d))
+        return changes, diff.patch(objects, None, changes)

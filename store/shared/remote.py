@@ -236,6 +236,28 @@ class Remote:
             if self._conn is conn:
                 self._conn = None
 
+    @contextmanager
+    def objects_kept(self) -> Iterator[None]:
+        """Hold the objects' advisory lock shared (PostgreSQL) while a
+        command reads a layer's states, then their objects, in separate
+        statements (``cat``, ``diff``, a clone written in place):
+        ``gc-history`` takes the lock alone, so it cannot sweep an object
+        between the two when a prune drops the layer meanwhile.  Never held
+        with :meth:`lock` (which closes the session)."""
+        if self.url.dialect != "postgresql":
+            yield  # an SQLite history has no gc-history
+            return
+        with self.read() as conn:
+            conn.execute(text("SELECT pg_advisory_lock_shared(hashtext(:o))"), {"o": OBJECTS_LOCK})
+        try:
+            yield
+        finally:
+            try:
+                with self.read() as conn:
+                    conn.execute(text("SELECT pg_advisory_unlock_shared(hashtext(:o))"), {"o": OBJECTS_LOCK})
+            except Exception:
+                pass  # a broken connection: its session, and the lock with it, ends when it closes
+
     def _pipeline(self, statements: list[tuple[str, dict | None]], bound: float) -> list[list[tuple] | None]:
         """PostgreSQL: run ``statements`` in one round trip (a pipeline of
         the extended protocol, one Sync at its end: the server runs them in

@@ -294,7 +294,7 @@ def _clone_in_place(url: HistoryURL, remote: Remote, directory: str, number: int
     machinery (where no sibling can be renamed onto it)."""
     from stepfs.store.workspace import Workspace
 
-    with remote.objects_kept():  # the states, then their objects: no gc-history in between
+    with remote.objects_held():  # the states, then their objects: no gc-history in between
         states = remote.state_at(number)
         _refuse_pruned(remote, number)
         os.makedirs(directory, exist_ok=True)

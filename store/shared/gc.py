@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, text, union
+from sqlalchemy import func, select, union
 
 from stepfs.store.errors import HistoryError
 from stepfs.store.shared import tables as T
-from stepfs.store.shared.remote import OBJECTS_LOCK, Remote
+from stepfs.store.shared.remote import Remote
 
 #: Keys per DELETE statement.
 BATCH = 1000
@@ -46,9 +46,7 @@ def collect(remote: Remote) -> Collected:
     if remote.url.dialect != "postgresql":
         raise HistoryError(f"gc-history runs on a PostgreSQL history; the SQLite history {remote.url.display} has "
                            f"no lock that keeps gc from a step between its upload and its layer.")
-    with remote.read() as conn:
-        conn.execute(text("SELECT pg_advisory_lock(hashtext(:o))"), {"o": OBJECTS_LOCK})
-    try:
+    with remote.objects_held(alone=True):
         ensure_indexes(remote)  # no step is between an upload and its layer: the tables' locks are short
         with remote.tx() as conn:
             named = union(select(T.entries.c.before_object).where(T.entries.c.before_object.is_not(None)),
@@ -63,9 +61,3 @@ def collect(remote: Remote) -> Collected:
                                 .where(T.chunks.c.hash.not_in(loose))).scalar()
             chunks = conn.execute(T.chunks.delete().where(T.chunks.c.hash.not_in(loose))).rowcount
         return Collected(len(dead), int(chunks), int(size))
-    finally:
-        try:
-            with remote.read() as conn:
-                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:o))"), {"o": OBJECTS_LOCK})
-        except Exception:
-            pass  # a broken connection: its session, and the lock with it, ends when it closes

@@ -53,7 +53,7 @@ def file_bytes(remote: Remote, number: int, path: str) -> bytes:
     """``stepfs cat --history URL N PATH``."""
     rel = history_path(path)
     require_layer(remote, number)
-    with remote.objects_kept():  # a prune then gc-history between the entry and its bytes: no missing object
+    with remote.objects_held():  # a prune then gc-history between the entry and its bytes: no missing object
         row = remote.path_at(rel, number)
         kind = None if row is None else row["after_kind"]
         if kind is None:
@@ -119,6 +119,6 @@ class _Objects:
 def read_changes(remote: Remote, old: int, new: int, paths: list[bytes] | None = None) -> tuple[list[Change], str]:
     """``stepfs diff --history URL N [M]``: the changes and their patch."""
     objects = _Objects(remote)
-    with remote.objects_kept():  # as file_bytes: the states, then their objects
+    with remote.objects_held():  # as file_bytes: the states, then their objects
         changes = records.pair_renames(changes_between(remote, old, new, paths), lambda d: objects.size(None, d))
         return changes, diff.patch(objects, None, changes)

@@ -237,24 +237,26 @@ class Remote:
                 self._conn = None
 
     @contextmanager
-    def objects_kept(self) -> Iterator[None]:
-        """Hold the objects' advisory lock shared (PostgreSQL) while a
-        command reads a layer's states, then their objects, in separate
-        statements (``cat``, ``diff``, a clone written in place):
-        ``gc-history`` takes the lock alone, so it cannot sweep an object
-        between the two when a prune drops the layer meanwhile.  Never held
-        with :meth:`lock` (which closes the session)."""
+    def objects_held(self, alone: bool = False) -> Iterator[None]:
+        """Hold the objects' advisory lock (PostgreSQL) on this command's
+        session: ``alone`` for ``gc-history``, else shared, by a command
+        that reads a layer's states, then their objects, in separate
+        statements (``cat``, ``diff``, a clone written in place), so gc
+        cannot sweep an object between the two when a prune drops the
+        layer meanwhile.  Never held with :meth:`lock` (which closes the
+        session)."""
         if self.url.dialect != "postgresql":
             yield  # an SQLite history has no gc-history
             return
+        mode = "" if alone else "_shared"
         with self.read() as conn:
-            conn.execute(text("SELECT pg_advisory_lock_shared(hashtext(:o))"), {"o": OBJECTS_LOCK})
+            conn.execute(text(f"SELECT pg_advisory_lock{mode}(hashtext(:o))"), {"o": OBJECTS_LOCK})
         try:
             yield
         finally:
             try:
                 with self.read() as conn:
-                    conn.execute(text("SELECT pg_advisory_unlock_shared(hashtext(:o))"), {"o": OBJECTS_LOCK})
+                    conn.execute(text(f"SELECT pg_advisory_unlock{mode}(hashtext(:o))"), {"o": OBJECTS_LOCK})
             except Exception:
                 pass  # a broken connection: its session, and the lock with it, ends when it closes
 

@@ -234,16 +234,8 @@ class Passthrough:
         return os.pread(fh - HANDLE_BASE, size, offset)
 
     @staticmethod
-    def readinto(fh: int, buf: memoryview, offset: int) -> int:
-        return os.preadv(fh - HANDLE_BASE, (buf,), offset)
-
-    @staticmethod
     def write(fh: int, data: bytes, offset: int) -> int:
         return os.pwrite(fh - HANDLE_BASE, data, offset)
-
-    @staticmethod
-    def write_with(fh: int, put) -> int:
-        return put(fh - HANDLE_BASE)
 
     @staticmethod
     def ftruncate(fh: int, length: int) -> None:

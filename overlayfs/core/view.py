@@ -311,28 +311,10 @@ class Overlay:
             return self.passthrough.read(fh, size, offset)
         return self.content.read(fh, size, offset)
 
-    def read_fd(self, fh: int) -> int | None:
-        """A descriptor the caller owns of what ``fh`` reads (``Content.read_fd``)."""
-        if fh >= HANDLE_BASE:
-            return os.dup(fh - HANDLE_BASE)
-        return self.content.read_fd(fh)
-
-    def readinto(self, fh: int, buf: memoryview, offset: int) -> int:
-        if fh >= HANDLE_BASE:
-            return self.passthrough.readinto(fh, buf, offset)
-        return self.content.readinto(fh, buf, offset)
-
     def write(self, fh: int, data: bytes, offset: int) -> int:
         if fh >= HANDLE_BASE:
             return self.passthrough.write(fh, data, offset)
         return self.content.write(fh, data, offset)
-
-    def write_with(self, fh: int, size: int, offset: int, put: Callable[[int], int],
-                   data: Callable[[], object] | None = None) -> int:
-        """``write`` of ``size`` bytes that ``put(fd)`` performs (``Content.write_with``)."""
-        if fh >= HANDLE_BASE:
-            return self.passthrough.write_with(fh, put)
-        return self.content.write_with(fh, size, offset, put, data)
 
     def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:
         if fh is not None and fh >= HANDLE_BASE:

@@ -40,12 +40,6 @@ Choices (measured or forced, see README "Architecture"):
   version token equals that of its previous read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
-* READ and WRITE through libfuse's ``read_buf``/``write_buf``
-  (``libfuse/bufs.py``): a READ reply is spliced from the file to
-  ``/dev/fuse`` (``FUSE_CAP_SPLICE_WRITE``) and a WRITE's data is copied
-  to the draft by ``fuse_buf_copy``, instead of through a Python ``bytes``
-  each way.  A bigger kernel readahead was measured and not taken: READs
-  of 256 KiB to 1 MiB were no faster than 128 KiB ones, 1 MiB slower.
 * kernel-cached directory listings while the mount watches, on a libfuse
   whose private layout is verified (:class:`ListingCache`, which works
   around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
@@ -91,8 +85,6 @@ log = logging.getLogger("stepfs.fuse")
 PAGE_TOKENS_LIMIT = 100_000
 #: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
 FUSE_CAP_POSIX_ACL = 1 << 19
-#: libfuse's FUSE_CAP_SPLICE_WRITE: READ replies go from a file to /dev/fuse by splice.
-FUSE_CAP_SPLICE_WRITE = 1 << 7
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 
@@ -268,8 +260,6 @@ class StepFS(mfusepy.Operations):
             self.kernel_cache.negatives_cached = self.negatives
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
-        if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
-            conn.want |= FUSE_CAP_SPLICE_WRITE  # READ replies spliced from the file (libfuse/bufs.py)
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -510,36 +500,11 @@ class StepFS(mfusepy.Operations):
     def read(self, path, size, offset, fi):
         return self.view.read(fi.fh, size, offset)
 
-    # libfuse calls read_buf and write_buf, not read and write, once these
-    # exist (their callers in libfuse/highlevel.py say why): same work,
-    # with the bytes moved by the kernel and libfuse instead of copied
-    # through a Python ``bytes``.
-    @_translating
-    def read_buf(self, path, fi):
-        """A new descriptor of what handle ``fi`` reads, for libfuse to
-        splice the reply from (``_FUSE.read_buf`` closes it); None for a
-        handle whose bytes are in memory (:meth:`readinto`)."""
-        return self.view.read_fd(fi.fh)
-
-    @_translating
-    def readinto(self, path, buf, offset, fi):
-        """:meth:`read` into ``buf`` (its length the size asked): the count."""
-        return self.view.readinto(fi.fh, buf, offset)
-
     @_translating
     def write(self, path, data, offset, fi):
         if fi.fh < HANDLE_BASE:
             self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
-
-    @_translating
-    def write_buf(self, path, size, offset, fi, put, data):
-        """:meth:`write` of ``size`` bytes that ``put(fd)`` copies to the
-        handle's descriptor at ``offset``; ``data()`` gives them as a
-        buffer, or None (``Content.write_with``)."""
-        if fi.fh < HANDLE_BASE:
-            self.writers.wrote(fi.fh, self._caller())
-        return self.view.write_with(fi.fh, size, offset, put, data)
 
     @_translating
     def flush(self, path, fi):

@@ -139,9 +139,10 @@ def decode(codec: int, data, size: int, base_raw: bytes | None = None) -> bytes:
     try:
         if codec == ZSTD:
             # A damaged header may declare terabytes, which zstd would
-            # allocate before finding the damage (max_output_size is then ignored).
+            # allocate before finding the damage (max_output_size is then ignored);
+            # ``size`` is an upper bound to some callers, the length check is the reader's.
             declared = zstandard.frame_content_size(bytes(data))
-            if declared not in (-1, size):
+            if declared > size:
                 raise ValueError(f"a frame of {declared} bytes, {size} recorded")
             return decompressor().decompress(bytes(data), max_output_size=size)
         if codec == DELTA:

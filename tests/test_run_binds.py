@@ -241,3 +241,31 @@ def test_unmount_refuses_while_a_run_left_a_process_in_its_namespace_and_force_e
         except ProcessLookupError:
             pass
         wait_gone(workspace)
+
+
+def test_a_run_holds_no_copy_of_another_mount(workspace, mount, tmp_path):
+    # unshare copies every mount into the run's namespace: a copy of another
+    # workspace's mount would keep its daemon serving and refuse its unmount
+    # for as long as anything of this run lives (two agents, two mounts).
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "x.txt").write_text("x\n")
+    a = mount(other)
+    m = mount(workspace)
+    pidfile = tmp_path / "bg.pid"
+    r = stepfs("run", m.mountpoint, "--", "bash", "-c",
+               f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=m.mountpoint, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    bg = int(pidfile.read_text())
+    try:
+        points = [line.split()[4] for line in Path(f"/proc/{bg}/mountinfo").read_text().splitlines()]
+        assert str(m.mountpoint) in points and str(a.mountpoint) not in points
+        r = stepfs("unmount", a.mountpoint)
+        assert r.returncode == 0, r.stderr.decode()
+        assert mounts.find(str(a.mountpoint)) is None
+    finally:
+        try:
+            os.kill(bg, 9)
+        except ProcessLookupError:
+            pass
+        wait_gone(workspace)

@@ -58,9 +58,10 @@ def test_a_list_whose_header_declares_16_tib_is_damaged_not_a_memory_error():
 HUGE_HEADER = bytes.fromhex("28b52ffd") + b"\xe0" + (1 << 44).to_bytes(8, "little")
 
 
-def test_a_chunk_frame_declaring_another_size_is_refused_before_it_is_decoded():
+def test_a_chunk_frame_declaring_more_than_its_size_is_refused_before_it_is_decoded():
     frame = codec.compressor(1).compress(b"x" * 1000)
     assert codec.decode(codec.ZSTD, frame, 1000) == b"x" * 1000
+    assert codec.decode(codec.ZSTD, frame, 10**9) == b"x" * 1000  # an upper bound
     with pytest.raises(ValueError, match="1000 bytes, 999 recorded"):
         codec.decode(codec.ZSTD, frame, 999)
     with pytest.raises(ValueError, match="17592186044416 bytes"):

@@ -39,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import select
 import signal
 import socket
@@ -65,6 +66,8 @@ INSIDE_ENV = "STEPFS_BINDS"
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 GLOB_CHARS = set("*?[\\!")
 
+#: A mountinfo field's escaped byte (``\\040`` for a space).
+_OCTAL = re.compile(r"\\([0-7]{3})")
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
@@ -192,6 +195,31 @@ def enter_namespace() -> None:
     """A mount namespace of our own whose mounts never propagate out."""
     _check(_libc.unshare(CLONE_NEWNS))
     _check(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
+
+
+def drop_other_stepfs_mounts(mount: str) -> None:
+    """Detach, in this namespace only, the other stepfs mounts ``unshare``
+    copied into it: a copy held here keeps their daemons serving and makes
+    their ``stepfs unmount`` refuse (``mounts.holders_elsewhere``) for as
+    long as anything of this run lives.  The run's own mount stays."""
+    own = os.path.normpath(os.path.abspath(mount))
+    others = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields, _, tail = line.partition(" - ")
+                fields = fields.split()
+                if len(fields) > 4 and tail.split(maxsplit=1)[:1] == ["fuse.stepfs"]:
+                    point = _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), fields[4])
+                    if point != own:
+                        others.append(point)
+    except OSError:
+        return
+    for point in sorted(others, key=len, reverse=True):  # inner mounts first
+        try:
+            _check(_libc.umount2(os.fsencode(point), MNT_DETACH))
+        except OSError:
+            pass  # gone meanwhile: nothing to hold
 
 
 class Binds:
@@ -467,6 +495,7 @@ def main(argv: list[str]) -> None:
     ws, mnt, names, command = _parse(argv)
     try:
         enter_namespace()
+        drop_other_stepfs_mounts(mnt)
         binds = Binds(ws, mnt, names)
     except OSError as exc:
         _fallback_note(f"no mount namespace: {exc.strerror}")

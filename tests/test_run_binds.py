@@ -216,15 +216,20 @@ def test_without_seccomp_notification_the_run_says_so_once_and_uses_the_passthro
 
 
 @pytest.mark.timeout(240)
+def leave_a_process(mp: Path, tmp_path: Path) -> int:
+    """The pid of a process a ``stepfs run`` in ``mp`` left behind in its namespace."""
+    pidfile = tmp_path / "bg.pid"
+    r = stepfs("run", mp, "--", "bash", "-c",
+               f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=mp, timeout=120)
+    assert r.returncode == 0, r.stderr.decode()
+    return int(pidfile.read_text())
+
+
 def test_unmount_refuses_while_a_run_left_a_process_in_its_namespace_and_force_ends_it(workspace, mount, tmp_path):
     # The run's namespace holds its own copy of the mount: unmounting ours
     # alone would leave the daemon serving the leftover process.
     m = mount(workspace)
-    pidfile = tmp_path / "bg.pid"
-    r = stepfs("run", m.mountpoint, "--", "bash", "-c",
-               f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=m.mountpoint, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
-    bg = int(pidfile.read_text())
+    bg = leave_a_process(m.mountpoint, tmp_path)
     try:
         r = stepfs("unmount", m.mountpoint)
         assert r.returncode == 9, r.stderr.decode()
@@ -252,11 +257,7 @@ def test_a_run_holds_no_copy_of_another_mount(workspace, mount, tmp_path):
     (other / "x.txt").write_text("x\n")
     a = mount(other)
     m = mount(workspace)
-    pidfile = tmp_path / "bg.pid"
-    r = stepfs("run", m.mountpoint, "--", "bash", "-c",
-               f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=m.mountpoint, timeout=120)
-    assert r.returncode == 0, r.stderr.decode()
-    bg = int(pidfile.read_text())
+    bg = leave_a_process(m.mountpoint, tmp_path)
     try:
         points = [line.split()[4] for line in Path(f"/proc/{bg}/mountinfo").read_text().splitlines()]
         assert str(m.mountpoint) in points and str(a.mountpoint) not in points

@@ -115,9 +115,11 @@ class Node:
             self.removed = {}
         self.removed[path] = min(self.removed.get(path, when), when)
 
-    def row(self, path: str) -> StagedRow:
+    def row(self, path: str, store_path: bytes | None = None) -> StagedRow:
+        """The staged row of this node under ``path`` (``store_path``: its
+        ``rel(path)``, when the caller has it already)."""
         return StagedRow(
-            path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
+            path=rel(path) if store_path is None else store_path, kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
             size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.name_bases.get(path, self.base),
             uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs), link_group=self.link_group,
             scratch=self.ref, scratch_sum=self.ref_sum,

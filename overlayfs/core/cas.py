@@ -219,15 +219,19 @@ class CompareAndSwap:
         same = node.oid is None and node.ref is None and not data
         rows = self.rows
         pending = rows.pending
-        names = node.names if node.link_group is not None else (d.path,)
-        paths = [rel(n) for n in names]
+        if node.link_group is None:
+            names, paths = (d.path,), (rel(d.path),)
+        else:
+            names = tuple(node.names)
+            paths = tuple(rel(n) for n in names)
         # A batch written at once (delay 0, or too many bytes held) that
         # fails fails this close: it keeps the old content, as one that
         # stores its bytes itself does (the batch's other changes stay pending).
         # What to put back is kept as plain values, not closures: this is
         # every small close's path.
         fields = (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns)
-        kept = {p: pending.rows[p] for p in paths if p in pending.rows}
+        prior = pending.rows
+        kept = [(p, prior[p]) for p in paths if p in prior]
         key = None
         try:
             node.oid = key = rows.record_content(node, digest, data)
@@ -240,8 +244,8 @@ class CompareAndSwap:
         except BaseException:
             (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns) = fields
             for p in paths:
-                pending.rows.pop(p, None)
-            pending.rows.update(kept)
+                prior.pop(p, None)
+            prior.update(kept)
             if key is not None:
                 rows.forget_content(key)
             raise

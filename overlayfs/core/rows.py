@@ -177,6 +177,11 @@ class RowTimer:
         return self._due is not None
 
     def arm(self) -> None:
+        if self._due is not None:
+            # Armed: nothing changes (read without the lock: the timer's
+            # thread clears it before it takes the view's lock to fire, so
+            # the caller's rows, recorded under that lock, go with the firing).
+            return
         with self._cv:
             if self._due is not None or self._stopped:
                 return

@@ -12,9 +12,8 @@ import sqlite3
 
 import pytest
 
-from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from crashkit import fast_tmp, opened_upgraded, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
 from stepfs.store import entrylist, gc, schema, verify
-from stepfs.store.workspace import Workspace
 from store_kit import drop_format_11
 from test_store_upgrade10 import _history, snapshot
 
@@ -49,11 +48,7 @@ def version_10(tmp_path_factory):
 def test_a_version_10_store_is_upgraded_with_the_markers_a_writer_makes(version_10, tmp_path):
     root = tmp_path / "ws"
     shutil.copytree(version_10[0], root, symlinks=True)
-    with Workspace.open(str(root)) as ws:
-        assert store_version(root) == str(schema.FORMAT_VERSION)
-        assert snapshot(ws) == version_10[1]
-        report = verify.verify(ws)
-        assert report.ok, report.problems
+    with opened_upgraded(root, snapshot, version_10[1]) as ws:
         gc.collect(ws)
         after = snapshot(ws)
         assert after["cards"] == version_10[1]["cards"] and verify.verify(ws).ok

@@ -35,3 +35,18 @@ def test_beyond_the_limit_expired_records_go_first_then_nothing_is_cached(monkey
     assert kc.note_negative("/b", 1, b"b", 60, kc.forgets)  # /old pruned
     assert not kc.note_negative("/c", 1, b"c", 60, kc.forgets)
     assert kc.negatives_noted() == 2
+
+
+def test_a_name_noted_again_moves_to_the_end_and_pruning_stops_at_the_first_live_record(monkeypatch):
+    monkeypatch.setattr(notify, "NEGATIVE_LIMIT", 3)
+    kc = KernelCache()
+    assert kc.note_negative("/a/x", 1, b"x", 0.0, kc.forgets)  # expired at once
+    assert kc.note_negative("/b", 1, b"b", 0.0, kc.forgets)
+    assert kc.note_negative("/a/x", 1, b"x", 60, kc.forgets)  # live again, now last
+    assert list(kc._negatives) == ["/b", "/a/x"] and kc._above == {"/a": 1, "/": 2}
+    assert kc.note_negative("/c", 1, b"c", 60, kc.forgets)
+    assert kc.note_negative("/d", 1, b"d", 60, kc.forgets)  # /b (expired, in front) pruned
+    assert list(kc._negatives) == ["/a/x", "/c", "/d"]
+    assert not kc.note_negative("/e", 1, b"e", 60, kc.forgets)  # the front is live: nothing to prune
+    kc.forget("/a")
+    assert list(kc._negatives) == ["/c", "/d"] and kc._above == {"/": 2}

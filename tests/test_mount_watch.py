@@ -186,6 +186,27 @@ def test_kept_pages_never_show_old_bytes(workspace, mount):
     assert seen(lambda: f.read_text(), "outside\n\n")
 
 
+def test_kept_pages_of_staged_files_never_show_old_bytes(workspace, mount):
+    """Staged files keep the kernel's pages across read-only opens too: a
+    rewrite (in place, by rename over, by another agent) and a step must
+    each still be read back exactly, at every read."""
+    m = mount(workspace)
+    f = m.path("f")
+    sh("printf 'one\\n' > f", m.mountpoint)
+    assert f.read_text() == "one\n" and f.read_text() == "one\n"
+    sh("printf 'two\\n' > f", m.mountpoint)  # in place, same size
+    assert f.read_text() == "two\n" and f.read_text() == "two\n"
+    sh("printf 'new\\n' > t && mv t f", m.mountpoint)  # rename over, same size
+    assert f.read_text() == "new\n" and f.read_text() == "new\n"
+    sh("printf 'oth\\n' > f", m.mountpoint, env={"STEPFS_AGENT": "other"})
+    assert f.read_text() == "oth\n" and f.read_text() == "oth\n"
+    r = stepfs("step", m.mountpoint, "-m", "pages")
+    assert r.returncode == 0, r.stderr
+    assert f.read_text() == "oth\n" and f.read_text() == "oth\n"
+    sh("printf 'end\\n' > f", m.mountpoint)
+    assert f.read_text() == "end\n" and f.read_text() == "end\n"
+
+
 def test_discarding_a_kind_change_shows_the_workspace_kind_at_once(workspace, mount):
     (workspace / "f").write_text("a file\n")
     m = mount(workspace)

@@ -30,6 +30,7 @@ from stepfs.overlayfs.core.drafts import Draft
 from stepfs.overlayfs.core.errors import NotFound
 from stepfs.overlayfs.core.links import Links
 from stepfs.overlayfs.core.namespace import Namespace
+from stepfs.overlayfs.core.readcache import ReadCache
 from stepfs.overlayfs.core.rows import StagedRows
 from stepfs.overlayfs.core.scratch import ScratchFiles
 from stepfs.overlayfs.core.upper import Node, rel
@@ -64,17 +65,18 @@ def _same_bytes(a: int, b: int) -> bool:
 class CompareAndSwap:
     """Publishes drafts (:class:`drafts.Draft`) at their close.  Receives what it
     reads and writes (``ws``, ``step``, ``mountpoint``, ``ns``, ``versions``,
-    ``rows``, ``scratch``, ``links``), ``guard`` (False only for the
+    ``rows``, ``scratch``, ``links``, ``reads``: the bytes kept for readers), ``guard`` (False only for the
     benchmark of the checks' cost), and callables: ``await_settled`` (a
     commit completing consumes the step's rows), ``changed`` (auto-step),
     ``thaw(draft)`` (move a draft to a scratch file of its own) and
     ``note_error(agent, path, what)`` (the agent's last error)."""
 
     def __init__(self, *, ws, step: int, mountpoint: str, ns: Namespace, versions: Versions, rows: StagedRows,
-                 scratch: ScratchFiles, links: Links, guard: bool, await_settled: Callable[..., None],
+                 scratch: ScratchFiles, links: Links, reads: ReadCache, guard: bool, await_settled: Callable[..., None],
                  changed: Callable[[], None], thaw: Callable, note_error: Callable[[str, str, str], None]):
         self.ws, self.step, self.mountpoint = ws, step, mountpoint
         self.ns, self.versions, self.rows, self.scratch, self.links = ns, versions, rows, scratch, links
+        self.reads = reads
         self.guard = guard
         self._await_settled, self._changed, self._thaw, self._note_error = await_settled, changed, thaw, note_error
         #: Workspace path -> its before state captured when this step first
@@ -122,9 +124,9 @@ class CompareAndSwap:
                 # As below: a row recorded while an answered commit completes
                 # would be lost with the step if that completion fails.
                 self._await_settled(writing=True)
-                same = self._record(d, node, fd, st)
+                same, data = self._record(d, node, fd, st)
                 if same is not None:
-                    self._published(d, node, same, node.scratch)
+                    self._published(d, node, same, node.scratch, data=data)
                 return
             # A big file is staged by reference (store/refs.py): its draft's
             # file becomes the node's content, the store takes the bytes at
@@ -143,7 +145,7 @@ class CompareAndSwap:
             # naming bytes the store never got (``_undone_on_failure``).
             with _undone_on_failure() as undo, self.ws.db.write() as conn:
                 if by_ref:
-                    oid, size = None, st.st_size
+                    oid, size, data = None, st.st_size, None
                 else:
                     # One read of the known size: put_fd's 1 MiB read buffer
                     # cost an mmap, mremap and munmap per close of a small file.
@@ -186,7 +188,7 @@ class CompareAndSwap:
         finally:
             if opened:
                 os.close(fd)
-        self._published(d, node, same, old_scratch, d.scratch if by_ref else None)
+        self._published(d, node, same, old_scratch, d.scratch if by_ref else None, data)
 
     def _room(self, size: int) -> bool:
         """Whether a close of ``size`` bytes may leave its content to the
@@ -205,17 +207,17 @@ class CompareAndSwap:
         self._room_free -= size
         return self._room_free >= RECORD_FREE_MIN
 
-    def _record(self, d: Draft, node: Node, fd: int, st: os.stat_result) -> bool | None:
+    def _record(self, d: Draft, node: Node, fd: int, st: os.stat_result) -> tuple[bool | None, bytes]:
         """Publish a small draft over staged file ``node`` without touching
         the store: its bytes wait with the recorded rows (``rows.py``) and
-        reach the store in their transaction.  Returns None for an
+        reach the store in their transaction.  Returns (None for an
         identical rewrite (nothing published), else whether the file was a
-        created one closed still empty (its token stays)."""
+        created one closed still empty (its token stays); the bytes)."""
         data = os.pread(fd, st.st_size, 0)
         digest = self.ws.objects.hasher(data).split(".", 1)[0]
         if node.staged and self._holds(node, data, digest):
             d.dirty = False  # identical rewrite: same content, same token
-            return None
+            return None, data
         same = node.oid is None and node.ref is None and not data
         rows = self.rows
         pending = rows.pending
@@ -249,7 +251,7 @@ class CompareAndSwap:
             if key is not None:
                 rows.forget_content(key)
             raise
-        return same
+        return same, data
 
     def _holds(self, node: Node, data: bytes, digest: str) -> bool:
         """Whether staged file ``node`` holds exactly ``data``."""
@@ -262,14 +264,20 @@ class CompareAndSwap:
                 held = self.ws.objects.read_all(conn, node.oid)
         return held == data
 
-    def _published(self, d: Draft, node: Node, same: bool, old_scratch: str | None, ref: str | None = None) -> None:
+    def _published(self, d: Draft, node: Node, same: bool, old_scratch: str | None, ref: str | None = None,
+                   data: bytes | None = None) -> None:
         """After a publish: the draft is clean, and unless a created file
         was closed still empty, the node has a new version (``ref``: its
-        draft's file, now the node's content by reference)."""
+        draft's file, now the node's content by reference; ``data``: the
+        content, kept for the next readers, or None)."""
         node.staged = True
         d.dirty = False
         if same:
             return
+        if data is not None:
+            self.reads.put(node, data)  # (too big: only the old entry goes)
+        else:
+            self.reads.drop(node)
         # The old content: every row naming it was just replaced (or, for a
         # recorded close, a cache of an object: never a reference), so even
         # a file held by reference can go now (readers keep their fds).

@@ -58,6 +58,7 @@ from stepfs.overlayfs.core.cas import CompareAndSwap
 from stepfs.overlayfs.core.errors import BadHandle, Invalid, IsADirectory, NotFound, NotObserved, ReadOnly, Stale
 from stepfs.overlayfs.core.metatree import is_meta
 from stepfs.overlayfs.core.pagecache import needs_direct_io
+from stepfs.overlayfs.core.readcache import ReadCache
 from stepfs.overlayfs.core.upper import Node, parent_name, rel
 
 log = logging.getLogger("stepfs.view")
@@ -68,7 +69,8 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 #: makes it this big: creating a file on the workspace's filesystem waits
 #: for the journal.  An idle memory draft whose bytes are published (or
 #: unchanged) is dropped at its last release, so memory is held by open
-#: files only: at most this much per open draft.
+#: files only: at most this much per open draft (plus the bounded bytes
+#: kept for readers, ``readcache.py``).
 MEMORY_DRAFT_MAX = 256 << 10
 #: A memory draft is reopened by name through /proc, so every handle gets
 #: its own open file (its own O_APPEND), as with a scratch file.
@@ -101,9 +103,12 @@ class Content:
         self._fh = itertools.count(1)
         # ".fuse_hidden<N>" name -> (draft or None, attributes at unlink)
         self.hidden: dict[str, tuple[Draft | None, dict]] = {}
+        # The bytes of small staged files lately published or read (readcache.py).
+        self.reads = ReadCache(MEMORY_DRAFT_MAX)
         self.cas = CompareAndSwap(ws=ws, step=step, mountpoint=mountpoint, ns=ns, versions=versions, rows=rows,
-                                  scratch=scratch, links=links, guard=guard, await_settled=await_settled,
-                                  changed=changed, thaw=self.thaw, note_error=self._note_error)
+                                  scratch=scratch, links=links, reads=self.reads, guard=guard,
+                                  await_settled=await_settled, changed=changed, thaw=self.thaw,
+                                  note_error=self._note_error)
 
     # -- drafts ---------------------------------------------------------------
 
@@ -154,23 +159,20 @@ class Content:
         self.drafts[(agent, path)] = d
         return d
 
-    def _memory_copy(self, node: Node) -> int:
-        """A read handle's own copy in memory of small staged file ``node``
-        that has no scratch file (its idle memory draft was dropped), or -1:
+    def _snapshot(self, node: Node) -> bytes | None:
+        """A read handle's snapshot of small staged file ``node`` that has
+        no scratch file (its idle memory draft was dropped), or None:
         reading a file just written then costs no file on disk, and works
-        on a full disk.  Bigger files get a scratch file (``ScratchFiles.materialize``)."""
-        if not _MEMORY or node.scratch is not None or node.ref is not None or node.size >= MEMORY_DRAFT_MAX:
-            return -1
-        try:
-            fd = os.memfd_create("stepfs-read", os.MFD_CLOEXEC)
-        except OSError:
-            return -1  # out of descriptors or memory: a scratch file may still do
-        try:
-            self.scratch.fill(fd, node)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        on a full disk; the bytes come from the read cache when the file
+        was published or read lately (``readcache.py``), else from the
+        store.  Bigger files get a scratch file (``ScratchFiles.materialize``)."""
+        if node.scratch is not None or node.ref is not None or node.size >= MEMORY_DRAFT_MAX:
+            return None
+        data = self.reads.get(node)
+        if data is None:
+            data = self.scratch.content(node)  # CorruptObject: never served
+            self.reads.put(node, data)
+        return data
 
     def _draft_storage(self, size: int) -> tuple[str, int]:
         """Where a new draft of ``size`` bytes lives: ``(name, memfd)`` in
@@ -279,9 +281,10 @@ class Content:
         for h in self.handles.values():
             if (h.agent == d.agent and h.path == d.path and h.draft is None and not h.writable and h.data is None
                     and h.token and self.versions.still(h.token, d.path)):
-                os.close(h.fd)
+                if h.fd >= 0:
+                    os.close(h.fd)
                 h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h.draft, h.node = d, None
+                h.draft, h.node, h.snap = d, None, None
                 self._open_drafts_add(d, 1)
 
     def _open_drafts_add(self, d: Draft, n: int) -> None:
@@ -359,11 +362,14 @@ class Content:
                            token=d.base)
                 self._open_drafts_add(d, 1)
             elif node is not None:
-                fd = self._memory_copy(node)
-                if fd < 0:
+                snap = self._snapshot(node)
+                if snap is None:
                     self.scratch.materialize(node)
                     fd = os.open(node.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.versions.node_token(node))
+                else:
+                    fd = -1
+                h = Handle(path, fd, agent, False, node=node, direct=direct, token=self.versions.node_token(node),
+                           snap=snap)
             else:
                 fd = self.ns.root.open(rel(path), os.O_RDONLY | os.O_NOFOLLOW)
                 try:
@@ -439,10 +445,13 @@ class Content:
                 d = self.drafts.get((h.agent, h.path))
                 if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
                         and self.versions.still(d.base, h.path)):
-                    os.close(h.fd)
+                    if h.fd >= 0:
+                        os.close(h.fd)
                     h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                    h.draft, h.node = d, None
+                    h.draft, h.node, h.snap = d, None, None
                     self._open_drafts_add(d, 1)
+                elif h.snap is not None:
+                    return h.snap[offset:offset + size]
             return os.pread(h.fd, size, offset)
 
     def write(self, fh: int, data: bytes, offset: int) -> int:
@@ -554,6 +563,7 @@ class Content:
         with self.lock:
             for fh in list(self.handles):
                 self.release(fh)
+            self.reads.clear()
 
     # -- drafts following namespace changes ----------------------------------------
 

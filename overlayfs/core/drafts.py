@@ -61,6 +61,9 @@ class Handle:
     data: bytes | None = None
     direct: bool = False
     token: str = ""  # the published version this handle was opened on
+    # A small staged file's content as of the open, served instead of
+    # ``fd`` (-1 then; ``Content._snapshot``).
+    snap: bytes | None = None
 
 
 def sparse_copy(src: int, dst: int, size: int) -> None:

@@ -65,6 +65,17 @@ class ScratchFiles:
                 self.objects.write_to_fd(conn, node.oid, fd)  # CorruptObject: never served
         os.utime(fd, ns=(node.atime_ns, node.mtime_ns))
 
+    def content(self, node: Node) -> bytes:
+        """Staged file ``node``'s content (its object, or its bytes not
+        stored yet)."""
+        if node.oid is None:
+            return b""
+        data = self.held(node.oid)
+        if data is None:
+            with self.db.read() as conn:
+                data = self.objects.read_all(conn, node.oid)
+        return data
+
     def materialize(self, node: Node) -> None:
         """Give a staged file node a scratch file holding its content."""
         if node.scratch is not None:

@@ -466,13 +466,15 @@ class Overlay:
                     os.close(dfd)
         return out
 
-    def handle_workspace_token(self, fh: int) -> str | None:
-        """The version token of a read-only handle on the workspace file
-        itself (None for drafts, staged nodes, ``.stepfs`` files and
-        direct I/O): the FUSE adapter lets the kernel keep the pages of such
-        a file across opens while this token stays the same."""
+    def handle_page_token(self, fh: int) -> str | None:
+        """The version token of a read-only handle on the published version
+        of a file, the workspace file itself or a staged file (None for
+        drafts, ``.stepfs`` files and direct I/O): the FUSE adapter lets
+        the kernel keep the pages of such a file across opens while this
+        token stays the same (a staged file's token changes with every
+        publish of it, and with its renames)."""
         h = self.content.handles.get(fh)
-        if h is None or h.writable or h.direct or h.draft is not None or h.node is not None or h.data is not None:
+        if h is None or h.writable or h.direct or h.draft is not None or h.data is not None:
             return None
         return h.token or None
 

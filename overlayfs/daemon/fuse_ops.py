@@ -36,8 +36,9 @@ Choices (measured or forced, see README "Architecture"):
   watch (no inotify, ``ENOSPC`` from the watch limit, a queue overflow)
   drops to :data:`SHORT_TIMEOUT` (1 s) for every later reply, by editing
   libfuse's live ``struct fuse_config`` (:meth:`StepFS.short_timeouts`).
-* ``keep_cache`` for a read-only open of an untouched workspace file whose
-  version token equals that of its previous read-only open
+* ``keep_cache`` for a read-only open of the published version of a file
+  (untouched, or staged) whose version token equals that of its previous
+  read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
 * kernel-cached directory listings while the mount watches, on a libfuse
@@ -468,13 +469,16 @@ class StepFS(mfusepy.Operations):
         return 0
 
     def _keep_pages(self, path: str, fi) -> None:
-        """``keep_cache`` for a read-only open of an untouched workspace
-        file whose version token is the one of its previous such open: the
-        pages the kernel holds are that file's bytes (any change of the
-        file changes the token; a write through the mount goes through a
-        writable open, which forgets the entry, and discard and rollback
-        invalidate the pages themselves)."""
-        tok = self.view.handle_workspace_token(fi.fh) if not fi.flags & (os.O_ACCMODE | os.O_TRUNC) else None
+        """``keep_cache`` for a read-only open of the published version of
+        a file (untouched in the workspace, or staged) whose version token
+        is the one of its previous such open: the pages the kernel holds
+        are that file's bytes (any change of the file changes the token; a
+        write through the mount goes through a writable open, which
+        forgets the entry, another agent's open of a file in use is direct
+        I/O, and discard and rollback invalidate the pages themselves).
+        Tools read back what they just wrote (``tar -c`` after ``diff -r``,
+        git its objects), so staged files count too."""
+        tok = self.view.handle_page_token(fi.fh) if not fi.flags & (os.O_ACCMODE | os.O_TRUNC) else None
         if tok is None:
             self._page_tokens.pop(path, None)
             return

@@ -40,6 +40,14 @@ Choices (measured or forced, see README "Architecture"):
   version token equals that of its previous read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
+* READ and WRITE through libfuse's ``read_buf``/``write_buf``
+  (``libfuse/bufs.py``): a READ of 128 KiB or more is spliced from the
+  file to ``/dev/fuse`` (``FUSE_CAP_SPLICE_WRITE``), a smaller one read
+  into libfuse's reply memory, and a WRITE's data written to the draft
+  from libfuse's receive buffer, instead of through a Python ``bytes``
+  each way.  Requests are not received by splice (``FUSE_CAP_SPLICE_READ``
+  off): that costs every small request a second system call.  A bigger kernel readahead was measured and not taken: READs
+  of 256 KiB to 1 MiB were no faster than 128 KiB ones, 1 MiB slower.
 * kernel-cached directory listings while the mount watches, on a libfuse
   whose private layout is verified (:class:`ListingCache`, which works
   around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
@@ -85,6 +93,10 @@ log = logging.getLogger("stepfs.fuse")
 PAGE_TOKENS_LIMIT = 100_000
 #: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
 FUSE_CAP_POSIX_ACL = 1 << 19
+#: libfuse's FUSE_CAP_SPLICE_WRITE: READ replies go from a file to /dev/fuse by splice.
+FUSE_CAP_SPLICE_WRITE = 1 << 7
+#: libfuse's FUSE_CAP_SPLICE_READ: requests received through a pipe (turned off: libfuse/bufs.py).
+FUSE_CAP_SPLICE_READ = 1 << 9
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 
@@ -260,6 +272,12 @@ class StepFS(mfusepy.Operations):
             self.kernel_cache.negatives_cached = self.negatives
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
+        if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
+            conn.want |= FUSE_CAP_SPLICE_WRITE  # READ replies spliced from the file (libfuse/bufs.py)
+        if conn is not None:
+            # libfuse asks for this by itself because write_buf exists; it
+            # costs every request a splice and a read (libfuse/bufs.py).
+            conn.want &= ~FUSE_CAP_SPLICE_READ
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -500,11 +518,31 @@ class StepFS(mfusepy.Operations):
     def read(self, path, size, offset, fi):
         return self.view.read(fi.fh, size, offset)
 
+    # libfuse calls read_buf and write_buf, not read and write, once these
+    # exist (their callers in libfuse/highlevel.py say why): same work,
+    # with the bytes moved by the kernel and libfuse instead of copied
+    # through a Python ``bytes``.
+    @_translating
+    def read_buf(self, path, fi):
+        """A new descriptor of what handle ``fi`` reads, for libfuse to
+        splice the reply from (``_FUSE.read_buf`` closes it); None for a
+        handle whose bytes are in memory (:meth:`readinto`)."""
+        return self.view.read_fd(fi.fh)
+
+    @_translating
+    def readinto(self, path, buf, offset, fi):
+        """:meth:`read` into ``buf`` (its length the size asked): the count."""
+        return self.view.readinto(fi.fh, buf, offset)
+
     @_translating
     def write(self, path, data, offset, fi):
         if fi.fh < HANDLE_BASE:
             self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
+
+    # libfuse's WRITE with its data left in libfuse's buffer
+    # (``_FUSE.write_buf`` passes a view of it, valid during the call).
+    write_buf = write
 
     @_translating
     def flush(self, path, fi):

@@ -14,21 +14,20 @@ every byte of a sequential read or write, plus the allocations.  libfuse's
   inode's pages) instead of three (file -> ``bytes``, ``bytes`` -> libfuse's
   buffer, buffer -> request).  libfuse reads the descriptor after the
   callback returned, outside the view's lock, so it is a duplicate that
-  the caller closes at the next READ (``_FUSE.read_buf``): another thread
+  the caller closes at the next READ or RELEASE (``_FUSE.read_buf``): another thread
   that closes or replaces the handle's own descriptor meanwhile (a draft
   moved to a new scratch file) cannot make libfuse read another file.
-* :func:`reply_buffer`: a READ of a handle whose bytes are in memory
-  (``MOUNT/.stepfs`` files) copies them into ``malloc`` memory that the
-  ``fuse_bufvec`` names, which libfuse writes to ``/dev/fuse`` as it is
-  and frees (``fuse_free_buf``).
+* :func:`reply_buffer`: a small READ, or one of a handle whose bytes are
+  in memory (``MOUNT/.stepfs`` files), is read into ``malloc`` memory that
+  the ``fuse_bufvec`` names, which libfuse writes to ``/dev/fuse`` as it
+  is and frees (``fuse_free_buf``).
 * :func:`write_data`: a WRITE's data is handed to the view as a view of
   libfuse's receive buffer (no ``bytes`` copy); the view ``pwrite``s it
   to the draft and feeds the draft's running sum from it.
 
-Only READs of at least ``highlevel.SPLICE_MIN`` bytes are spliced: below
-that libfuse copies an fd reply into its own memory anyway (it splices
-nothing under two pages), so a small READ is read into ``malloc`` memory
-here (:func:`reply_buffer`) without the descriptor's ``dup``/``close``.
+Only READs of at least ``highlevel.SPLICE_MIN`` bytes are spliced: a
+small one is read under the view's lock, with no ``dup``/``close`` of a
+descriptor (libfuse splices nothing under two pages anyway).
 Receiving requests by ``splice`` (``FUSE_CAP_SPLICE_READ``, which libfuse
 turns on by itself once ``write_buf`` exists) is turned off: it costs every
 request, however small, a ``splice`` and a ``read`` instead of one ``read``
@@ -75,13 +74,13 @@ _buf_size = _lib.fuse_buf_size
 _buf_size.argtypes, _buf_size.restype = [ctypes.c_void_p], ctypes.c_size_t
 _VEC_SIZE = ctypes.sizeof(FuseBufvec)
 _BYTE = ctypes.c_char
-_memmove = ctypes.memmove
 #: ``struct fuse_bufvec`` of one ``struct fuse_buf``, packed: count, idx,
 #: off; size, flags, mem, fd, pos (``FuseBufvec``'s layout, checked below).
 _VEC = struct.Struct("=QQQQi4xQi4xq")
 assert _VEC.size == _VEC_SIZE and FuseBuf.pos.offset == 32 and FuseBufvec.buf.offset == 24
 #: Bytes allocated for a bufvec handed to libfuse (see :func:`_give`).
 _VEC_ALLOC = 128
+_VEC_BYTES = ctypes.c_char * _VEC_SIZE
 _VOIDP_AT = ctypes.c_void_p.from_address
 
 
@@ -93,9 +92,9 @@ def _give(bufpp, size: int, flags: int, mem: int, fd: int, pos: int) -> int:
     vec = _calloc(1, _VEC_ALLOC)
     if not vec:
         return -errno.ENOMEM
-    # One copy of the packed struct: a field-by-field ctypes fill costs
-    # several times more, once per READ.
-    _memmove(vec, _VEC.pack(1, 0, 0, size, flags, mem, fd, pos), _VEC_SIZE)
+    # Packed in place: each foreign call (a memmove, a field set through a
+    # ctypes struct) costs microseconds here, once per READ.
+    _VEC.pack_into(_VEC_BYTES.from_address(vec), 0, 1, 0, 0, size, flags, mem, fd, pos)
     _VOIDP_AT(ctypes.addressof(bufpp.contents)).value = vec
     return 0
 

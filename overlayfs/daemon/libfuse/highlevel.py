@@ -184,7 +184,8 @@ class _FUSE(mfusepy.FUSE):
     # READ and WRITE through libfuse's buffer callbacks (libfuse/bufs.py):
     # no ``bytes`` copy of the data in either direction.
     #: The descriptor the last READ reply named (libfuse reads it after
-    #: read_buf returned): closed at the next READ or when the loop ends.
+    #: read_buf returned): closed at the next READ, the next RELEASE (so
+    #: no file outlives its last handle here) or when the loop ends.
     _lent = -1
 
     def __init__(self, *args, **kwargs):
@@ -208,6 +209,10 @@ class _FUSE(mfusepy.FUSE):
                 self._lent = fd
                 return bufs.reply_fd(bufpp, fd, size, offset)
         return bufs.reply_buffer(bufpp, size, lambda buf: ops.readinto(path, buf, offset, fi))
+
+    def release(self, path, fip):
+        self._return_lent()
+        return super().release(path, fip)
 
     def write_buf(self, path, buf, offset, fip):
         return self.operations.write_buf(None if path is None else path.decode(self.encoding, self.errors),

@@ -212,6 +212,9 @@ class StepFS(mfusepy.Operations):
         # stat'ing every file).  A stale member only costs one lookup.
         self._held: set[str] = set()
         self._config = None
+        # libfuse's live ``struct fuse_conn_info`` (init), while READ
+        # replies may be spliced (splice_replies).
+        self._conn = None
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
         self._page_tokens: dict[str, str] = {}
@@ -273,7 +276,7 @@ class StepFS(mfusepy.Operations):
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
-            conn.want |= FUSE_CAP_SPLICE_WRITE  # READ replies spliced from the file (libfuse/bufs.py)
+            self._conn = conn  # splice_replies turns READ replies by splice on and off
         if conn is not None:
             # libfuse asks for this by itself because write_buf exists; it
             # costs every request a splice and a read (libfuse/bufs.py).
@@ -286,6 +289,21 @@ class StepFS(mfusepy.Operations):
             self.watcher.start()
         if self.on_ready is not None:
             self.on_ready()
+
+    def splice_replies(self, on: bool) -> None:
+        """Let libfuse send the next READ replies by splice (``on``) or by
+        ``writev``.  libfuse 3.14 splices every reply of two pages or more
+        while ``FUSE_CAP_SPLICE_WRITE`` is wanted, one in memory too (a
+        ``vmsplice`` into a pipe, then a ``splice``: more system calls than
+        one ``writev``), and reads ``conn.want`` at each reply; so the bit
+        is set only while READs are answered from a descriptor
+        (``_FUSE.read_buf`` calls this when that changes; loop thread)."""
+        conn = self._conn
+        if conn is not None:
+            if on:
+                conn.want |= FUSE_CAP_SPLICE_WRITE
+            else:
+                conn.want &= ~FUSE_CAP_SPLICE_WRITE
 
     def short_timeouts(self) -> None:
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
@@ -308,6 +326,7 @@ class StepFS(mfusepy.Operations):
         Idempotent (``destroy`` repeats it, for libfuse before 3.12)."""
         self.listings.uninstall()
         self._config = None  # freed by fuse_destroy; short_timeouts may run on the watcher
+        self._conn = None
         if self.kernel_cache is not None:
             self.kernel_cache.detach()
         if self.watcher is not None:

@@ -187,6 +187,8 @@ class _FUSE(mfusepy.FUSE):
     #: read_buf returned): closed at the next READ, the next RELEASE (so
     #: no file outlives its last handle here) or when the loop ends.
     _lent = -1
+    #: Whether libfuse was last told to splice READ replies.
+    _splicing = False
 
     def __init__(self, *args, **kwargs):
         try:
@@ -203,11 +205,13 @@ class _FUSE(mfusepy.FUSE):
         self._return_lent()  # its reply was sent before this request was read (single-threaded loop)
         ops, fi = self.operations, fip.contents
         path = None if path is None else path.decode(self.encoding, self.errors)
-        if size >= SPLICE_MIN:
-            fd = ops.read_buf(path, fi)
-            if fd is not None:
-                self._lent = fd
-                return bufs.reply_fd(bufpp, fd, size, offset)
+        fd = ops.read_buf(path, fi) if size >= SPLICE_MIN else None
+        if (fd is not None) != self._splicing:  # libfuse splices replies only while asked to (StepFS.splice_replies)
+            self._splicing = fd is not None
+            ops.splice_replies(self._splicing)
+        if fd is not None:
+            self._lent = fd
+            return bufs.reply_fd(bufpp, fd, size, offset)
         return bufs.reply_buffer(bufpp, size, lambda buf: ops.readinto(path, buf, offset, fi))
 
     def release(self, path, fip):

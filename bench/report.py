@@ -166,6 +166,19 @@ def evaluate(w: dict) -> list[Goal]:
     if "store_growth_edited_10mb" in w:
         goals.append(Goal("store growth for a one-line edit of a committed 10 MB file <= 1 MB",
                           _stat(w, "store_growth_edited_10mb", "stepfs", "median"), 1_000_000, "<=", unit="B"))
+    if "agent_session" in w:  # issue 20
+        s = w["agent_session"]["session"]
+        goals.append(Goal(f"{s['steps']}-step agent session: store after gc <= 1.0x shadow-git's packed .git",
+                          s["store_vs_git"], 1.0, "<="))
+        goals.append(Goal("the same session with --keep-last 20: store <= 3x the workspace",
+                          s["keep_last_20_vs_workspace"], 3.0, "<="))
+    if "gc_scale" in w:  # issue 20
+        c, g = w["gc_scale"]["gc_scale"]["churn"], w["gc_scale"]["gc_scale"]["gib"]
+        goals.append(Goal("after temp-file churn and gc, chunks <= 1.2x what the layers reference",
+                          c["chunks_vs_referenced"], 1.2, "<="))
+        goals.append(Goal(f"gc of {g['garbage_before'] / (1 << 30):.2f} GiB of garbage: under a minute",
+                          g["gc_seconds"], 60.0, "<=", unit="s"))
+        goals.append(Goal("the same gc frees >= 95% of the garbage", g["freed_fraction"], 0.95, ">="))
     return goals
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from stepfs.overlayfs.client import manage
 
-from . import cli_latency, fixtures, report, session, step_cycle
+from . import cli_latency, fixtures, gc_scale, report, session, step_cycle
 from .context import ROOT, Context, log, sh, timed
 from .targets import stepfs_mount
 
@@ -405,4 +405,5 @@ GROUPS = {  # in run order: mount first, so its first mount is the one that crea
     "rollback": rollback,
     "session": session.agent_session,  # issue 20: store size against shadow-git
     "cycle": step_cycle.step_cycle,  # issue 20: edits right after a step (work after the answer)
+    "gc": gc_scale.gc_scale,  # issue 20: churn, and a GiB of garbage, then gc
 }

@@ -32,7 +32,7 @@ from stepfs.store.records import Entry, Layer
 
 #: Store formats whose tables these queries were written for: a store of
 #: another format is read through ``Workspace.open`` (which upgrades or refuses it).
-FORMATS = frozenset({10})
+FORMATS = frozenset({11})
 HASH_ALGORITHM = "xxh3_128"
 #: Object ids per ``IN`` list (SQLite bounds the variables of one statement).
 BATCH = 5000

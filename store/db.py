@@ -303,6 +303,8 @@ UPGRADES: dict[int, list[str]] = {
     9: [lambda conn: _upgrade9(conn)],
     # A delta's base named by a key prefix (store/upgrade10.py).
     10: [lambda conn: _upgrade10(conn)],
+    # Before states that repeat the path's previous after as markers (store/upgrade11.py).
+    11: [lambda conn: _upgrade11(conn)],
 }
 
 
@@ -328,6 +330,12 @@ def _upgrade10(conn) -> None:
     from stepfs.store import upgrade10  # only an old store needs it
 
     upgrade10.upgrade(conn)
+
+
+def _upgrade11(conn) -> None:
+    from stepfs.store import upgrade11  # only an old store needs it
+
+    upgrade11.upgrade(conn)
 
 
 def _orig(exc: Exception) -> str:

@@ -14,7 +14,12 @@ list, against 30-66 ms for varints):
 * the two kind columns, one byte an entry;
 * the byte columns (:data:`BYTES`) as little-endian int32 lengths (-1 for
   NULL) followed by the values concatenated; oids are their stored keys
-  (``keytext.to_db``).
+  (``keytext.to_db``);
+* format 11: a ``before_oid`` length of -2 is a marker (:data:`PREVIOUS`),
+  "the ``after_oid`` of this path's entry in the newest committed layer
+  below this one" (docs/format11.md): most befores repeat it, and a random
+  16-byte key does not compress.  This module only carries the marker;
+  ``store/entryrows.py`` resolves it, ``store/entrytable.py`` writes it.
 
 Decoded lists are cached by the bytes of their frame (content-addressed, so
 never stale, whatever connection or store asks).
@@ -42,6 +47,23 @@ KINDS = ("before_kind", "after_kind")
 BYTES = ("before_oid", "before_target", "before_xattrs", "after_oid", "after_target", "after_xattrs", "after_link")
 OIDS = ("before_oid", "after_oid")
 NULL_INT = -(1 << 63)
+
+
+class _Previous:
+    """The type of :data:`PREVIOUS` (one instance; never a key: a leak into
+    ``keytext.to_db`` fails loudly)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "PREVIOUS"
+
+
+#: A decoded ``before_oid`` that is a marker (format 11): the path's
+#: previous ``after_oid``, resolved by ``store/entryrows.py``.
+PREVIOUS = _Previous()
+#: A byte column's stored length for :data:`PREVIOUS` (-1 is NULL).
+_MARK = -2
 #: Entries in one list at most (a layer with more has several lists).
 LIST_MAX = 4096
 VERSION = 1
@@ -79,10 +101,10 @@ def encode(rows: list[tuple]) -> bytes:
     for name in BYTES:
         vals = cols[name]
         if name in OIDS:
-            vals = [to_db(v) if v is not None else None for v in vals]
-        vals = [bytes(v) if v is not None else None for v in vals]
-        out.append(_ints([-1 if v is None else len(v) for v in vals], "i"))
-        out.append(b"".join(v for v in vals if v is not None))
+            vals = [to_db(v) if v is not None and v is not PREVIOUS else v for v in vals]
+        vals = [bytes(v) if v is not None and v is not PREVIOUS else v for v in vals]
+        out.append(_ints([-1 if v is None else _MARK if v is PREVIOUS else len(v) for v in vals], "i"))
+        out.append(b"".join(v for v in vals if v is not None and v is not PREVIOUS))
     return compressor(LEVEL).compress(b"".join(out))
 
 
@@ -129,8 +151,8 @@ def _array(raw: memoryview, at: int, n: int, code: str) -> array:
 
 
 def _byte_column(raw: memoryview, at: int, n: int, keep: bool = True) -> tuple[list | None, int]:
-    """A byte column's values (None for NULL; None for all when not
-    ``keep``: skipped) and the offset after it."""
+    """A byte column's values (None for NULL, :data:`PREVIOUS` for a
+    marker; None for all when not ``keep``: skipped) and the offset after it."""
     lengths = _array(raw, at, n, "i")
     at += 4 * n
     if not keep:
@@ -138,7 +160,7 @@ def _byte_column(raw: memoryview, at: int, n: int, keep: bool = True) -> tuple[l
     vals: list = []
     for size in lengths:
         if size < 0:
-            vals.append(None)
+            vals.append(PREVIOUS if size == _MARK else None)
         else:
             vals.append(bytes(raw[at:at + size]))
             at += size
@@ -156,8 +178,10 @@ def _columns(blob: bytes) -> list[tuple]:
         at += n
     for name in BYTES:
         vals, at = _byte_column(raw, at, n)
+        if name != "before_oid" and PREVIOUS in vals:
+            raise ValueError(f"a marker in column {name}")
         if name in OIDS:
-            vals = [from_db(v) if v is not None else None for v in vals]
+            vals = [from_db(v) if v is not None and v is not PREVIOUS else v for v in vals]
         cols[name] = vals
     if at != len(raw):
         raise ValueError(f"{len(raw) - at} bytes after the last column")
@@ -168,7 +192,9 @@ def stored_oids(blob) -> list[tuple[bytes | None, bytes | None]]:
     """``(before_oid, after_oid)`` of each entry of a list as stored keys
     (``keytext.to_db`` form), reading only those columns: the cards'
     stored bytes name every object of a history, and converting every
-    column of every list cost more than the rest of ``show``."""
+    column of every list cost more than the rest of ``show``.  A marker
+    (:data:`PREVIOUS`) gives None: the object it stands for is named by
+    the previous entry it points at."""
     try:
         raw, n, _kinds, at = _open(blob)
         at += 8 * n * len(INTS) + n * len(KINDS)
@@ -181,7 +207,10 @@ def stored_oids(blob) -> list[tuple[bytes | None, bytes | None]]:
                 break
     except (zstandard.ZstdError, IndexError, ValueError, MemoryError) as exc:
         raise ListDamaged(f"an entry list does not decode: {str(exc) or _HUGE}") from None
-    return list(zip(out["before_oid"], out["after_oid"]))
+    befores = [None if v is PREVIOUS else v for v in out["before_oid"]]
+    if PREVIOUS in out["after_oid"]:
+        raise ListDamaged("an entry list does not decode: a marker in column after_oid")
+    return list(zip(befores, out["after_oid"]))
 
 
 _CACHE: OrderedDict[bytes, list[tuple]] = OrderedDict()
@@ -226,6 +255,11 @@ def remember(blob: bytes, rows: list[tuple]) -> None:
     rows = [tuple(r) for r in rows]
     with _CACHE_LOCK:
         _keep(key, rows)
+
+
+def has_markers(rows: list[tuple]) -> bool:
+    """Whether a decoded list holds a marker (:data:`PREVIOUS`)."""
+    return any(r[3] is PREVIOUS for r in rows)
 
 
 def split(rows: list[tuple]) -> list[list[tuple]]:

@@ -9,6 +9,11 @@ placeholders), as :class:`store.cardrows.Rows` holds it.  Oids come back
 as hex keys.  A layer's entries are its lists decoded
 (``store/entrylist.py``); a path's layers are ``path_layers`` rows; a
 path id becomes its bytes by walking ``paths`` up to the root (0).
+
+Format 11: a list's ``before_oid`` may be a marker (``entrylist.PREVIOUS``:
+"the ``after_oid`` of this path's entry in the newest committed layer below
+this one"); every read here hands out resolved rows (:func:`resolve`),
+except where only other columns are read (``resolve=False``).
 """
 
 from __future__ import annotations
@@ -98,18 +103,132 @@ def subtree(fetch: Fetch, node: int) -> list[int]:
     return [r[0] for r in fetch(SUBTREE + "SELECT id FROM sub", (node,))]
 
 
+# -- markers (format 11) -------------------------------------------------------------
+
+PREVIOUS = entrylist.PREVIOUS
+
+
+class Unresolved(entrylist.ListDamaged):
+    """A marker whose path has no entry with an ``after_oid`` in a committed
+    layer below (a damaged store; ``verify`` names it)."""
+
+
+def _find(lists: list[list[tuple]], pid: int) -> tuple | None:
+    """The row of ``pid`` in a layer's (path-id-sorted) lists, or None."""
+    for rows in lists:
+        j = bisect_left(rows, (pid,))  # (pid,) sorts before every row of pid
+        if j < len(rows) and rows[j][0] == pid:
+            return rows[j]
+    return None
+
+
+#: For each ``(layer, path id)``: the newest committed layer below it with an
+#: entry at the path (a backward range of ``path_layers``' primary key).
+_PREVIOUS_SQL = ("WITH want(layer, path) AS (VALUES {values}) SELECT w.layer, w.path, "
+                 "(SELECT pl.layer FROM path_layers pl JOIN layers l ON l.number = pl.layer "
+                 "WHERE pl.path = w.path AND pl.layer < w.layer AND l.state = 'committed' "
+                 "ORDER BY pl.layer DESC LIMIT 1) FROM want w")
+
+
+def previous_layers(fetch: Fetch, pairs: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int | None]:
+    """``{(layer, path id): the newest committed layer below it with an entry
+    at the path}`` (None: none)."""
+    pairs = sorted(set(pairs))
+    target: dict[tuple[int, int], int | None] = {}
+    for i in range(0, len(pairs), BATCH // 2):
+        part = pairs[i:i + BATCH // 2]
+        values = ", ".join("(?, ?)" for _ in part)
+        for layer, pid, prev in fetch(_PREVIOUS_SQL.format(values=values), tuple(x for p in part for x in p)):
+            target[(layer, pid)] = prev
+    return target
+
+
+def previous_afters(fetch: Fetch, pairs: Iterable[tuple[int, int]],
+                    known: dict[int, list[list[tuple]]] | None = None) -> dict[tuple[int, int], str | None]:
+    """``{(layer, path id): after_oid}`` of the path's entry in the newest
+    committed layer below ``layer`` (None: no such entry, or no after
+    object).  ``known``: lists already decoded, by layer (not read again)."""
+    target = previous_layers(fetch, pairs)
+    lists: dict[int, list[list[tuple]]] = dict(known or {})
+    need = sorted({prev for prev in target.values() if prev is not None and prev not in lists})
+    for i in range(0, len(need), BATCH):
+        part = need[i:i + BATCH]
+        for layer, data in fetch(f"SELECT layer, data FROM layer_entries WHERE layer IN ({', '.join('?' * len(part))}) "
+                                 f"ORDER BY layer, first", tuple(part)):
+            lists.setdefault(layer, []).append(entrylist.decode(data))
+    out: dict[tuple[int, int], str | None] = {}
+    for (layer, pid), prev in target.items():
+        row = None if prev is None else _find(lists.get(prev, []), pid)
+        out[(layer, pid)] = None if row is None else row[10]
+    return out
+
+
+def _resolved(rows: list[tuple], layer: int, afters: dict, strict: bool) -> list[tuple]:
+    """``rows`` (of ``layer``) with each marker replaced by its oid."""
+    out = []
+    for r in rows:
+        if r[3] is PREVIOUS:
+            oid = afters.get((layer, r[0]))
+            if oid is None and strict:
+                raise Unresolved(f"layer {layer}: the before state of path id {r[0]} names the previous "
+                                 f"entry's object, and no committed layer below has one")
+            r = r[:3] + (oid,) + r[4:]
+        out.append(r)
+    return out
+
+
+def resolve(fetch: Fetch, lists: list[tuple[int, list[tuple]]], prefix: bool = False,
+            strict: bool = True) -> list[tuple[int, list[tuple]]]:
+    """``lists`` (``(layer, rows)``, by layer) with their markers resolved
+    (new row tuples; the decoded-list cache keeps the markers).  ``prefix``:
+    ``lists`` hold every committed layer's lists below the newest of them,
+    so markers resolve in memory in layer order, without a query.  An
+    unresolvable marker raises :class:`Unresolved` (``strict``) or
+    becomes None."""
+    marked = [entrylist.has_markers(rows) for _l, rows in lists]
+    if not any(marked):
+        return lists
+    if prefix:
+        committed = {n for (n,) in fetch(COMMITTED, ())}
+        last: dict[int, str | None] = {}
+        out = []
+        for (layer, rows), has in zip(lists, marked):
+            if has:
+                rows = _resolved(rows, layer, {(layer, r[0]): last.get(r[0]) for r in rows if r[3] is PREVIOUS},
+                                 strict)
+            if layer in committed:
+                for r in rows:
+                    last[r[0]] = r[10]
+            out.append((layer, rows))
+        return out
+    known: dict[int, list[list[tuple]]] = {}
+    for layer, rows in lists:
+        known.setdefault(layer, []).append(rows)
+    afters = previous_afters(fetch, [(layer, r[0]) for (layer, rows), has in zip(lists, marked) if has
+                                     for r in rows if r[3] is PREVIOUS], known)
+    return [(layer, _resolved(rows, layer, afters, strict) if has else rows)
+            for (layer, rows), has in zip(lists, marked)]
+
+
 # -- lists ---------------------------------------------------------------------------
 
 
-def decoded(fetch: Fetch, where: str = "", params: tuple = ()) -> list[tuple[int, list[tuple]]]:
+def decoded(fetch: Fetch, where: str = "", params: tuple = (), resolve_markers: bool = True,
+            prefix: bool = False, strict: bool = True) -> list[tuple[int, list[tuple]]]:
     """``(layer, rows)`` of every list matching ``where`` (SQL on
-    ``layer_entries``), by layer then first path id."""
-    return [(layer, entrylist.decode(data)) for layer, data in
-            fetch(f"SELECT layer, data FROM layer_entries {where} ORDER BY layer, first", params)]
+    ``layer_entries``), by layer then first path id; markers resolved
+    unless not ``resolve_markers`` (a caller that reads no before oid, or
+    takes a marker's None as "named by an earlier entry").  ``prefix``:
+    see :func:`resolve`."""
+    lists = [(layer, entrylist.decode(data)) for layer, data in
+             fetch(f"SELECT layer, data FROM layer_entries {where} ORDER BY layer, first", params)]
+    if not resolve_markers:
+        return lists
+    return resolve(fetch, lists, prefix=prefix, strict=strict)
 
 
 def layer_rows(fetch: Fetch, number: int) -> list[tuple]:
-    """Layer ``number``'s decoded rows, by path id."""
+    """Layer ``number``'s decoded rows (markers resolved), by path id."""
     return [r for _n, rows in decoded(fetch, "WHERE layer = ?", (number,)) for r in rows]
 
 
@@ -128,12 +247,14 @@ def rows_at(fetch: Fetch, pairs: Iterable[tuple[int, int]], extra: dict[int, dic
     for layer, pid in pairs:
         by_layer.setdefault(layer, set()).add(pid)
     found: list[tuple[int, tuple]] = []
+    known: dict[int, list[list[tuple]]] = {}
     numbers = sorted(by_layer)
     for i in range(0, len(numbers), BATCH):
         part = numbers[i:i + BATCH]
         for layer, data in fetch(f"SELECT layer, data FROM layer_entries WHERE layer IN ({', '.join('?' * len(part))})",
                                  tuple(part)):
             rows = entrylist.decode(data)
+            known.setdefault(layer, []).append(rows)
             pids = by_layer[layer]
             if len(pids) * 16 > len(rows):
                 found += [(layer, r) for r in rows if r[0] in pids]
@@ -142,6 +263,10 @@ def rows_at(fetch: Fetch, pairs: Iterable[tuple[int, int]], extra: dict[int, dic
                 j = bisect_left(rows, (pid,))  # (pid,) sorts before every row of pid
                 if j < len(rows) and rows[j][0] == pid:
                     found.append((layer, rows[j]))
+    marked = [(layer, r[0]) for layer, r in found if r[3] is PREVIOUS]
+    if marked:
+        afters = previous_afters(fetch, marked, known)
+        found = [(layer, _resolved([r], layer, afters, True)[0] if r[3] is PREVIOUS else r) for layer, r in found]
     paths = names(fetch, {r[0] for _l, r in found})
     extra = extra or {}
     out = [row_of(layer, r, paths[r[0]], extra.get(layer)) for layer, r in found]
@@ -181,9 +306,10 @@ def layer_counts(fetch: Fetch, numbers: list[int] | None = None) -> dict[int, tu
     (at most the store's variable limit of them), or for every layer with
     entries (None)."""
     if numbers is None:
-        lists = decoded(fetch)
+        lists = decoded(fetch, resolve_markers=False)
     else:
-        lists = decoded(fetch, f"WHERE layer IN ({', '.join('?' * len(numbers))})", tuple(numbers))
+        lists = decoded(fetch, f"WHERE layer IN ({', '.join('?' * len(numbers))})", tuple(numbers),
+                        resolve_markers=False)
     out: dict[int, tuple[int, int, int]] = {}
     for layer, rows in lists:
         a, d, t = out.get(layer, (0, 0, 0))
@@ -192,8 +318,11 @@ def layer_counts(fetch: Fetch, numbers: list[int] | None = None) -> dict[int, tu
 
 
 def committed_refs(fetch: Fetch) -> list[tuple[int, str | None, str | None]]:
-    """``(layer, before_oid, after_oid)`` of every committed row, by layer."""
-    return [(layer, r[3], r[10]) for layer, rows in decoded(fetch, f"WHERE layer IN ({COMMITTED})") for r in rows]
+    """``(layer, before_oid, after_oid)`` of every committed row, by layer;
+    a marker's before is None (its object is the previous entry's after,
+    named earlier: what ``first_referencing`` counts is the same)."""
+    return [(layer, None if r[3] is PREVIOUS else r[3], r[10])
+            for layer, rows in decoded(fetch, f"WHERE layer IN ({COMMITTED})", resolve_markers=False) for r in rows]
 
 
 def added_bytes(fetch: Fetch, top: int) -> list[tuple[int, int]]:

@@ -38,8 +38,17 @@ P, LE, PL = schema.paths, schema.layer_entries, schema.path_layers
 
 
 def _fetch(conn: Connection):
+    """``fetch(sql, params)`` on the DBAPI connection of ``conn`` (same
+    transaction): the entry reads are plain SQL, and SQLAlchemy's statement
+    setup cost more than the query for the few-row reads a commit makes."""
+    raw = conn.connection.dbapi_connection
+
     def fetch(sql: str, params: tuple = ()) -> list:
-        return conn.exec_driver_sql(sql, tuple(params)).all()
+        cur = raw.cursor()
+        try:
+            return cur.execute(sql, tuple(params)).fetchall()
+        finally:
+            cur.close()
 
     return fetch
 
@@ -80,14 +89,49 @@ def _values(pid: int, e: Entry) -> tuple:
             a.kind, a.mode, a.oid, a.target, a.uid, a.gid, a.xattrs, e.after_mtime_ns, e.after_link)
 
 
+def _marked(fetch, number: int, rows: list[tuple]) -> list[tuple]:
+    """``rows`` (of layer ``number``) with each ``before_oid`` that repeats
+    the ``after_oid`` of the path's newest entry below as a marker
+    (``entrylist.PREVIOUS``, format 11), where that newest entry's layer,
+    of any state, is committed: the reader resolves a marker against the
+    newest committed layer below, and a committed layer stays committed."""
+    want = [r[0] for r in rows if r[3] is not None]
+    prev: dict[int, int] = {}
+    for i in range(0, len(want), entryrows.BATCH):
+        part = want[i:i + entryrows.BATCH]
+        prev.update(fetch(f"SELECT path, MAX(layer) FROM path_layers WHERE layer < ? AND path IN "
+                          f"({', '.join('?' * len(part))}) GROUP BY path", (number, *part)))
+    if not prev:
+        return rows
+    layers = sorted(set(prev.values()))
+    lists: dict[int, list[list[tuple]]] = {}
+    for i in range(0, len(layers), entryrows.BATCH):
+        part = layers[i:i + entryrows.BATCH]
+        marks = ", ".join("?" * len(part))
+        for layer, data in fetch(f"SELECT e.layer, e.data FROM layer_entries e JOIN layers l ON l.number = e.layer "
+                                 f"WHERE e.layer IN ({marks}) AND l.state = 'committed'", tuple(part)):
+            lists.setdefault(layer, []).append(entrylist.decode(data))
+    out = []
+    for r in rows:
+        layer = prev.get(r[0])
+        if r[3] is not None and layer in lists:
+            got = entryrows._find(lists[layer], r[0])
+            if got is not None and got[10] == r[3]:
+                r = r[:3] + (entrylist.PREVIOUS,) + r[4:]
+        out.append(r)
+    return out
+
+
 def insert(conn: Connection, number: int, entries: Iterable[Entry]) -> None:
     """Write ``entries`` as layer ``number``'s (in the caller's transaction):
-    its lists and its ``path_layers`` rows."""
+    its lists (befores that repeat the previous after as markers) and its
+    ``path_layers`` rows."""
     entries = list(entries)
     if not entries:
         return
     ids = path_ids(conn, [e.path for e in entries])
     rows = sorted((_values(ids[e.path], e) for e in entries), key=lambda r: r[0])
+    rows = _marked(_fetch(conn), number, rows)
     cur = conn.connection.dbapi_connection.cursor()
     try:
         for part in entrylist.split(rows):
@@ -100,15 +144,84 @@ def insert(conn: Connection, number: int, entries: Iterable[Entry]) -> None:
         cur.close()
 
 
+def mark_every_list(conn: Connection) -> None:
+    """Write every list again with its markers (the upgrade to format 11,
+    ``store/upgrade11.py``): read in layer order, a ``before_oid`` that
+    equals the ``after_oid`` of the path's newest entry below becomes a
+    marker where that entry's layer is committed (:func:`_marked`'s rule);
+    markers already there (a store upgraded through format 8's
+    :func:`insert`) resolve in memory as the reader resolves them."""
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        committed = {n for (n,) in cur.execute(entryrows.COMMITTED)}
+        last: dict[int, tuple[str | None, bool]] = {}  # path id -> (after_oid of its newest entry, committed)
+        resolved: dict[int, str | None] = {}  # path id -> after_oid of its newest committed entry
+        for id_, layer, data in cur.execute("SELECT id, layer, data FROM layer_entries ORDER BY layer, first").fetchall():
+            rows = entrylist.decode(data)
+            new = []
+            for r in rows:
+                if r[3] is entrylist.PREVIOUS:
+                    r = r[:3] + (resolved.get(r[0]),) + r[4:]
+                prev = last.get(r[0])
+                if r[3] is not None and prev is not None and prev[1] and prev[0] == r[3]:
+                    r = r[:3] + (entrylist.PREVIOUS,) + r[4:]
+                new.append(r)
+                last[r[0]] = (r[10], layer in committed)
+                if layer in committed:
+                    resolved[r[0]] = r[10]
+            if new != rows:
+                cur.execute("UPDATE layer_entries SET data = ? WHERE id = ?", (entrylist.encode(new), id_))
+    finally:
+        cur.close()
+
+
 def delete_layer(conn: Connection, number: int) -> None:
     """Delete layer ``number``'s entries (a withdrawn intent)."""
     conn.execute(LE.delete().where(LE.c.layer == number))
     conn.execute(PL.delete().where(PL.c.layer == number))
 
 
+def _unmark_dropped(conn: Connection, keep: int, folded: list[Entry]) -> None:
+    """Before prune deletes the entries up to ``keep``: a marker above
+    ``keep`` that points at a layer up to ``keep`` for a path the fold
+    drops (it ended where it began) would point at nothing; its list is
+    written again with the explicit oid (same transaction)."""
+    fetch = _fetch(conn)
+    below = {pid for (pid,) in fetch("SELECT DISTINCT path FROM path_layers WHERE layer <= ?", (keep,))}
+    dropped = sorted(below - set(path_ids(conn, [e.path for e in folded]).values()))
+    layers: set[int] = set()
+    for i in range(0, len(dropped), entryrows.BATCH):
+        part = dropped[i:i + entryrows.BATCH]
+        layers.update(n for (n,) in fetch(f"SELECT DISTINCT layer FROM path_layers WHERE layer > ? AND path IN "
+                                          f"({', '.join('?' * len(part))})", (keep, *part)))
+    if not layers:
+        return
+    gone = set(dropped)
+    lists = []
+    for layer in sorted(layers):
+        for first, data in fetch("SELECT first, data FROM layer_entries WHERE layer = ?", (layer,)):
+            rows = entrylist.decode(data)
+            if any(r[3] is entrylist.PREVIOUS and r[0] in gone for r in rows):
+                lists.append((layer, first, rows))
+    pairs = [(layer, r[0]) for layer, _f, rows in lists for r in rows if r[3] is entrylist.PREVIOUS and r[0] in gone]
+    target = entryrows.previous_layers(fetch, pairs)
+    afters = entryrows.previous_afters(fetch, [p for p in pairs if target[p] is not None and target[p] <= keep])
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        for layer, first, rows in lists:
+            new = [r[:3] + (afters[(layer, r[0])],) + r[4:] if (layer, r[0]) in afters else r for r in rows]
+            if new != rows:
+                data = entrylist.encode(new)
+                entrylist.remember(data, new)
+                cur.execute("UPDATE layer_entries SET data = ? WHERE layer = ? AND first = ?", (data, layer, first))
+    finally:
+        cur.close()
+
+
 def replace_through(conn: Connection, keep: int, folded: list[Entry]) -> None:
     """Prune's write: the entries of every layer up to ``keep`` become
     ``folded``, layer ``keep``'s (in the caller's transaction)."""
+    _unmark_dropped(conn, keep, folded)
     conn.execute(LE.delete().where(LE.c.layer <= keep))
     conn.execute(PL.delete().where(PL.c.layer <= keep))
     insert(conn, keep, folded)
@@ -177,7 +290,9 @@ def rows_under(conn: Connection, path: bytes) -> list:
 
 
 def _rows_of_layers(fetch, where: str, params: tuple = ()) -> list[Row]:
-    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where, params) for r in rows]
+    """The rows of the lists ``where`` names: every committed layer's up to
+    some layer (markers resolve in memory, ``entryrows.resolve``)."""
+    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where, params, prefix=True) for r in rows]
     paths = entryrows.names(fetch, {r[0] for _l, r in found})
     out = [row_of(layer, r, paths[r[0]]) for layer, r in found]
     out.sort(key=lambda row: (row.path, row.layer))
@@ -209,7 +324,7 @@ def rows_touched(conn: Connection, after: int, through: int | None = None,
     if through is not None:
         where, params = where + " AND layer <= ?", params + (through,)
     # From the lists of those layers (a few, usually), not a scan of path_layers.
-    touched = {r[0] for _n, rows in entryrows.decoded(fetch, where, params) for r in rows}
+    touched = {r[0] for _n, rows in entryrows.decoded(fetch, where, params, resolve_markers=False) for r in rows}
     if paths and b"." not in paths:
         touched &= set(_with_subtrees(fetch, paths))
     touched = sorted(touched)
@@ -288,9 +403,10 @@ def ever_linked(conn: Connection, path: bytes) -> bool:
     pid = entryrows.path_id(fetch, path)
     if pid is not None:
         for (number,) in fetch("SELECT layer FROM path_layers WHERE path = ?", (pid,)):
-            if any(r[0] == pid and r[16] is not None for r in entryrows.layer_rows(fetch, number)):
+            if any(r[0] == pid and r[16] is not None for _n, rows in
+                   entryrows.decoded(fetch, "WHERE layer = ?", (number,), resolve_markers=False) for r in rows):
                 return True
-    return any(r[16] == path for _n, rows in entryrows.decoded(fetch) for r in rows)
+    return any(r[16] == path for _n, rows in entryrows.decoded(fetch, resolve_markers=False) for r in rows)
 
 
 def list_problems(conn: Connection) -> list[str]:
@@ -300,12 +416,20 @@ def list_problems(conn: Connection) -> list[str]:
     fetch = _fetch(conn)
     out: list[str] = []
     seen: dict[int, set[int]] = {}
+    committed = {n for (n,) in fetch(entryrows.COMMITTED, ())}
+    last: dict[int, str | None] = {}  # path id -> after_oid of its newest committed entry so far
     for layer, first, n, data in fetch("SELECT layer, first, n, data FROM layer_entries ORDER BY layer, first"):
         try:
             rows = entrylist.decode(data)
         except entrylist.ListDamaged as exc:
             out.append(f"layer {layer}: {exc}")
             continue
+        for r in rows:
+            if r[3] is entrylist.PREVIOUS and last.get(r[0]) is None:
+                out.append(f"layer {layer}: the before state of path id {r[0]} names the previous entry's object "
+                           f"(format 11), and no committed layer below has one")
+            if layer in committed:
+                last[r[0]] = r[10]
         ids = [r[0] for r in rows]
         if len(rows) != n or not rows or ids[0] != first or any(a >= b for a, b in zip(ids, ids[1:])):
             out.append(f"layer {layer}: the entry list from path id {first} does not match its row "
@@ -367,7 +491,7 @@ def referenced_oids(conn: Connection, after: int | None = None) -> set[str]:
     the layers numbered above ``after``."""
     where, params = ("", ()) if after is None else ("WHERE layer > ?", (after,))
     out: set[str] = set()
-    for _n, rows in entryrows.decoded(_fetch(conn), where, params):
+    for _n, rows in entryrows.decoded(_fetch(conn), where, params, prefix=after is None):
         for r in rows:
             if r[3]:
                 out.add(r[3])
@@ -380,9 +504,10 @@ def referenced_oids(conn: Connection, after: int | None = None) -> set[str]:
 Ref = namedtuple("Ref", "layer path before_oid after_oid")
 
 
-def _refs(conn: Connection, where: str) -> list[tuple]:
+def _refs(conn: Connection, where: str, strict: bool = True) -> list[tuple]:
     fetch = _fetch(conn)
-    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where) for r in rows]
+    # Every layer's lists or every committed one's: markers resolve in memory.
+    found = [(layer, r) for layer, rows in entryrows.decoded(fetch, where, prefix=True, strict=strict) for r in rows]
     paths = entryrows.names(fetch, {r[0] for _l, r in found})
     out = [Ref(layer, paths[r[0]], r[3], r[10]) for layer, r in found]
     out.sort(key=lambda t: (t[0], t[1]))
@@ -391,8 +516,8 @@ def _refs(conn: Connection, where: str) -> list[tuple]:
 
 def object_refs(conn: Connection) -> list[tuple]:
     """``(layer, path, before_oid, after_oid)`` of every row, any state
-    (``verify``)."""
-    return _refs(conn, "")
+    (``verify``; an unresolvable marker gives None: ``list_problems`` names it)."""
+    return _refs(conn, "", strict=False)
 
 
 def committed_object_refs(conn: Connection) -> list:

@@ -2,4 +2,4 @@
 --version --json``) imports nothing else: ``store.schema`` re-exports it."""
 
 #: Bump on any incompatible change of the store (see store/FORMAT.md's change log).
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11

@@ -564,6 +564,21 @@ def materialize(tree: dict, db_image: bytes, ws_path: Path) -> None:
     (store / "store.db").write_bytes(db_image)
 
 
+@contextmanager
+def opened_upgraded(root: Path, snapshot, before):
+    """The older store at ``root`` opened (which upgrades it) and checked:
+    it records the current version, ``snapshot(ws)`` equals ``before``,
+    and verify finds nothing wrong.  Yields the workspace."""
+    from stepfs.store import verify
+
+    with Workspace.open(str(root)) as ws:
+        assert store_version(root) == str(schema.FORMAT_VERSION)
+        assert snapshot(ws) == before
+        report = verify.verify(ws)
+        assert report.ok, report.problems
+        yield ws
+
+
 def store_version(root: Path) -> str:
     """The ``format_version`` a workspace's store records (read without stepfs)."""
     raw = sqlite3.connect(root / ".stepfs" / "store.db")

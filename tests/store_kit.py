@@ -169,11 +169,30 @@ def rewrite_layer(conn, number: int, change) -> None:
     entrytable.insert(conn, number, change(entries))
 
 
+def drop_format_11(raw) -> None:
+    """On an open ``sqlite3`` connection to a new store: every entry list
+    as a version-10 writer made it (explicit before oids, no markers).
+    The caller sets the version and commits."""
+    from stepfs.store import entrylist, entryrows
+
+    def fetch(sql, params=()):
+        return raw.execute(sql, params).fetchall()
+
+    lists = fetch("SELECT id, layer, data FROM layer_entries ORDER BY layer, first")
+    decoded = entryrows.resolve(fetch, [(layer, entrylist.decode(data)) for _i, layer, data in lists], prefix=True)
+    for (id_, _layer, data), (_l, rows) in zip(lists, decoded):
+        if rows is not entrylist.decode(data):
+            raw.execute("UPDATE layer_entries SET data = ? WHERE id = ?", (entrylist.encode(rows), id_))
+
+
 def drop_format_10(raw) -> None:
     """On an open ``sqlite3`` connection to a new store: ``objects`` as a
     version-9 writer made it (``base`` the whole key of a delta's base,
-    with its foreign key).  The caller sets the version and commits."""
+    with its foreign key), and the lists as :func:`drop_format_11` leaves
+    them.  The caller sets the version and commits."""
     import xxhash
+
+    drop_format_11(raw)
 
     from stepfs.store import cardrows
     from stepfs.store.keytext import from_db, to_db

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -215,22 +216,31 @@ def test_without_seccomp_notification_the_run_says_so_once_and_uses_the_passthro
     assert not (workspace / "node_modules").exists() and (workspace / ".venv").is_dir()
 
 
-@pytest.mark.timeout(240)
-def leave_a_process(mp: Path, tmp_path: Path) -> int:
-    """The pid of a process a ``stepfs run`` in ``mp`` left behind in its namespace."""
+@contextmanager
+def leave_a_process(mp: Path, tmp_path: Path, workspace: Path):
+    """The pid of a process a ``stepfs run`` in ``mp`` left behind in its
+    namespace; killed on exit, and ``workspace``'s supervisors waited out."""
     pidfile = tmp_path / "bg.pid"
     r = stepfs("run", mp, "--", "bash", "-c",
                f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pidfile}", cwd=mp, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
-    return int(pidfile.read_text())
+    bg = int(pidfile.read_text())
+    try:
+        yield bg
+    finally:
+        try:
+            os.kill(bg, 9)
+        except ProcessLookupError:
+            pass
+        wait_gone(workspace)
 
 
+@pytest.mark.timeout(240)
 def test_unmount_refuses_while_a_run_left_a_process_in_its_namespace_and_force_ends_it(workspace, mount, tmp_path):
     # The run's namespace holds its own copy of the mount: unmounting ours
     # alone would leave the daemon serving the leftover process.
     m = mount(workspace)
-    bg = leave_a_process(m.mountpoint, tmp_path)
-    try:
+    with leave_a_process(m.mountpoint, tmp_path, workspace) as bg:
         r = stepfs("unmount", m.mountpoint)
         assert r.returncode == 9, r.stderr.decode()
         err = r.stderr.decode()
@@ -240,14 +250,9 @@ def test_unmount_refuses_while_a_run_left_a_process_in_its_namespace_and_force_e
         assert r.returncode == 0, r.stderr.decode()
         assert mounts.find(str(m.mountpoint)) is None
         assert not os.path.exists(f"/proc/{m.pid}") or process_state(m.pid) == b"Z"  # exited (our child)
-    finally:
-        try:
-            os.kill(bg, 9)
-        except ProcessLookupError:
-            pass
-        wait_gone(workspace)
 
 
+@pytest.mark.timeout(240)
 def test_a_run_holds_no_copy_of_another_mount(workspace, mount, tmp_path):
     # unshare copies every mount into the run's namespace: a copy of another
     # workspace's mount would keep its daemon serving and refuse its unmount
@@ -257,16 +262,9 @@ def test_a_run_holds_no_copy_of_another_mount(workspace, mount, tmp_path):
     (other / "x.txt").write_text("x\n")
     a = mount(other)
     m = mount(workspace)
-    bg = leave_a_process(m.mountpoint, tmp_path)
-    try:
+    with leave_a_process(m.mountpoint, tmp_path, workspace) as bg:
         points = [line.split()[4] for line in Path(f"/proc/{bg}/mountinfo").read_text().splitlines()]
         assert str(m.mountpoint) in points and str(a.mountpoint) not in points
         r = stepfs("unmount", a.mountpoint)
         assert r.returncode == 0, r.stderr.decode()
         assert mounts.find(str(a.mountpoint)) is None
-    finally:
-        try:
-            os.kill(bg, 9)
-        except ProcessLookupError:
-            pass
-        wait_gone(workspace)

@@ -46,7 +46,7 @@ def test_new_store_has_meta_rows_and_every_table(tmp_path):
     path = str(tmp_path / "store.db")
     db = Database.open(path)
     facts = meta_rows(db)
-    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "10"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) == "11"
     assert facts["hash_algorithm"] == schema.HASH_ALGORITHM == "xxh3_128"
     assert facts["chunk_size"] == str(schema.CHUNK_SIZE) == str(chunking.MAX_SIZE)
     db.close()
@@ -111,7 +111,7 @@ def test_version_2_store_is_upgraded_keeping_its_data(tmp_path):
     set_meta(path, "format_version", "2")
     db = Database.open(path, create=False)
     facts = meta_rows(db)
-    assert facts["format_version"] == "10" and facts["probe"] == "kept"
+    assert facts["format_version"] == str(schema.FORMAT_VERSION) and facts["probe"] == "kept"
     db.close()
 
 
@@ -131,7 +131,7 @@ def test_version_3_store_is_upgraded_to_5_keeping_staged_rows(tmp_path):
     raw.close()
     assert "scratch" not in columns
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "10"
+    assert meta_rows(db)["format_version"] == str(schema.FORMAT_VERSION)
     with db.read() as conn:
         [row] = staging.load(conn, step)
     assert (row.oid, row.scratch, row.scratch_sum) == (oid, None, None)
@@ -155,7 +155,7 @@ def test_version_5_store_is_upgraded_to_6_keeping_its_objects(tmp_path):
     assert "codec" not in {r[1] for r in raw.execute("PRAGMA table_info(chunks)")}
     raw.close()
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "10"
+    assert meta_rows(db)["format_version"] == str(schema.FORMAT_VERSION)
     store = ObjectStore()
     with db.read() as conn:
         assert store.read_all(conn, oid) == text
@@ -191,7 +191,7 @@ def test_version_4_store_is_upgraded_to_5_with_the_layers_state_index(tmp_path):
     raw.commit()
     raw.close()
     db = Database.open(path, create=False)
-    assert meta_rows(db)["format_version"] == "10"
+    assert meta_rows(db)["format_version"] == str(schema.FORMAT_VERSION)
     with db.read() as conn:
         assert conn.execute(select(schema.layers.c.number, schema.layers.c.state)).all() == [(1, "pending")]
     db.close()
@@ -312,13 +312,13 @@ def test_racing_creator_finds_the_store_already_made(tmp_path, monkeypatch):
 
     monkeypatch.setattr(db_mod, "inspect", stale_once)
     db = Database.open(path)
-    assert meta_rows(db)["format_version"] == "10"
+    assert meta_rows(db)["format_version"] == str(schema.FORMAT_VERSION)
     db.close()
 
 
 def test_memory_database_works():
     db = Database.memory()
-    assert meta_rows(db)["format_version"] == "10"
+    assert meta_rows(db)["format_version"] == str(schema.FORMAT_VERSION)
     with db.write() as conn:
         conn.execute(schema.meta.insert().values(key="probe", value="x"))
     assert meta_rows(db)["probe"] == "x"

@@ -218,3 +218,83 @@ def test_a_name_linked_to_a_path_without_an_entry_of_its_own(tmp_path):
             assert not entrytable.ever_linked(conn, b"nothing")
     finally:
         w.close()
+
+
+# -- format 11: before states as markers -----------------------------------------------
+
+
+def _raw_lists(ws) -> dict[int, list[tuple]]:
+    """Each layer's stored rows as decoded, markers unresolved."""
+    from stepfs.store import entrylist
+
+    with ws.db.read() as conn:
+        got = conn.exec_driver_sql("SELECT layer, data FROM layer_entries ORDER BY layer, first").all()
+    out: dict[int, list[tuple]] = {}
+    for layer, data in got:
+        out.setdefault(layer, []).extend(entrylist.decode(data))
+    return out
+
+
+def test_a_before_that_repeats_the_previous_after_is_stored_as_a_marker_and_read_resolved(ws):
+    from stepfs.store import entrylist
+
+    raw = _raw_lists(ws)
+    with ws.db.read() as conn:
+        pid = entrytable.path_ids(conn, [b"d/x"])[b"d/x"]
+        rows = entrytable.path_rows(conn, b"d/x")
+    marked = {n for n, rs in raw.items() for r in rs if r[0] == pid and r[3] is entrylist.PREVIOUS}
+    assert marked >= set(range(3, 9))  # each step edits d/x; layer 2 is the fold (nothing below it)
+    assert 2 not in marked
+    # Resolved: each before is the previous committed layer's after.
+    assert [r.layer for r in rows] == list(range(2, 9))
+    assert all(b.before_oid == a.after_oid and b.before_oid is not None for a, b in zip(rows, rows[1:]))
+    assert all(e.before.oid is not entrylist.PREVIOUS for es in model(ws).values() for e in es)
+
+
+def test_a_list_with_an_unresolvable_marker_is_a_problem_verify_names(tmp_path):
+    from stepfs.store import entrylist, verify
+
+    w = open_workspace(tmp_path / "ws", {"a": ("file", 0o644, b"a0\n")})
+    try:
+        s = Stager(w)
+        s.file("a", b"a1\n")
+        publish.commit_step(w, s.step, message="one")
+        with w.db.write() as conn:
+            ids = entrytable.path_ids(conn, [b"b"])
+            conn.execute(schema.layers.insert().values(number=5, state="committed", kind="step", created_ns=0))
+            row = (ids[b"b"], "file", 0o100644, entrylist.PREVIOUS) + (None,) * 4 + ("file", 0o100644, None) \
+                + (None,) * 6
+            conn.exec_driver_sql("INSERT INTO layer_entries (layer, first, n, data) VALUES (5, ?, 1, ?)",
+                                 (ids[b"b"], entrylist.encode([row])))
+            conn.exec_driver_sql("INSERT INTO path_layers (path, layer) VALUES (?, 5)", (ids[b"b"],))
+        with w.db.read() as conn:
+            problems = entrytable.list_problems(conn)
+        assert any("names the previous entry's object" in p for p in problems), problems
+        assert not verify.verify(w).ok
+    finally:
+        w.close()
+
+
+def test_prune_writes_the_oid_where_the_fold_drops_the_entry_a_marker_pointed_at(tmp_path):
+    from stepfs.store import entrylist, verify
+
+    w = open_workspace(tmp_path / "ws", {"p": ("file", 0o644, b"a\n"), "q": ("file", 0o644, b"q\n")})
+    try:
+        for i, (name, data) in enumerate([("p", b"b\n"), ("p", b"a\n"), ("q", b"q3\n"), ("p", b"c\n")], 1):
+            s = Stager(w)
+            s.file(name, data)
+            assert publish.commit_step(w, s.step, message=f"step {i}", overwrite={r.path for r in s.rows()}) == i
+        with w.db.read() as conn:
+            a_oid = entrytable.path_rows(conn, b"p")[-1].before_oid
+            pid = entrytable.path_ids(conn, [b"p"])[b"p"]
+        assert any(r[0] == pid and r[3] is entrylist.PREVIOUS for r in _raw_lists(w)[4])
+        result = prune.prune(w, keep_last=2)
+        assert result.keep_from == 3
+        with w.db.read() as conn:
+            rows = entrytable.path_rows(conn, b"p")
+        assert [r.layer for r in rows] == [4] and rows[0].before_oid == a_oid  # p ended where it began by 3
+        assert not any(r[0] == pid and r[3] is entrylist.PREVIOUS for r in _raw_lists(w)[4])
+        report = verify.verify(w)
+        assert report.ok, report.problems
+    finally:
+        w.close()

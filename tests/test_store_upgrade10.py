@@ -12,9 +12,8 @@ import sqlite3
 
 import pytest
 
-from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from crashkit import fast_tmp, opened_upgraded, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
 from stepfs.store import baseref, cards, gc, publish, schema, verify
-from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_10, open_workspace
 
 SMALL = b"".join(b'{"name": "pkg%d", "version": "1.0.%d"}\n' % (i, i) for i in range(20))
@@ -62,11 +61,7 @@ def version_9(tmp_path_factory):
 def test_a_version_9_store_is_upgraded_keeping_every_object(version_9, tmp_path):
     root = tmp_path / "ws"
     shutil.copytree(version_9[0], root, symlinks=True)
-    with Workspace.open(str(root)) as ws:
-        assert store_version(root) == "10"
-        assert snapshot(ws) == version_9[1]
-        report = verify.verify(ws)
-        assert report.ok, report.problems
+    with opened_upgraded(root, snapshot, version_9[1]) as ws:
         gc.collect(ws)  # keeps every base a delta names (it may collect unreferenced objects)
         after = snapshot(ws)
         assert after["cards"] == version_9[1]["cards"] and verify.verify(ws).ok
@@ -81,5 +76,6 @@ def test_a_version_9_store_is_upgraded_keeping_every_object(version_9, tmp_path)
 
 
 @pytest.mark.timeout(300)
-def test_the_upgrade_killed_at_every_durable_call_leaves_version_9_or_10(version_9, fast_tmp):
-    upgrade_killed_at_every_durable_call(version_9[0], fast_tmp, "9", "10", snapshot, version_9[1])
+def test_the_upgrade_killed_at_every_durable_call_leaves_version_9_or_the_current(version_9, fast_tmp):
+    upgrade_killed_at_every_durable_call(version_9[0], fast_tmp, "9", str(schema.FORMAT_VERSION), snapshot,
+                                        version_9[1])

@@ -12,10 +12,9 @@ import sqlite3
 import pytest
 from sqlalchemy import select
 
-from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
-from stepfs.store import entrytable, history, prune, publish, schema, staging, verify
+from crashkit import fast_tmp, opened_upgraded, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from stepfs.store import entrytable, history, prune, publish, schema, staging
 from stepfs.store.layers import entries as load_entries
-from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_8, open_workspace
 
 
@@ -93,11 +92,7 @@ def test_a_version_7_store_is_upgraded_keeping_every_entry(version_7, tmp_path):
     raw = sqlite3.connect(root / ".stepfs" / "store.db")
     assert raw.execute("SELECT count(*) FROM entries").fetchone()[0] > 10
     raw.close()
-    with Workspace.open(str(root)) as ws:
-        assert store_version(root) == str(schema.FORMAT_VERSION)
-        assert snapshot(ws) == version_7[1]
-        report = verify.verify(ws)
-        assert report.ok, report.problems
+    with opened_upgraded(root, snapshot, version_7[1]) as ws:
         with ws.db.read() as conn:
             names = conn.exec_driver_sql("SELECT id, name FROM paths WHERE parent = 0 ORDER BY id").all()
         assert [bytes(n) for _i, n in names] == sorted(bytes(n) for _i, n in names)  # numbered in byte order

@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from crashkit import fast_tmp, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
+from crashkit import fast_tmp, opened_upgraded, store_version, upgrade_killed_at_every_durable_call  # noqa: F401  (fast_tmp is a fixture)
 from stepfs.store import cards, linecounts, prune, publish, schema, verify
 from stepfs.store.workspace import Workspace
 from store_kit import Stager, drop_format_9, open_workspace
@@ -79,11 +79,7 @@ def version_8(tmp_path_factory):
 def test_a_version_8_store_is_upgraded_keeping_every_count(version_8, tmp_path):
     root = tmp_path / "ws"
     shutil.copytree(version_8[0], root, symlinks=True)
-    with Workspace.open(str(root)) as ws:
-        assert store_version(root) == str(schema.FORMAT_VERSION)
-        assert snapshot(ws) == version_8[1]
-        report = verify.verify(ws)
-        assert report.ok, report.problems
+    with opened_upgraded(root, snapshot, version_8[1]) as ws:
         s = Stager(ws)  # and it commits on top, its counts remembered by a reader
         s.file("text", b"after the upgrade\n")
         n = publish.commit_step(ws, s.step, overwrite={r.path for r in s.rows()})

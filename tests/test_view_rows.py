@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import stat as stat_mod
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -240,3 +241,93 @@ def test_recorded_content_is_written_once_it_reaches_its_bound(deferred, monkeyp
     write_file(view, "/more", b"m" * 50)  # 100 bytes held: written at once
     assert set(rows(ws, view)) == {b"small", b"more"}
     assert view.rows.pending.content_bytes == 0
+
+
+class HeldWrite:
+    """Holds the timer's batch inside its transaction (with the view's
+    lock released, as the timer writes it) until :meth:`release`."""
+
+    def __init__(self, monkeypatch):
+        self.inside, self.go = threading.Event(), threading.Event()
+        real = rows_mod.PendingRows.write
+
+        def write(batch, *args, **kw):
+            self.inside.set()
+            assert self.go.wait(10)
+            return real(batch, *args, **kw)
+
+        monkeypatch.setattr(rows_mod.PendingRows, "write", write)
+
+    def start(self, view) -> threading.Thread:
+        thread = threading.Thread(target=view.rows._timed_sync)
+        thread.start()
+        assert self.inside.wait(10)
+        return thread
+
+    def release(self, thread: threading.Thread) -> None:
+        self.go.set()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_requests_go_on_while_the_timer_writes_and_its_ids_reach_later_rows(deferred, monkeypatch):
+    """The timer writes its batch without the view's lock: a change made
+    meanwhile goes to the next batch, and a row it records for a file whose
+    content the batch is storing names the stored object, not the placeholder."""
+    ws, view = deferred
+    write_file(view, "/a", b"a\n")
+    placeholder = view.upper.get("/a").oid
+    held = HeldWrite(monkeypatch)
+    thread = held.start(view)
+    view.chmod("/a", 0o600)  # the lock is free: this does not wait for the batch
+    view.mkdir("/d", 0o755)
+    assert read_all(view, "/a") == b"a\n"  # the batch's bytes are still served
+    held.release(thread)
+    oid = view.upper.get("/a").oid
+    assert oid != placeholder and rows(ws, view)[b"a"].oid == oid
+    assert stat_mod.S_IMODE(rows(ws, view)[b"a"].mode) == 0o644  # the chmod waits for the next batch
+    assert b"d" not in rows(ws, view)
+    view.sync_rows()
+    got = rows(ws, view)
+    assert (got[b"a"].oid, stat_mod.S_IMODE(got[b"a"].mode)) == (oid, 0o600)
+    assert got[b"d"].kind == "dir"
+    assert read_all(reopen(view), "/a") == b"a\n"
+
+
+def test_a_timer_batch_that_fails_goes_back_in_front_of_later_changes(deferred, monkeypatch):
+    ws, view = deferred
+    view.mkdir("/m", 0o755)
+    write_file(view, "/m/f", b"f\n")
+    view.symlink("/gone", "m/f")
+    held = HeldWrite(monkeypatch)
+    with durable.installed(Commits(fail=True)):
+        thread = held.start(view)
+        view.chmod("/m", 0o700)  # recorded after the batch: must win over it
+        view.unlink("/gone")  # and a removal after the batch's put
+        write_file(view, "/g", b"g\n")
+        held.release(thread)
+    assert rows(ws, view) == {}
+    assert view.upper.get("/m/f").oid.split(".")[1].startswith("p")  # still a placeholder
+    view.sync_rows()
+    got = rows(ws, view)
+    assert set(got) == {b"m", b"m/f", b"g"}
+    assert stat_mod.S_IMODE(got[b"m"].mode) == 0o700
+    after = reopen(view)
+    assert read_all(after, "/m/f") == b"f\n" and read_all(after, "/g") == b"g\n"
+
+
+def test_a_sync_while_the_timer_writes_waits_for_its_batch(deferred, monkeypatch):
+    """fsync, a step or status write everything recorded: the timer's
+    batch first, then the rest, in that order."""
+    ws, view = deferred
+    view.mkdir("/x", 0o755)
+    held = HeldWrite(monkeypatch)
+    thread = held.start(view)
+    view.rename("/x", "/y")
+    syncing = threading.Thread(target=view.sync_rows)
+    syncing.start()
+    syncing.join(0.2)
+    assert syncing.is_alive()  # it waits for the batch
+    held.release(thread)
+    syncing.join(10)
+    assert set(rows(ws, view)) == {b"y"}

@@ -220,22 +220,38 @@ class CompareAndSwap:
             d.dirty = False  # identical rewrite: same content, same token
             return None
         same = node.oid is None and node.ref is None and not data
-        pending = self.rows.pending
-        names = node.names if node.link_group is not None else (d.path,)
+        rows = self.rows
+        pending = rows.pending
+        if node.link_group is None:
+            names, paths = (d.path,), (rel(d.path),)
+        else:
+            names = tuple(node.names)
+            paths = tuple(rel(n) for n in names)
         # A batch written at once (delay 0, or too many bytes held) that
         # fails fails this close: it keeps the old content, as one that
         # stores its bytes itself does (the batch's other changes stay pending).
-        with _undone_on_failure() as undo:
-            undo.append(_fields_restorer(node))
-            undo.append(_rows_restorer(pending.rows, [rel(n) for n in names]))
-            node.oid = self.rows.record_content(node, digest, data)
-            undo.append(lambda key=node.oid: self.rows.forget_content(key))
+        # What to put back is kept as plain values, not closures: this is
+        # every small close's path.
+        fields = (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns)
+        prior = pending.rows
+        kept = [(p, prior[p]) for p in paths if p in prior]
+        key = None
+        try:
+            node.oid = key = rows.record_content(node, digest, data)
             node.size, node.ref, node.ref_sum = len(data), None, None
             node.mtime_ns, node.atime_ns = st.st_mtime_ns, st.st_atime_ns
             node.ctime_ns = time.time_ns()
-            for name in names:
-                pending.put(node.row(name))
-            self.rows.recorded()
+            for name, path in zip(names, paths):
+                pending.put(node.row(name, path))
+            rows.recorded()
+        except BaseException:
+            (node.oid, node.size, node.ref, node.ref_sum, node.mtime_ns, node.atime_ns, node.ctime_ns) = fields
+            for p in paths:
+                prior.pop(p, None)
+            prior.update(kept)
+            if key is not None:
+                rows.forget_content(key)
+            raise
         return same
 
     def _holds(self, node: Node, data: bytes, digest: str) -> bool:

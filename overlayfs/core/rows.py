@@ -20,8 +20,13 @@ file are served from these bytes.  So the close itself runs no SQL.  The
 bytes held here are bounded (:data:`PENDING_CONTENT_MAX`: reaching it
 writes at once).
 
-Lock rule: everything here runs under the view's lock (``lock``), which
-the timer's thread takes itself before it writes.
+Lock rule: everything here runs under the view's lock (``lock``), except
+the timer's transaction: the timer's thread takes the batch under the lock
+(a fresh :class:`PendingRows` takes its place), writes it with the lock
+released, so requests go on meanwhile (SQLite runs without the GIL), and
+takes the lock again to give the nodes their stored ids.  Every other
+writer of rows first waits for that batch (:meth:`StagedRows.drain`), so
+batches reach the store in the order they were recorded.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import itertools
 import logging
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Callable
 
 from sqlalchemy.engine import Connection
@@ -70,7 +75,7 @@ class PendingRows:
 
     __slots__ = ("rows", "trees", "contents", "content_bytes", "stored", "_keys")
 
-    def __init__(self) -> None:
+    def __init__(self, keys=None) -> None:
         self.rows: dict[bytes, StagedRow | None] = {}  # store path -> row, or None: delete it
         self.trees: list[bytes] = []
         # Placeholder object id -> bytes to store (a close-write's content).
@@ -78,7 +83,8 @@ class PendingRows:
         self.content_bytes = 0
         # Placeholder -> object id, filled by the last :meth:`write`.
         self.stored: dict[str, str] = {}
-        self._keys = itertools.count(1)
+        # Shared by the batches of one step: a placeholder names one content.
+        self._keys = keys if keys is not None else itertools.count(1)
 
     def __bool__(self) -> bool:
         return bool(self.rows or self.trees or self.contents)
@@ -113,14 +119,16 @@ class PendingRows:
         row of that path in the same transaction, after :meth:`write`)."""
         self.rows.pop(path, None)
 
-    def write(self, conn: Connection, step: int, empty_oid, put_many, held=frozenset()) -> None:
+    def write(self, conn: Connection, step: int, empty_oid, put_many, held=frozenset(), earlier=None) -> None:
         """Apply every recorded change through ``conn`` (the caller's write
         transaction; :meth:`clear` once it committed).  ``empty_oid(conn)``
         stores the empty object for a file row that names no content yet (a
         created file nobody closed, moved or changed before its close);
         ``put_many(conn, contents)`` stores held contents (their object
         ids, in order: one batch, not a few statements per file);
-        ``held``: placeholders a node still has as its content."""
+        ``held``: placeholders a node still has as its content;
+        ``earlier``: placeholder -> object id of the batch written before
+        this one (rows recorded before its nodes were given their ids)."""
         # Content no row and no node names any more (a file closed again,
         # or removed, before this write) is never stored.
         named = {row.oid for row in self.rows.values() if row is not None and row.oid in self.contents}
@@ -138,9 +146,20 @@ class PendingRows:
                 row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
             elif row.oid in self.stored:
                 row = dataclasses.replace(row, oid=self.stored[row.oid])
+            elif earlier and row.oid in earlier:
+                row = dataclasses.replace(row, oid=earlier[row.oid])
             puts.append(row)
         staging.remove_many(conn, step, removes)
         staging.put_many(conn, step, puts)
+
+    def merge_later(self, later: "PendingRows") -> None:
+        """Take ``later``'s changes (recorded after this batch's) on top of
+        this batch's: a batch whose write failed goes back in front."""
+        for path in later.trees:
+            self.remove_tree(path)
+        self.rows.update(later.rows)
+        self.contents.update(later.contents)
+        self.content_bytes += later.content_bytes
 
     def clear(self) -> None:
         self.rows.clear()
@@ -177,6 +196,11 @@ class RowTimer:
         return self._due is not None
 
     def arm(self) -> None:
+        if self._due is not None:
+            # Armed: nothing changes (read without the lock: the timer's
+            # thread clears it before it takes the view's lock to fire, so
+            # the caller's rows, recorded under that lock, go with the firing).
+            return
         with self._cv:
             if self._due is not None or self._stopped:
                 return
@@ -238,9 +262,18 @@ class StagedRows:
         self._await_settled = await_settled
         self._between = between
         self.delay = delay
-        self.pending = PendingRows()
+        self._keys = itertools.count(1)
+        self.pending = PendingRows(self._keys)
         # Placeholder object id -> the node that holds it (record_content).
         self._holders: dict[str, object] = {}
+        # The batch the timer writes outside the lock (_timed_sync): its
+        # rows, its holders, set once its transaction ended, and its error.
+        self._flight: PendingRows | None = None
+        self._flight_holders: dict[str, object] = {}
+        self._flight_done = threading.Event()
+        self._flight_error: BaseException | None = None
+        # Placeholder -> object id of the last batch written outside the lock.
+        self._earlier: dict[str, str] = {}
         self.timer = RowTimer(delay, self._timed_sync) if delay and delay > 0 else None
         # > 0 inside an operation that records several row changes which
         # must reach the store together (``one_change``).
@@ -274,7 +307,13 @@ class StagedRows:
 
     def content_of(self, oid: str | None) -> bytes | None:
         """The bytes of a placeholder id not stored yet, else None."""
-        return self.pending.contents.get(oid) if oid is not None else None
+        if oid is None:
+            return None
+        data = self.pending.contents.get(oid)
+        flight = self._flight
+        if data is None and flight is not None:
+            data = flight.contents.get(oid)
+        return data
 
     @contextmanager
     def one_change(self):
@@ -294,11 +333,74 @@ class StagedRows:
                 self.recorded()
 
     def _timed_sync(self) -> None:
+        """The timer's write: the batch is taken under the lock and written
+        without it (module doc), then the nodes get their ids."""
+        transaction = ExitStack()
         with self.lock:
             try:
-                self.sync()
+                self.drain()
+                if not self.pending:
+                    self._between()
+                    return
+                self._await_settled(writing=True)
+                # BEGIN IMMEDIATE under the lock: a writer that comes after
+                # (under the lock) waits for this batch in SQLite, and never
+                # holds the store's write lock while this batch needs it.
+                conn = transaction.enter_context(self.db.write())
             except Exception:  # a store error also made the view read-only
                 log.exception("writing %d staged rows failed; they stay pending", len(self.pending))
+                return
+            batch = self._flight = self.pending
+            held = {key for key, node in self._holders.items() if node.oid == key}
+            self._flight_holders, self._holders = self._holders, {}
+            self.pending = PendingRows(self._keys)
+            self._flight_error = None
+            self._flight_done.clear()
+            earlier = self._earlier
+        try:
+            with transaction:
+                batch.write(conn, self.step, self._empty_oid, self.objects.put_many, held, earlier)
+        except BaseException as exc:
+            self._flight_error = exc
+        finally:
+            self._flight_done.set()
+        with self.lock:
+            self._land(batch, between=True)
+
+    def drain(self) -> None:
+        """Wait for the batch the timer is writing outside the lock, and
+        settle it (call under the lock, before any write of rows)."""
+        flight = self._flight
+        if flight is not None:
+            self._flight_done.wait()
+            self._land(flight)
+
+    def _land(self, batch: PendingRows, between: bool = False) -> None:
+        """Under the lock, once ``batch``'s transaction ended: its nodes get
+        their stored ids, or, if it failed, it goes back in front of what
+        was recorded since (nothing is lost; the next write carries it).
+        ``between``: called between operations (see :meth:`sync`)."""
+        if self._flight is not batch:
+            return  # settled already by drain
+        self._flight = None
+        holders, self._flight_holders = self._flight_holders, {}
+        exc, self._flight_error = self._flight_error, None
+        if exc is not None:
+            later = self.pending
+            batch.stored = {}
+            batch.merge_later(later)
+            holders.update(self._holders)
+            self.pending, self._holders = batch, holders
+            if isinstance(exc, Exception):  # a store error also made the view read-only
+                log.error("writing %d staged rows failed; they stay pending: %s", len(batch), exc)
+            return
+        for key, oid in batch.stored.items():
+            node = holders.get(key)
+            if node is not None and node.oid == key:
+                node.oid = oid
+        self._earlier = batch.stored
+        if between and not self.pending:  # a node retired since the swap still has its row in the store
+            self._between()
 
     def sync(self, between: bool = True) -> None:
         """Write every recorded staged row now, in one transaction.
@@ -306,6 +408,7 @@ class StagedRows:
         a node may be out of the tree on its way to another place), so
         retired by-reference files can go too."""
         with self.lock:
+            self.drain()
             if self.pending:
                 self._await_settled(writing=True)
                 with self.db.write() as conn:
@@ -319,11 +422,12 @@ class StagedRows:
         the caller, who calls :meth:`written` once it committed.
         ``superseded``: store paths whose rows the caller writes next, in
         the same transaction (their recorded rows are older)."""
+        self.drain()  # (the timer's transaction began before the caller's: it has ended)
         for path in superseded:
             self.pending.discard(path)
         if self.pending:
             held = {key for key, node in self._holders.items() if node.oid == key}
-            self.pending.write(conn, self.step, self._empty_oid, self.objects.put_many, held)
+            self.pending.write(conn, self.step, self._empty_oid, self.objects.put_many, held, self._earlier)
 
     def written(self) -> None:
         for key, oid in self.pending.stored.items():

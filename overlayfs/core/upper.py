@@ -115,13 +115,17 @@ class Node:
             self.removed = {}
         self.removed[path] = min(self.removed.get(path, when), when)
 
-    def row(self, path: str) -> StagedRow:
+    def row(self, path: str, store_path: bytes | None = None) -> StagedRow:
+        """The staged row of this node under ``path`` (``store_path``: its
+        ``rel(path)``, when the caller has it already)."""
+        # Positional, in StagedRow's field order: keywords cost as much
+        # again, and every small close builds one.
         return StagedRow(
-            path=rel(path), kind=self.kind, mode=self.mode, oid=self.oid, target=self.target,
-            size=self.size, mtime_ns=self.mtime_ns, opaque=self.opaque, base=self.name_bases.get(path, self.base),
-            uid=self.uid, gid=self.gid, xattrs=xattr_codec.encode(self.xattrs), link_group=self.link_group,
-            scratch=self.ref, scratch_sum=self.ref_sum,
-            removed_ns=self.removed.get(path) if self.removed and self.kind != "whiteout" else None,
+            rel(path) if store_path is None else store_path, self.kind, self.mode, self.oid, self.target,
+            self.size, self.mtime_ns, self.opaque, self.name_bases.get(path, self.base),
+            self.uid, self.gid, xattr_codec.encode(self.xattrs) if self.xattrs else None, self.link_group,
+            self.ref, self.ref_sum,
+            self.removed.get(path) if self.removed and self.kind != "whiteout" else None,
         )
 
     @classmethod

@@ -27,7 +27,8 @@ Threading: every public method takes ``self.lock`` (one re-entrant lock) for
 its whole duration, except a commit (``committing.py``), which releases it once
 the layer is published and the view's bookkeeping is done, while the store
 completes the layer (:attr:`Overlay.settled` is clear meanwhile: writes of
-staged rows and reads of history wait for it, still under the lock).  The
+staged rows and reads of history wait for it, still under the lock), and the
+row timer's transaction, written with the lock released (``rows.py``).  The
 FUSE loop, the control thread (commits), the auto-step thread and the
 row-flush timer are the only callers.  Nothing here blocks on another
 process.

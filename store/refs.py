@@ -47,6 +47,12 @@ def scratch_dir(store_dir: str, step: int) -> str:
     return os.path.join(store_dir, "scratch", str(step))
 
 
+def running_sum():
+    """A hash object whose ``hexdigest()`` after ``update`` with a file's
+    bytes, front to back, equals :func:`content_sum` of the file."""
+    return xxhash.xxh3_128()
+
+
 def content_sum(fd: int) -> str:
     """XXH3-128 (hex) of the whole open file ``fd``.  Read with pread, not
     mapped: a file cut short meanwhile (by hand) must not kill the reader

@@ -6,6 +6,7 @@ goes once none does."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 
 import pytest
@@ -228,4 +229,49 @@ def test_moves_that_take_nodes_out_and_back_keep_their_files(tmp_path, row_delay
     assert (read_all(view, "/e/f"), read_all(view, "/a"), read_all(view, "/b")) == (big(43), big(53), big(47))
     view.commit("moved")
     assert (tmp_path / "ws" / "a").read_bytes() == big(53)
+    view.close()
+
+
+@pytest.mark.parametrize("how", ["front to back", "from C memory", "rewritten", "truncated", "reopened with O_TRUNC"])
+def test_the_sum_kept_while_writing_is_the_file_s_sum(tmp_path, monkeypatch, how):
+    """A draft written front to back from empty keeps a running sum, so its
+    close reads nothing back; any other change (an overwrite, a truncate)
+    drops it and the close sums the file.  Either way the row's sum is the
+    file's, and the commit (which checks it) succeeds."""
+    _ws, view = open_view(tmp_path)
+    data = big(3)
+    piece = 256 << 10
+    reread = []
+    real_sum = refs.content_sum
+    monkeypatch.setattr(refs, "content_sum", lambda fd: reread.append(fd) or real_sum(fd))
+    fh = view.create("/big.bin", 0o644, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for off in range(0, BIG, piece):
+            chunk = data[off:off + piece]
+            if how == "from C memory":  # as the FUSE adapter passes it: a view of libfuse's buffer
+                chunk = (ctypes.c_char * len(chunk)).from_buffer(bytearray(chunk))
+            view.write(fh, chunk, off)
+        if how == "rewritten":
+            view.write(fh, b"Z" * 10, 100)
+            data = data[:100] + b"Z" * 10 + data[110:]
+        elif how == "truncated":
+            view.truncate("/big.bin", BIG - 5, fh)
+            data = data[:-5]
+        view.flush(fh)
+    finally:
+        view.release(fh)
+    if how == "reopened with O_TRUNC":
+        data = big(5)
+        fh = view.open("/big.bin", os.O_WRONLY | os.O_TRUNC)
+        try:
+            view.write(fh, data, 0)
+            view.flush(fh)
+        finally:
+            view.release(fh)
+    row = rows(view)[b"big.bin"]
+    path = os.path.join(view.scratch_dir, row.scratch)
+    assert row.scratch_sum == real_sum(os.open(path, os.O_RDONLY))
+    assert bool(reread) == (how in ("rewritten", "truncated"))
+    view.commit("big")
+    assert (tmp_path / "ws" / "big.bin").read_bytes() == data
     view.close()

@@ -133,7 +133,10 @@ class CompareAndSwap:
             # the commit.  Copying them into SQLite here cost more than the
             # writes themselves (issue #7).
             by_ref = st.st_size >= refs.MIN_SIZE
-            ref_sum = refs.content_sum(fd) if by_ref else None
+            # The sum kept while the draft was written front to back, if it
+            # covers the whole file; else the file is read again for it.
+            ref_sum = ((d.sum.hexdigest() if d.sum is not None and d.sum_end == st.st_size
+                        else refs.content_sum(fd)) if by_ref else None)
             if by_ref and node is not None and node.kind == "file" and node.staged \
                     and self._same_content(node, fd, ref_sum):
                 d.dirty = False  # identical rewrite: same content, same token

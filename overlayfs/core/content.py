@@ -49,7 +49,7 @@ import time
 from typing import Callable
 
 
-from stepfs.store import tokens
+from stepfs.store import refs, tokens
 from stepfs.store import xattrs as xattr_codec
 
 from stepfs.overlayfs.core.agents import DEFAULT
@@ -72,6 +72,10 @@ _libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_
 #: files only: at most this much per open draft (plus the bounded bytes
 #: kept for readers, ``readcache.py``).
 MEMORY_DRAFT_MAX = 256 << 10
+#: A running sum of a draft (``Draft.sum``) starts only at a first write at
+#: least this big: a file written in small pieces is most likely small,
+#: and only files staged by reference (``refs.MIN_SIZE``) use the sum.
+SUM_FIRST_WRITE = 64 << 10
 #: A memory draft is reopened by name through /proc, so every handle gets
 #: its own open file (its own O_APPEND), as with a scratch file.
 _PROC_FD = "/proc/self/fd"
@@ -236,7 +240,10 @@ class Content:
         d.scratch, d.frozen = new, False
 
     def _writable(self, d: Draft, end: int = 0) -> Draft:
-        """``d``, ready for a change that reaches byte ``end``."""
+        """``d``, ready for a change that reaches byte ``end``.  Every
+        change of a draft's bytes comes here first, so its running sum
+        ends here (``write_with`` carries it over a write that extends it)."""
+        d.sum, d.sum_end = None, -1
         if d.frozen or (d.mem >= 0 and end >= MEMORY_DRAFT_MAX):
             self.thaw(d)
         return d
@@ -345,6 +352,7 @@ class Content:
                 if flags & os.O_TRUNC:
                     os.ftruncate(fd, 0)
                     d.dirty = h.wrote = True
+                    d.sum, d.sum_end = None, 0  # empty: a running sum may start
                 self._open_drafts_add(d, 1)
                 return self._add_handle(h)
             node, st = self.ns.resolve(path)
@@ -426,6 +434,7 @@ class Content:
             d = Draft(agent, path, scratch, self.versions.node_token(node), node.base, node.mode, node.ino, node.uid, node.gid,
                       mem=mem)
             d.dirty = True  # a new file is a change even if nothing is written
+            d.sum_end = 0  # empty: a running sum may start
             self.drafts[(agent, path)] = d
             self._open_drafts_add(d, 1)
             self.versions.observe(agent, path, d.base)
@@ -434,35 +443,72 @@ class Content:
 
     def read(self, fh: int, size: int, offset: int) -> bytes:
         with self.lock:
-            h = self._handle(fh)
+            h = self._reader(fh)
             if h.data is not None:
                 return h.data[offset:offset + size]
-            if h.draft is None:
-                # The same agent may have started a draft since this handle
-                # was opened: POSIX says it reads those bytes -- if the draft
-                # is of the very version this handle was opened on (not of a
-                # file that replaced it since).
-                d = self.drafts.get((h.agent, h.path))
-                if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
-                        and self.versions.still(d.base, h.path)):
-                    if h.fd >= 0:
-                        os.close(h.fd)
-                    h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                    h.draft, h.node, h.snap = d, None, None
-                    self._open_drafts_add(d, 1)
-                elif h.snap is not None:
-                    return h.snap[offset:offset + size]
+            if h.snap is not None:
+                return h.snap[offset:offset + size]
             return os.pread(h.fd, size, offset)
 
-    def write(self, fh: int, data: bytes, offset: int) -> int:
+    def readinto(self, fh: int, buf: memoryview, offset: int) -> int:
+        """:meth:`read` into ``buf`` (a writable byte buffer, its length the
+        size asked): the bytes read, with no ``bytes`` object made."""
+        with self.lock:
+            h = self._reader(fh)
+            held = h.data if h.data is not None else h.snap
+            if held is not None:
+                chunk = held[offset:offset + len(buf)]
+                memoryview(buf).cast("B")[:len(chunk)] = chunk
+                return len(chunk)
+            return os.preadv(h.fd, (buf,), offset)
+
+    def read_fd(self, fh: int) -> int | None:
+        """A new descriptor (the caller closes it) of the file handle
+        ``fh`` reads, for a read the caller does itself (the FUSE adapter
+        lets the kernel splice it); None for a handle whose bytes are in
+        memory (use :meth:`readinto`)."""
+        with self.lock:
+            h = self._reader(fh)
+            return None if h.data is not None or h.snap is not None else os.dup(h.fd)
+
+    def _reader(self, fh: int) -> Handle:
+        """Handle ``fh``, ready for a read (lock held)."""
+        h = self._handle(fh)
+        if h.draft is None and h.data is None:
+            # The same agent may have started a draft since this handle
+            # was opened: POSIX says it reads those bytes -- if the draft
+            # is of the very version this handle was opened on (not of a
+            # file that replaced it since).
+            d = self.drafts.get((h.agent, h.path))
+            if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
+                    and self.versions.still(d.base, h.path)):
+                if h.fd >= 0:
+                    os.close(h.fd)
+                h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+                h.draft, h.node, h.snap = d, None, None
+                self._open_drafts_add(d, 1)
+        return h
+
+    def write(self, fh: int, data, offset: int) -> int:
+        """Write ``data`` (any byte buffer: the FUSE adapter passes libfuse's
+        own memory, valid during the call only) at ``offset``.  A write
+        that continues the draft's running sum adds the bytes to it."""
         with self.lock:
             h = self._handle(fh)
             if not h.writable:
                 raise BadHandle(str(fh))
-            self._writable(h.draft, offset + len(data))
+            d = h.draft
+            s, end = d.sum, d.sum_end
+            size = len(data)
+            self._writable(d, offset + size)  # ends the sum: a failed write leaves none
             n = os.pwrite(h.fd, data, offset)
             h.wrote = True
-            h.draft.dirty = True
+            d.dirty = True
+            if end == offset and n == size and (end or size >= SUM_FIRST_WRITE):
+                if s is None:
+                    s = refs.running_sum()
+                s.update(data)
+                d.sum, d.sum_end = s, end + n
             return n
 
     def truncate(self, path: str, length: int, fh: int | None = None, agent: str = DEFAULT) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 from stepfs.overlayfs.core.upper import Node
 
@@ -43,6 +44,14 @@ class Draft:
     # names it through /proc (see :meth:`Content._draft_storage`); -1 for a
     # draft in a scratch file.
     mem: int = -1
+    # Running XXH3-128 of the draft's bytes [0, sum_end), kept while the
+    # draft is written front to back from empty (created, or opened with
+    # O_TRUNC), so that staging it by reference needs no re-read of the
+    # file for its sum (``cas.py``).  ``sum_end`` -1: no running sum (any
+    # other change ends it: ``Content._writable``); 0 with ``sum`` None:
+    # one may start at the first write.
+    sum: Any = None
+    sum_end: int = -1
 
 
 @dataclass(eq=False)

@@ -234,6 +234,10 @@ class Passthrough:
         return os.pread(fh - HANDLE_BASE, size, offset)
 
     @staticmethod
+    def readinto(fh: int, buf: memoryview, offset: int) -> int:
+        return os.preadv(fh - HANDLE_BASE, (buf,), offset)
+
+    @staticmethod
     def write(fh: int, data: bytes, offset: int) -> int:
         return os.pwrite(fh - HANDLE_BASE, data, offset)
 

@@ -312,7 +312,19 @@ class Overlay:
             return self.passthrough.read(fh, size, offset)
         return self.content.read(fh, size, offset)
 
-    def write(self, fh: int, data: bytes, offset: int) -> int:
+    def read_fd(self, fh: int) -> int | None:
+        """A descriptor the caller owns of what ``fh`` reads (``Content.read_fd``)."""
+        if fh >= HANDLE_BASE:
+            return os.dup(fh - HANDLE_BASE)
+        return self.content.read_fd(fh)
+
+    def readinto(self, fh: int, buf: memoryview, offset: int) -> int:
+        if fh >= HANDLE_BASE:
+            return self.passthrough.readinto(fh, buf, offset)
+        return self.content.readinto(fh, buf, offset)
+
+    def write(self, fh: int, data, offset: int) -> int:
+        """Write ``data`` (any byte buffer, used during the call only) at ``offset``."""
         if fh >= HANDLE_BASE:
             return self.passthrough.write(fh, data, offset)
         return self.content.write(fh, data, offset)

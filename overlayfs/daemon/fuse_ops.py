@@ -41,6 +41,14 @@ Choices (measured or forced, see README "Architecture"):
   read-only open
   (:meth:`StepFS._keep_pages`); ``noflush`` for every read-only open (its
   close has nothing to check).
+* READ and WRITE through libfuse's ``read_buf``/``write_buf``
+  (``libfuse/bufs.py``): a READ of 128 KiB or more is spliced from the
+  file to ``/dev/fuse`` (``FUSE_CAP_SPLICE_WRITE``), a smaller one read
+  into libfuse's reply memory, and a WRITE's data written to the draft
+  from libfuse's receive buffer, instead of through a Python ``bytes``
+  each way.  Requests are not received by splice (``FUSE_CAP_SPLICE_READ``
+  off): that costs every small request a second system call.  A bigger kernel readahead was measured and not taken: READs
+  of 256 KiB to 1 MiB were no faster than 128 KiB ones, 1 MiB slower.
 * kernel-cached directory listings while the mount watches, on a libfuse
   whose private layout is verified (:class:`ListingCache`, which works
   around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
@@ -86,6 +94,10 @@ log = logging.getLogger("stepfs.fuse")
 PAGE_TOKENS_LIMIT = 100_000
 #: libfuse's FUSE_CAP_POSIX_ACL (fuse_common.h): see StepFS.init_with_config.
 FUSE_CAP_POSIX_ACL = 1 << 19
+#: libfuse's FUSE_CAP_SPLICE_WRITE: READ replies go from a file to /dev/fuse by splice.
+FUSE_CAP_SPLICE_WRITE = 1 << 7
+#: libfuse's FUSE_CAP_SPLICE_READ: requests received through a pipe (turned off: libfuse/bufs.py).
+FUSE_CAP_SPLICE_READ = 1 << 9
 #: Bound of ``StepFS._held`` (cleared when reached: costs lookups, never correctness).
 HELD_LIMIT = 200_000
 
@@ -201,6 +213,9 @@ class StepFS(mfusepy.Operations):
         # stat'ing every file).  A stale member only costs one lookup.
         self._held: set[str] = set()
         self._config = None
+        # libfuse's live ``struct fuse_conn_info`` (init), while READ
+        # replies may be spliced (splice_replies).
+        self._conn = None
         # path -> version token of the workspace file whose pages the kernel
         # holds from the last read-only open (see open).
         self._page_tokens: dict[str, str] = {}
@@ -261,6 +276,12 @@ class StepFS(mfusepy.Operations):
             self.kernel_cache.negatives_cached = self.negatives
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
+        if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
+            self._conn = conn  # splice_replies turns READ replies by splice on and off
+        if conn is not None:
+            # libfuse asks for this by itself because write_buf exists; it
+            # costs every request a splice and a read (libfuse/bufs.py).
+            conn.want &= ~FUSE_CAP_SPLICE_READ
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -269,6 +290,21 @@ class StepFS(mfusepy.Operations):
             self.watcher.start()
         if self.on_ready is not None:
             self.on_ready()
+
+    def splice_replies(self, on: bool) -> None:
+        """Let libfuse send the next READ replies by splice (``on``) or by
+        ``writev``.  libfuse 3.14 splices every reply of two pages or more
+        while ``FUSE_CAP_SPLICE_WRITE`` is wanted, one in memory too (a
+        ``vmsplice`` into a pipe, then a ``splice``: more system calls than
+        one ``writev``), and reads ``conn.want`` at each reply; so the bit
+        is set only while READs are answered from a descriptor
+        (``_FUSE.read_buf`` calls this when that changes; loop thread)."""
+        conn = self._conn
+        if conn is not None:
+            if on:
+                conn.want |= FUSE_CAP_SPLICE_WRITE
+            else:
+                conn.want &= ~FUSE_CAP_SPLICE_WRITE
 
     def short_timeouts(self) -> None:
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
@@ -291,6 +327,7 @@ class StepFS(mfusepy.Operations):
         Idempotent (``destroy`` repeats it, for libfuse before 3.12)."""
         self.listings.uninstall()
         self._config = None  # freed by fuse_destroy; short_timeouts may run on the watcher
+        self._conn = None
         if self.kernel_cache is not None:
             self.kernel_cache.detach()
         if self.watcher is not None:
@@ -504,11 +541,31 @@ class StepFS(mfusepy.Operations):
     def read(self, path, size, offset, fi):
         return self.view.read(fi.fh, size, offset)
 
+    # libfuse calls read_buf and write_buf, not read and write, once these
+    # exist (their callers in libfuse/highlevel.py say why): same work,
+    # with the bytes moved by the kernel and libfuse instead of copied
+    # through a Python ``bytes``.
+    @_translating
+    def read_buf(self, path, fi):
+        """A new descriptor of what handle ``fi`` reads, for libfuse to
+        splice the reply from (``_FUSE.read_buf`` closes it); None for a
+        handle whose bytes are in memory (:meth:`readinto`)."""
+        return self.view.read_fd(fi.fh)
+
+    @_translating
+    def readinto(self, path, buf, offset, fi):
+        """:meth:`read` into ``buf`` (its length the size asked): the count."""
+        return self.view.readinto(fi.fh, buf, offset)
+
     @_translating
     def write(self, path, data, offset, fi):
         if fi.fh < HANDLE_BASE:
             self.writers.wrote(fi.fh, self._caller())
         return self.view.write(fi.fh, data, offset)
+
+    # libfuse's WRITE with its data left in libfuse's buffer
+    # (``_FUSE.write_buf`` passes a view of it, valid during the call).
+    write_buf = write
 
     @_translating
     def flush(self, path, fi):

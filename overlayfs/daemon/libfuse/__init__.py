@@ -17,6 +17,9 @@ high-level API does not offer lives here, one concern per module:
   known ones (checked against mfusepy's ``c_stat``).
 * ``highlevel``: mfusepy's ``FUSE`` class with READDIR/READDIRPLUS replies
   and a few callbacks re-done (public filler API).
+* ``bufs``: READ replies spliced from the file and WRITE data copied by
+  libfuse (``read_buf``/``write_buf``, public ``fuse_bufvec`` API), so no
+  byte of file data passes through a Python ``bytes``.
 """
 
 from __future__ import annotations

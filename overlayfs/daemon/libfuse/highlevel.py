@@ -5,9 +5,10 @@ flags, getattr packed by :mod:`statbuf`)."""
 from __future__ import annotations
 
 import errno
+import os
 
 from stepfs.overlayfs.core.metatree import ROOT as META_ROOT, is_meta
-from stepfs.overlayfs.daemon.libfuse import mfusepy
+from stepfs.overlayfs.daemon.libfuse import bufs, mfusepy
 from stepfs.overlayfs.daemon.libfuse.statbuf import _fill_stat
 
 
@@ -23,6 +24,11 @@ _DIRENTPLUS_NAME_OFFSET = 128 + 24
 #: buffer of at least one page (fs/fuse/readdir.c); a smaller reply is
 #: fine, the kernel asks again from the last offset.
 _RDPLUS_BUDGET = 4096
+#: READs of at least this many bytes are answered by splice from a
+#: duplicate descriptor (``bufs.reply_fd``); smaller ones are read into
+#: memory (``bufs.reply_buffer``): the dup/close pair pays only where the
+#: copies it saves are big (the kernel's readahead asks 128 KiB at a time).
+SPLICE_MIN = 128 << 10
 
 
 class _FUSE(mfusepy.FUSE):
@@ -174,6 +180,47 @@ class _FUSE(mfusepy.FUSE):
                 self._rdplus_resume = (path, off - 1, entries)
                 break  # not expected: the budget keeps every entry within the buffer
         return 0
+
+    # READ and WRITE through libfuse's buffer callbacks (libfuse/bufs.py):
+    # no ``bytes`` copy of the data in either direction.
+    #: The descriptor the last READ reply named (libfuse reads it after
+    #: read_buf returned): closed at the next READ, the next RELEASE (so
+    #: no file outlives its last handle here) or when the loop ends.
+    _lent = -1
+    #: Whether libfuse was last told to splice READ replies.
+    _splicing = False
+
+    def __init__(self, *args, **kwargs):
+        try:
+            super().__init__(*args, **kwargs)  # serves until unmounted
+        finally:
+            self._return_lent()
+
+    def _return_lent(self):
+        lent, self._lent = self._lent, -1
+        if lent >= 0:
+            os.close(lent)
+
+    def read_buf(self, path, bufpp, size, offset, fip):
+        self._return_lent()  # its reply was sent before this request was read (single-threaded loop)
+        ops, fi = self.operations, fip.contents
+        path = None if path is None else path.decode(self.encoding, self.errors)
+        fd = ops.read_buf(path, fi) if size >= SPLICE_MIN else None
+        if (fd is not None) != self._splicing:  # libfuse splices replies only while asked to (StepFS.splice_replies)
+            self._splicing = fd is not None
+            ops.splice_replies(self._splicing)
+        if fd is not None:
+            self._lent = fd
+            return bufs.reply_fd(bufpp, fd, size, offset)
+        return bufs.reply_buffer(bufpp, size, lambda buf: ops.readinto(path, buf, offset, fi))
+
+    def release(self, path, fip):
+        self._return_lent()
+        return super().release(path, fip)
+
+    def write_buf(self, path, buf, offset, fip):
+        return self.operations.write_buf(None if path is None else path.decode(self.encoding, self.errors),
+                                     bufs.write_data(buf), offset, fip.contents)
 
     def fgetattr(self, path, buf, fip):
         a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),

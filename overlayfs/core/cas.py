@@ -261,11 +261,8 @@ class CompareAndSwap:
         if node.oid is None or node.ref is not None or node.size != len(data) \
                 or node.oid.split(".", 1)[0] != digest:
             return False
-        held = self.rows.content_of(node.oid)
-        if held is None:
-            with self.ws.db.read() as conn:
-                held = self.ws.objects.read_all(conn, node.oid)
-        return held == data
+        held = self.reads.get(node)
+        return (held if held is not None else self.scratch.content(node)) == data
 
     def _published(self, d: Draft, node: Node, same: bool, old_scratch: str | None, ref: str | None = None,
                    data: bytes | None = None) -> None:

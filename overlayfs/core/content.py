@@ -288,11 +288,7 @@ class Content:
         for h in self.handles.values():
             if (h.agent == d.agent and h.path == d.path and h.draft is None and not h.writable and h.data is None
                     and h.token and self.versions.still(h.token, d.path)):
-                if h.fd >= 0:
-                    os.close(h.fd)
-                h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h.draft, h.node, h.snap = d, None, None
-                self._open_drafts_add(d, 1)
+                self._read_draft(h, d)
 
     def _open_drafts_add(self, d: Draft, n: int) -> None:
         d.opens += n
@@ -482,12 +478,16 @@ class Content:
             d = self.drafts.get((h.agent, h.path))
             if (d is not None and d.opens > 0 and not d.stale and self.versions.still(h.token, h.path)
                     and self.versions.still(d.base, h.path)):
-                if h.fd >= 0:
-                    os.close(h.fd)
-                h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
-                h.draft, h.node, h.snap = d, None, None
-                self._open_drafts_add(d, 1)
+                self._read_draft(h, d)
         return h
+
+    def _read_draft(self, h: Handle, d: Draft) -> None:
+        """Read handle ``h`` reads draft ``d`` from now on (lock held)."""
+        if h.fd >= 0:  # -1: a snapshot (``_snapshot``)
+            os.close(h.fd)
+        h.fd = os.open(d.scratch, os.O_RDONLY | os.O_CLOEXEC)
+        h.draft, h.node, h.snap = d, None, None
+        self._open_drafts_add(d, 1)
 
     def write(self, fh: int, data, offset: int) -> int:
         """Write ``data`` (any byte buffer: the FUSE adapter passes libfuse's

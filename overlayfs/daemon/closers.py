@@ -48,8 +48,17 @@ leader); per close of a writer, a ``readlink`` of each of its
 descriptors in ``/proc/<pid>/fd`` (``fdinfo`` of those in the mount), so
 it grows with the writer's open descriptors; the directory is listed only
 when the descriptors differ from those of the writer's previous close
-(:func:`links_of`).  FLUSHes of processes that never wrote cost one
-``pidfd_open``.
+(:func:`links_of`), and while they do not, the ``fstat`` giving their count
+and those ``readlink`` calls are all of it (:meth:`FdDirs.inside`).
+FLUSHes of processes that never wrote cost one ``pidfd_open``.
+
+Why no writer's close can skip the look (issue 19): nothing the kernel
+sends tells how many descriptors share the closed file (FLUSH's
+``lock_owner`` names the descriptor table only), ``dup``/``dup2``/``fcntl``
+and descriptors received over a socket send no request, and a ``dup2``
+onto a number that held a file outside the mount (a shell's ``exec 1>&3``)
+leaves the process's descriptor count unchanged; so every descriptor's
+link is read again at each writer's close.
 
 Threading: FUSE loop thread only (the adapter's callbacks).
 """
@@ -126,6 +135,33 @@ class FdDirs:
     def __init__(self) -> None:
         self._held: dict[int, tuple[int, tuple[str, ...]]] = {}
 
+    def inside(self, pid: int, inside: str) -> list[tuple[str, str]]:
+        """``(descriptor, target)`` of each descriptor of process ``pid``
+        whose link starts with ``inside`` (OSError: cannot be read).  Every
+        close of a writer comes here: while the process holds as many
+        descriptors as at its last look and each of those names is still
+        open, those are all of them, and a ``readlink`` of each is the
+        whole look, with nothing built or stored."""
+        held = self._held.get(pid)
+        if held is not None:
+            fd_dir, guess = held
+            try:
+                count = os.fstat(fd_dir).st_size
+            except OSError:
+                count = 0
+            if count and count == len(guess):
+                found = []
+                readlink = os.readlink
+                try:
+                    for name in guess:
+                        target = readlink(name, dir_fd=fd_dir)
+                        if target.startswith(inside):
+                            found.append((name, target))
+                    return found
+                except OSError:
+                    pass  # closed since: the full look below
+        return [(name, target) for name, target in self.links(pid).items() if target.startswith(inside)]
+
     def links(self, pid: int) -> dict[str, str]:
         """:func:`links_of` for process ``pid`` (OSError: cannot be read)."""
         held = self._held.pop(pid, None)
@@ -171,22 +207,20 @@ def holds(pid: int, prefix: str, ino, path: str, fd_dirs: FdDirs | None = None) 
     neither sends a request to this mount (a ``stat`` through the link
     would, and this runs on the FUSE loop).  ``fd_dirs``: the directories
     held from earlier looks (:class:`FdDirs`)."""
+    inside = prefix.rstrip("/") + "/"
     try:
         if fd_dirs is None:
             fd_dirs = FdDirs()
             try:
-                links = fd_dirs.links(pid)
+                found = fd_dirs.inside(pid, inside)
             finally:
                 fd_dirs.close()
         else:
-            links = fd_dirs.links(pid)
+            found = fd_dirs.inside(pid, inside)
     except OSError:
         return None
     want = prefix + path
-    inside = prefix.rstrip("/") + "/"
-    for name, target in links.items():
-        if not target.startswith(inside):
-            continue
+    for name, target in found:
         try:
             with open(f"/proc/{pid}/fdinfo/{name}", "rb") as f:
                 info = f.read()

@@ -180,6 +180,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
           keep_last: int | None = None, warn_size: int | None = None, excludes: list[str] = (),
           default_excludes: bool = True) -> int:
     from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+    from stepfs.overlayfs.daemon.libfuse import readahead
 
     mountpoint = os.path.abspath(mountpoint)
     ws = Workspace.open(workspace, create=True)
@@ -237,6 +238,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     def ready() -> None:
         # From libfuse's init, on the loop thread: no request is served yet.
         settle(ws)
+        readahead.raise_after_init(mountpoint)
         if ready_fd is not None:
             try:
                 os.write(ready_fd, b"ready\n")

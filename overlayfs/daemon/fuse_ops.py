@@ -69,6 +69,7 @@ import os
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
+from stepfs.store.tokens import ABSENT  # noqa: E402
 from stepfs.store.errors import (  # noqa: E402
     CorruptObject,
     PublishFailed,
@@ -167,6 +168,12 @@ def _translating(method):
 
     wrapper.__name__ = method.__name__
     return wrapper
+
+
+def _either_kind() -> bool:
+    """``Rules.covers``' kind question for a name that is absent: asked
+    only when a directory pattern matches it, which then counts."""
+    return True
 
 
 def _owner() -> tuple[int, int]:
@@ -379,7 +386,7 @@ class StepFS(mfusepy.Operations):
                 except Exception:  # the answer stays ENOENT, uncached
                     log.exception("caching the absence of %r failed", path)
             raise
-        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
+        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000 and not self._made_here(path):
             self._watch(path)  # before the kernel can cache anything inside it
         if fh is None:
             held = self._held
@@ -387,6 +394,17 @@ class StepFS(mfusepy.Operations):
                 held.clear()
             held.add(path)
         return out
+
+    def _made_here(self, path: str) -> bool:
+        """Whether directory ``path`` was made by the open step where the
+        workspace had nothing (an opaque node whose base is absent): the
+        workspace has no directory to watch behind it, and one that
+        appears there later (an outside mkdir, this step's commit) is
+        watched from its parent's event (``Watcher._adopt``).  Spares
+        the watcher's failing open at each GETATTR of such a directory,
+        which ``tar -x`` asks before every file it creates in it."""
+        node = self.view.upper.nodes.get(path)
+        return node is not None and node.opaque and node.base == ABSENT and node.kind == "dir"
 
     def _negative(self, path: str, forgets: int) -> None:
         """The LOOKUP being answered finds no ``path``: let the kernel keep
@@ -404,7 +422,9 @@ class StepFS(mfusepy.Operations):
             return
         parent = path.rsplit("/", 1)[0] or "/"
         rules = self.view.unversioned
-        if rules.dir_covered(parent) or rules.covers(path, True) or rules.covers(path, False):
+        # Unversioned as a file or as a directory (one question: the
+        # directory memo is not filled with every absent name).
+        if rules.dir_covered(parent) or rules.covers(path, _either_kind):
             return
         config = self._config
         target = self.listings.lookup_target()

@@ -114,6 +114,12 @@ def _plain(rel: bytes) -> bool:
             and b"\0" not in rel)
 
 
+#: The ``openat2`` errors :meth:`Root.lstat_or_none` answers None for
+#: (what ``lstat`` raises as FileNotFoundError, NotADirectoryError, and
+#: the symlink and escape refusals of :func:`_raise_open_error`).
+_ABSENT_ERRNOS = frozenset((errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EXDEV))
+
+
 def _raise_open_error(rel: bytes) -> None:
     """Raise the ``OSError`` of the ``openat2`` of ``rel`` that just failed."""
     err = ctypes.get_errno()
@@ -234,9 +240,23 @@ class Root:
     def lstat_or_none(self, path: str | bytes) -> os.stat_result | None:
         """``lstat``, or None when nothing is reachable there: absent, or a
         file or symlink in place of a parent directory (the overlay and the
-        commit both treat all three as absent, and never follow the link)."""
+        commit both treat all three as absent, and never follow the link).
+        A plain path that is absent costs no ``OSError``: every file
+        created in a directory only the mount has asks for the base token
+        of a path the workspace cannot have (``tar -x``: once per file)."""
+        rel = path if path.__class__ is bytes else os.fsencode(path)
+        if _plain(rel):
+            fd = _syscall(_SYS_openat2, self.fd, rel, _LSTAT_HOW, _HOW_SIZE)
+            if fd < 0:
+                if ctypes.get_errno() in _ABSENT_ERRNOS:
+                    return None
+                _raise_open_error(rel)
+            try:
+                return _fstat(fd)
+            finally:
+                _close(fd)
         try:
-            return self.lstat(path)
+            return self.lstat(rel)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:

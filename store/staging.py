@@ -156,9 +156,10 @@ def _with_removal(path, kind, mode, oid, target, size, mtime_ns, opaque, base, u
     )
 
 
-def _params(step: int, row: StagedRow) -> dict:
+def _params(step: int, row: StagedRow, oid: str | None = None) -> dict:
     return {
-        "step": step, "path": row.path, "kind": row.kind, "mode": row.mode, "oid": row.oid, "target": row.target,
+        "step": step, "path": row.path, "kind": row.kind, "mode": row.mode, "oid": row.oid if oid is None else oid,
+        "target": row.target,
         "size": row.size, "mtime_ns": row.mtime_ns, "opaque": row.opaque,
         "base": row.base if row.removed_ns is None else f"{row.base}{REMOVED_SEP}{row.removed_ns}",
         "uid": row.uid, "gid": row.gid, "xattrs": row.xattrs, "link_group": row.link_group,
@@ -171,11 +172,16 @@ def put(conn: Connection, step: int, row: StagedRow) -> None:
     put_many(conn, step, [row])
 
 
-def put_many(conn: Connection, step: int, rows: list[StagedRow]) -> None:
-    """Insert or replace the staged rows of several paths (distinct paths)."""
+def put_many(conn: Connection, step: int, rows: list[StagedRow], oids: list[str | None] | None = None) -> None:
+    """Insert or replace the staged rows of several paths (distinct paths).
+    ``oids``: per row, the object id to write instead of ``row.oid`` (None:
+    its own), so a caller that resolves placeholders need not copy rows."""
     if not rows:
         return
-    params = [_params(step, row) for row in rows]
+    if oids is None:
+        params = [_params(step, row) for row in rows]
+    else:
+        params = [_params(step, row, oid) for row, oid in zip(rows, oids)]
     if conn.dialect.name == "sqlite":
         _SQLITE_UPSERT.executemany(conn, params)
         return

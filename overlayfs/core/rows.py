@@ -31,7 +31,6 @@ batches reach the store in the order they were recorded.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import threading
@@ -137,20 +136,29 @@ class PendingRows:
         # Trees go first (every recorded row came after them); the removals
         # and puts name distinct paths, so each kind runs as one batch.
         staging.remove_trees(conn, step, self.trees)
-        puts, removes = [], []
+        # The snapshots stay as taken (a failed write is written again):
+        # the object id a row gets is passed beside it, never set in it.
+        puts, oids, removes = [], [], []
+        stored = self.stored
+        empty = None
         for path, row in self.rows.items():
             if row is None:
                 removes.append(path)
                 continue
-            if row.kind == "file" and row.oid is None and row.scratch is None:
-                row = dataclasses.replace(row, oid=empty_oid(conn))  # the snapshot stays as taken
-            elif row.oid in self.stored:
-                row = dataclasses.replace(row, oid=self.stored[row.oid])
-            elif earlier and row.oid in earlier:
-                row = dataclasses.replace(row, oid=earlier[row.oid])
+            oid = row.oid
+            if oid is None:
+                if row.kind == "file" and row.scratch is None:
+                    if empty is None:
+                        empty = empty_oid(conn)  # once per write: a few created files are often still open
+                    oid = empty
+            elif oid in stored:
+                oid = stored[oid]
+            elif earlier and oid in earlier:
+                oid = earlier[oid]
             puts.append(row)
+            oids.append(oid)
         staging.remove_many(conn, step, removes)
-        staging.put_many(conn, step, puts)
+        staging.put_many(conn, step, puts, oids)
 
     def merge_later(self, later: "PendingRows") -> None:
         """Take ``later``'s changes (recorded after this batch's) on top of

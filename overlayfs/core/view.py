@@ -180,9 +180,18 @@ class Overlay:
         unversioned tree in a directory that exists only in the open step,
         or a name the open step already holds, is staged like any other)."""
         rules = self.unversioned
+        parent = path.rpartition("/")[0] or "/"
+        # A staged path outside an unversioned tree stays versioned
+        # whatever the patterns say of it (the answer below), so no pattern
+        # is matched: a tar sets three attributes of each file it writes,
+        # and the directory patterns' match cost as much as the rest of
+        # this check.
+        rules.refresh()  # (what covers does first: due at most every RELOAD_INTERVAL)
+        with self.lock:
+            if path in self.upper.nodes and (parent == "/" or not rules.dir_covered(parent)):
+                return False
         if not rules.covers(path, is_dir):
             return False
-        parent = path.rpartition("/")[0] or "/"
         if parent != "/" and rules.dir_covered(parent):
             # Inside an unversioned tree: the workspace decides, unless the
             # open step holds the tree (staged before it was unversioned,

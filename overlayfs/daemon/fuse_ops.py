@@ -56,7 +56,9 @@ Choices (measured or forced, see README "Architecture"):
   ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
   name that is not there): the VFS then repeats the lookup with
   revalidation.  A LOOKUP always gets the truth (told from a GETATTR by
-  :class:`ListingCache`'s ``lookup`` hook).
+  :class:`ListingCache`, from libfuse's request buffer).
+* ``getattr`` (every LOOKUP and GETATTR) enters Python directly
+  (``_FUSE._direct_getattr``), not through mfusepy's generic wrapper.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ import os
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
+from stepfs.store.tokens import ABSENT  # noqa: E402
 from stepfs.store.errors import (  # noqa: E402
     CorruptObject,
     PublishFailed,
@@ -167,6 +170,12 @@ def _translating(method):
     return wrapper
 
 
+def _either_kind() -> bool:
+    """``Rules.covers``' kind question for a name that is absent: asked
+    only when a directory pattern matches it, which then counts."""
+    return True
+
+
 def _owner() -> tuple[int, int]:
     uid, gid, _pid = mfusepy.fuse_get_context()
     return uid, gid
@@ -225,6 +234,8 @@ class StepFS(mfusepy.Operations):
         self.listings = ListingCache()
         # Whether LOOKUPs that find nothing may be cached (init, _negative).
         self.negatives = False
+        # libfuse's negative_timeout was raised for the reply being sent (_negative).
+        self._negative_reply = False
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -267,6 +278,7 @@ class StepFS(mfusepy.Operations):
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
             self.kernel_cache.lookups_told = installed
+            self.kernel_cache.requests_read = lambda: self.listings.requests_read
             # Negative names are cached only where the kernel can expire one
             # alone (FUSE_EXPIRE_ONLY, 7.38) and renew every name
             # (FUSE_NOTIFY_INC_EPOCH, 7.44: a LOOKUP in flight when its name
@@ -339,6 +351,13 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def getattr(self, path, fh=None):
+        if self._negative_reply:
+            # The LOOKUP answered before this request was told its absence
+            # may be cached: that reply is sent, back to 0 for every other.
+            self._negative_reply = False
+            config = self._config
+            if config is not None:
+                config.negative_timeout = 0.0
         if fh is None and self._gone and path in self._gone:
             # The kernel still binds this name to a file that was removed or
             # replaced: make it look the name up again (KernelCache).  Only
@@ -367,7 +386,7 @@ class StepFS(mfusepy.Operations):
                 except Exception:  # the answer stays ENOENT, uncached
                     log.exception("caching the absence of %r failed", path)
             raise
-        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000:
+        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000 and not self._made_here(path):
             self._watch(path)  # before the kernel can cache anything inside it
         if fh is None:
             held = self._held
@@ -375,6 +394,17 @@ class StepFS(mfusepy.Operations):
                 held.clear()
             held.add(path)
         return out
+
+    def _made_here(self, path: str) -> bool:
+        """Whether directory ``path`` was made by the open step where the
+        workspace had nothing (an opaque node whose base is absent): the
+        workspace has no directory to watch behind it, and one that
+        appears there later (an outside mkdir, this step's commit) is
+        watched from its parent's event (``Watcher._adopt``).  Spares
+        the watcher's failing open at each GETATTR of such a directory,
+        which ``tar -x`` asks before every file it creates in it."""
+        node = self.view.upper.nodes.get(path)
+        return node is not None and node.opaque and node.base == ABSENT and node.kind == "dir"
 
     def _negative(self, path: str, forgets: int) -> None:
         """The LOOKUP being answered finds no ``path``: let the kernel keep
@@ -392,12 +422,18 @@ class StepFS(mfusepy.Operations):
             return
         parent = path.rsplit("/", 1)[0] or "/"
         rules = self.view.unversioned
-        if rules.dir_covered(parent) or rules.covers(path, True) or rules.covers(path, False):
+        # Unversioned as a file or as a directory (one question: the
+        # directory memo is not filled with every absent name).
+        if rules.dir_covered(parent) or rules.covers(path, _either_kind):
             return
         config = self._config
-        if config is not None and self.kernel_cache.note_negative(
-                path, self.listings.lookup_parent, self.listings.lookup_name, NEGATIVE_TIMEOUT, forgets):
-            config.negative_timeout = NEGATIVE_TIMEOUT  # this reply only (ListingCache._lookup)
+        target = self.listings.lookup_target()
+        if config is not None and target is not None and self.kernel_cache.note_negative(
+                path, target[0], target[1], NEGATIVE_TIMEOUT, forgets):
+            # This reply only: the next getattr (every LOOKUP asks one
+            # before libfuse reads the timeout) puts it back to 0.
+            config.negative_timeout = NEGATIVE_TIMEOUT
+            self._negative_reply = True
 
     def listed_attrs(self, path: str, names: list[str]) -> list[dict | None]:
         """:meth:`getattr` of each name in directory ``path`` (None where it

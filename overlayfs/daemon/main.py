@@ -87,7 +87,8 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
                     "listings_cached": kernel_cache.listings_cached, "negatives_cached": kernel_cache.negatives_cached,
-                    "negatives_noted": kernel_cache.negatives_noted(), "runs": view.runs.live(),
+                    "negatives_noted": kernel_cache.negatives_noted(), "requests_read": kernel_cache.requests_read(),
+                    "runs": view.runs.live(),
                     "unversioned": view.unversioned_state()}
         if op == "run":  # a command started in this mount, and its confinement (runs.py)
             confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}
@@ -180,6 +181,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
           keep_last: int | None = None, warn_size: int | None = None, excludes: list[str] = (),
           default_excludes: bool = True) -> int:
     from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
+    from stepfs.overlayfs.daemon.libfuse import readahead
 
     mountpoint = os.path.abspath(mountpoint)
     ws = Workspace.open(workspace, create=True)
@@ -237,6 +239,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
     def ready() -> None:
         # From libfuse's init, on the loop thread: no request is served yet.
         settle(ws)
+        readahead.raise_after_init(mountpoint)
         if ready_fd is not None:
             try:
                 os.write(ready_fd, b"ready\n")

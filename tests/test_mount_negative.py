@@ -151,12 +151,3 @@ def test_a_mount_that_cannot_watch_caches_no_negative(workspace, mount, monkeypa
     assert ping(m)["negatives_noted"] == 0
     (workspace / "f").write_text("f\n")
     assert m.path("f").read_text() == "f\n"  # no wait: nothing was cached
-
-
-def test_lookups_are_told_from_the_request_buffer(mnt):
-    """After the first LOOKUP the daemon reads which request it answers from
-    libfuse's request buffer (ListingCache._learn) instead of a Python hook
-    per LOOKUP; negatives and gone names are told as before (the tests
-    above and test_mount_watch.py run on such a mount)."""
-    absent(mnt, "first-lookup")
-    assert ping(mnt)["requests_read"] is True

@@ -56,9 +56,7 @@ Choices (measured or forced, see README "Architecture"):
   ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a
   name that is not there): the VFS then repeats the lookup with
   revalidation.  A LOOKUP always gets the truth (told from a GETATTR by
-  :class:`ListingCache`, from libfuse's request buffer).
-* ``getattr`` (every LOOKUP and GETATTR) enters Python directly
-  (``_FUSE._direct_getattr``), not through mfusepy's generic wrapper.
+  :class:`ListingCache`'s ``lookup`` hook).
 """
 
 from __future__ import annotations
@@ -234,8 +232,6 @@ class StepFS(mfusepy.Operations):
         self.listings = ListingCache()
         # Whether LOOKUPs that find nothing may be cached (init, _negative).
         self.negatives = False
-        # libfuse's negative_timeout was raised for the reply being sent (_negative).
-        self._negative_reply = False
 
     def invalidate(self, path: str) -> None:
         """Drop the kernel's cached attributes and pages of another name of
@@ -278,7 +274,6 @@ class StepFS(mfusepy.Operations):
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
             self.kernel_cache.lookups_told = installed
-            self.kernel_cache.requests_read = lambda: self.listings.requests_read
             # Negative names are cached only where the kernel can expire one
             # alone (FUSE_EXPIRE_ONLY, 7.38) and renew every name
             # (FUSE_NOTIFY_INC_EPOCH, 7.44: a LOOKUP in flight when its name
@@ -351,13 +346,6 @@ class StepFS(mfusepy.Operations):
 
     @_translating
     def getattr(self, path, fh=None):
-        if self._negative_reply:
-            # The LOOKUP answered before this request was told its absence
-            # may be cached: that reply is sent, back to 0 for every other.
-            self._negative_reply = False
-            config = self._config
-            if config is not None:
-                config.negative_timeout = 0.0
         if fh is None and self._gone and path in self._gone:
             # The kernel still binds this name to a file that was removed or
             # replaced: make it look the name up again (KernelCache).  Only
@@ -427,13 +415,9 @@ class StepFS(mfusepy.Operations):
         if rules.dir_covered(parent) or rules.covers(path, _either_kind):
             return
         config = self._config
-        target = self.listings.lookup_target()
-        if config is not None and target is not None and self.kernel_cache.note_negative(
-                path, target[0], target[1], NEGATIVE_TIMEOUT, forgets):
-            # This reply only: the next getattr (every LOOKUP asks one
-            # before libfuse reads the timeout) puts it back to 0.
-            config.negative_timeout = NEGATIVE_TIMEOUT
-            self._negative_reply = True
+        if config is not None and self.kernel_cache.note_negative(
+                path, self.listings.lookup_parent, self.listings.lookup_name, NEGATIVE_TIMEOUT, forgets):
+            config.negative_timeout = NEGATIVE_TIMEOUT  # this reply only (ListingCache._lookup)
 
     def listed_attrs(self, path: str, names: list[str]) -> list[dict | None]:
         """:meth:`getattr` of each name in directory ``path`` (None where it

@@ -87,8 +87,7 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
         if op == "ping":  # never takes the view's lock: answers even while a commit runs
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
                     "listings_cached": kernel_cache.listings_cached, "negatives_cached": kernel_cache.negatives_cached,
-                    "negatives_noted": kernel_cache.negatives_noted(), "requests_read": kernel_cache.requests_read(),
-                    "runs": view.runs.live(),
+                    "negatives_noted": kernel_cache.negatives_noted(), "runs": view.runs.live(),
                     "unversioned": view.unversioned_state()}
         if op == "run":  # a command started in this mount, and its confinement (runs.py)
             confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import struct
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy, private_layout_known
 
@@ -29,20 +28,7 @@ _SE_FD_OFFSET = 12
 _FI_P = ctypes.POINTER(mfusepy.fuse_file_info)
 _LL_OPENDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
 _LL_READDIR = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_int64, _FI_P)
-_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_void_p)
-#: ``struct fuse_in_header`` (the kernel's ABI): len, opcode, unique, nodeid;
-#: a LOOKUP's argument, its name, follows the 40-byte header.
-_IN_HEADER = struct.Struct("=IIQQ")
-_IN_HEADER_SIZE = 40
-_FUSE_LOOKUP = 1
-#: Offsets in libfuse's private structures of :data:`PRIVATE_LAYOUTS`
-#: (lib/fuse.c ``struct fuse_context_i``: the public ``struct fuse_context``,
-#: 40 bytes, then ``fuse_req_t req``; lib/fuse_i.h ``struct fuse_req``:
-#: ``se``, then ``uint64_t unique``).
-_CTX_REQ_OFFSET = 40
-_REQ_UNIQUE_OFFSET = 8
-_U64_AT = ctypes.c_uint64.from_address
-_PTR_AT = ctypes.c_void_p.from_address
+_LL_LOOKUP = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_char_p)
 
 
 def _libfuse_text() -> list[tuple[int, int]]:
@@ -103,25 +89,20 @@ class ListingCache:
         self.enabled = False  # set by StepFS once installed and watching
         self.dir_node = 0  # node id of the directory whose readdir is in flight
         self.uncached: set[int] = set()  # node ids of .stepfs directories
+        # A LOOKUP is being answered (the high-level API asks getattr for
+        # both LOOKUP and GETATTR): see StepFS.getattr's gone paths.  True
+        # while the hook is not installed: a request that may be a LOOKUP
+        # must get the truth, never ESTALE (issue 18 item 6).
+        self.in_lookup = True
         self.installed = False
-        # Set by the lookup hook while it answers a LOOKUP (before the
-        # request buffer is known, or where it cannot be: see in_lookup).
-        self._hook_lookup = False
+        # The LOOKUP being answered (parent node id, name), and libfuse's live
+        # ``struct fuse_config``: a negative answer may set its
+        # ``negative_timeout`` for that one reply (StepFS.getattr); it is put
+        # back to 0 as soon as the reply is sent.
         self.lookup_parent = 0
         self.lookup_name = b""
-        # libfuse's request buffer (its ``struct fuse_in_header``) and the
-        # loop thread's ``struct fuse_context_i`` field naming the request
-        # being answered: learned and checked at the first LOOKUP (_learn),
-        # 0 until then.
-        self._header = 0
-        self._header_mem = None
-        self._ctx_req = 0
-        self._learnable = True  # until learned, or found not to fit once
-        # libfuse's live ``struct fuse_config``: a negative answer may set
-        # its ``negative_timeout`` for that one reply (StepFS._negative).
         self.config = None
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
-        self._lookup_slot: ctypes.c_void_p | None = None
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
         self._hooks = {"opendir": _LL_OPENDIR(self._opendir), "readdir": _LL_READDIR(self._reading("readdir")),
@@ -139,98 +120,15 @@ class ListingCache:
             self._orig["opendir"](req, ino, llfi)
 
     def _lookup(self, req, parent, name):
-        """The LOOKUP hook, until :meth:`_learn` finds libfuse's request
-        buffer (then libfuse's own handler is put back, and the request
-        being answered is read from that buffer: :attr:`in_lookup`)."""
-        self._hook_lookup = True
-        learning = False
-        try:
-            self.lookup_parent, self.lookup_name = parent, ctypes.string_at(name)
-            learning = self._learnable and self._header_fits(req, parent, name)
-        except Exception:
-            log.exception("reading a LOOKUP request failed")
+        self.in_lookup = True
+        self.lookup_parent, self.lookup_name = parent, name
         try:
             self._orig["lookup"](req, parent, name)
         finally:
-            self._hook_lookup = False
+            self.in_lookup = False
             config = self.config
             if config is not None and config.negative_timeout:
                 config.negative_timeout = 0.0
-            if learning:
-                self._learn(req, name)
-
-    def _header_fits(self, req: int, parent: int, name: int) -> bool:
-        """Whether the ``struct fuse_in_header`` in front of a LOOKUP's
-        name is this request's: a LOOKUP of ``parent`` whose ``unique`` is
-        the one of libfuse's ``struct fuse_req``."""
-        _len, opcode, unique, nodeid = _IN_HEADER.unpack(ctypes.string_at(name - _IN_HEADER_SIZE, _IN_HEADER.size))
-        if opcode == _FUSE_LOOKUP and nodeid == parent and _U64_AT(req + _REQ_UNIQUE_OFFSET).value == unique:
-            return True
-        self._learnable = False
-        log.info("libfuse's request buffer is not the known one: LOOKUPs keep their hook")
-        return False
-
-    def _learn(self, req: int, name: int) -> None:
-        """After the first LOOKUP whose header fit (:meth:`_header_fits`):
-        if the loop thread's context names that request (libfuse set it
-        while answering), keep the buffer's address (the single-threaded
-        loop receives every request into one buffer, allocated once:
-        lib/fuse_loop.c) and put libfuse's own LOOKUP handler back, so a
-        LOOKUP no longer passes through Python twice.  Otherwise the hook
-        stays."""
-        self._learnable = False
-        try:
-            ctx = ctypes.addressof(mfusepy._libfuse.fuse_get_context().contents) + _CTX_REQ_OFFSET
-            if _PTR_AT(ctx).value != req or self._lookup_slot is None:
-                log.info("libfuse's request context is not the known one: LOOKUPs keep their hook")
-                return
-            head = name - _IN_HEADER_SIZE
-            self._header_mem = (ctypes.c_char * _IN_HEADER.size).from_address(head)
-            self._ctx_req, self._header = ctx, head
-            self._lookup_slot.value = ctypes.cast(self._orig["lookup"], ctypes.c_void_p).value
-        except Exception:
-            log.exception("finding libfuse's request buffer failed: LOOKUPs keep their hook")
-
-    def _request(self) -> tuple[int, int] | None:
-        """``(opcode, node id)`` of the request being answered, read from
-        libfuse's request buffer; None when that buffer does not hold it
-        (its ``unique`` is not the current request's)."""
-        _len, opcode, unique, nodeid = _IN_HEADER.unpack(self._header_mem)
-        req = _PTR_AT(self._ctx_req).value
-        if not req or _U64_AT(req + _REQ_UNIQUE_OFFSET).value != unique:
-            return None
-        return opcode, nodeid
-
-    @property
-    def requests_read(self) -> bool:
-        """Whether the request being answered is read from libfuse's buffer
-        (the LOOKUP hook is gone)."""
-        return bool(self._header)
-
-    @property
-    def in_lookup(self) -> bool:
-        """Whether the request being answered may be a LOOKUP (the
-        high-level API asks getattr for both LOOKUP and GETATTR): see
-        StepFS.getattr's gone paths.  True when that cannot be told (the
-        hook not installed, a request not found in the buffer): a request
-        that may be a LOOKUP must get the truth, never ESTALE (issue 18
-        item 6).  Loop thread only."""
-        if self._header:
-            req = self._request()
-            return req is None or req[0] == _FUSE_LOOKUP
-        return self._hook_lookup or not self.installed
-
-    def lookup_target(self) -> tuple[int, bytes] | None:
-        """``(parent node id, name)`` of the LOOKUP being answered, None
-        when the request is not a LOOKUP or cannot be told (loop thread)."""
-        if self._header:
-            req = self._request()
-            if req is None or req[0] != _FUSE_LOOKUP:
-                return None
-            return req[1], ctypes.string_at(self._header + _IN_HEADER_SIZE)
-        if self._hook_lookup:
-            return self.lookup_parent, self.lookup_name
-        return None
 
     def _reading(self, op: str):
         """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
@@ -272,19 +170,14 @@ class ListingCache:
             self._orig[name] = type(hook)(ops[i])
             slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
             self._slots.append((slot, ops[i]))
-            if name == "lookup":
-                self._lookup_slot = slot
             slot.value = ctypes.cast(hook, ctypes.c_void_p).value
         self.installed = True
+        self.in_lookup = False
         return True
 
     def uninstall(self) -> None:
         """Put libfuse's own handlers back (from ``destroy``)."""
-        self.enabled = self.installed = False
-        self._header = 0
-        self._header_mem = None
-        self._lookup_slot = None
-        self._learnable = False
+        self.enabled = self.in_lookup = self.installed = False
         self.config = None
         for slot, addr in self._slots:
             slot.value = addr

@@ -102,9 +102,6 @@ class KernelCache:
         #: installed).  When not, gone names never get ESTALE and
         #: :meth:`invalidate` renews every name instead.
         self.lookups_told = True
-        #: Whether LOOKUPs are told from libfuse's request buffer rather than
-        #: by a Python hook per LOOKUP (set by the FUSE adapter; for ``ping``).
-        self.requests_read = lambda: False
         # Names the kernel was told are absent, with a timeout: view path ->
         # (parent node id, name, monotonic expiry, when noted).  Added by the loop
         # (note_negative), expired by forget from any other thread.

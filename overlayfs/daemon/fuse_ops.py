@@ -47,8 +47,11 @@ Choices (measured or forced, see README "Architecture"):
   into libfuse's reply memory, and a WRITE's data written to the draft
   from libfuse's receive buffer, instead of through a Python ``bytes``
   each way.  Requests are not received by splice (``FUSE_CAP_SPLICE_READ``
-  off): that costs every small request a second system call.  A bigger kernel readahead was measured and not taken: READs
-  of 256 KiB to 1 MiB were no faster than 128 KiB ones, 1 MiB slower.
+  off): that costs every small request a second system call.  The
+  mount's readahead window is raised to 512 KiB after INIT
+  (``libfuse/readahead.py``): a sequential read then takes a quarter of
+  the READs, each still spliced (a 1 MiB READ exceeds libfuse's pipe and
+  is copied, which measured slower).
 * kernel-cached directory listings while the mount watches, on a libfuse
   whose private layout is verified (:class:`ListingCache`, which works
   around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.

@@ -47,6 +47,7 @@ from typing import Callable
 
 from stepfs.store import staging
 from stepfs.store.errors import StepfsError
+from stepfs.store.tokens import ABSENT
 from stepfs.store.workspace import Workspace
 
 from stepfs.store import xattrs as xattr_codec
@@ -404,6 +405,17 @@ class Overlay:
         self.rows.sync(between)
 
     # -- attributes ---------------------------------------------------------
+
+    def made_by_step(self, path: str) -> bool:
+        """Whether directory ``path`` was made by the open step where the
+        workspace had nothing (an opaque node whose base is absent): the
+        workspace has no directory behind it to watch, so the adapter
+        spares the watcher's failing open at each GETATTR of it, which
+        ``tar -x`` asks before every file it creates there; one that
+        appears later (an outside mkdir, this step's commit) is watched
+        from its parent's event (``Watcher._adopt``)."""
+        node = self.upper.nodes.get(path)
+        return node is not None and node.opaque and node.base == ABSENT and node.kind == "dir"
 
     def getattr(self, path: str, fh: int | None = None, agent=DEFAULT) -> dict:
         """Attributes as the calling agent sees them.  ``agent`` may be a

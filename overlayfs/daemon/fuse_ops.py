@@ -70,7 +70,6 @@ import os
 
 from stepfs.overlayfs.daemon.libfuse import mfusepy  # sets FUSE_LIBRARY_NAME before mfusepy loads libfuse
 
-from stepfs.store.tokens import ABSENT  # noqa: E402
 from stepfs.store.errors import (  # noqa: E402
     CorruptObject,
     PublishFailed,
@@ -377,7 +376,7 @@ class StepFS(mfusepy.Operations):
                 except Exception:  # the answer stays ENOENT, uncached
                     log.exception("caching the absence of %r failed", path)
             raise
-        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000 and not self._made_here(path):
+        if self._watch is not None and out["st_mode"] & 0o170000 == 0o040000 and not self.view.made_by_step(path):
             self._watch(path)  # before the kernel can cache anything inside it
         if fh is None:
             held = self._held
@@ -385,17 +384,6 @@ class StepFS(mfusepy.Operations):
                 held.clear()
             held.add(path)
         return out
-
-    def _made_here(self, path: str) -> bool:
-        """Whether directory ``path`` was made by the open step where the
-        workspace had nothing (an opaque node whose base is absent): the
-        workspace has no directory to watch behind it, and one that
-        appears there later (an outside mkdir, this step's commit) is
-        watched from its parent's event (``Watcher._adopt``).  Spares
-        the watcher's failing open at each GETATTR of such a directory,
-        which ``tar -x`` asks before every file it creates in it."""
-        node = self.view.upper.nodes.get(path)
-        return node is not None and node.opaque and node.base == ABSENT and node.kind == "dir"
 
     def _negative(self, path: str, forgets: int) -> None:
         """The LOOKUP being answered finds no ``path``: let the kernel keep

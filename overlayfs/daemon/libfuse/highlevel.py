@@ -273,18 +273,6 @@ class _FUSE(mfusepy.FUSE):
         return self.operations.write_buf(None if path is None else path.decode(self.encoding, self.errors),
                                      bufs.write_data(buf), offset, fip.contents)
 
-    # Not called while _direct_getattr's entry is in place (it is, unless
-    # mfusepy's table has no getattr); kept as mfusepy's own entry point.
-    def fgetattr(self, path, buf, fip):
-        a = self.operations.getattr(None if path is None else path.decode(self.encoding, self.errors),
-                                    fip.contents if fip else None)
-        _fill_stat(buf.contents, a)
-        return 0
-
-    # mfusepy's getattr_fuse_3 only calls fgetattr: registered directly, one
-    # Python frame less for every LOOKUP and GETATTR.
-    getattr_fuse_3 = fgetattr
-
     def getxattr(self, path, name, value, size, *args):
         # Only user.* attributes exist in the view (store/xattrs.py); ls -l
         # asks every file for security.selinux and system.posix_acl_access.

@@ -73,6 +73,9 @@ class ContentChunker:
         self._cdc = None
         self.max_size = max_size
         self.window = window
+        # A cut is never closer than min_size to the start: content of at
+        # most that many bytes is one chunk, without asking FastCDC.
+        self.whole_max = min_size
 
     def cut(self, buf) -> list[int]:
         """Lengths of the chunks of ``buf`` (bytes-like), in order; they sum to ``len(buf)``."""
@@ -95,6 +98,7 @@ class FixedChunker:
             raise ValueError("a chunk size must be positive")
         self.max_size = size
         self.window = size
+        self.whole_max = size
 
     def cut(self, buf) -> list[int]:
         n = len(buf)
@@ -122,6 +126,11 @@ def windows(read, chunker):
             return
         view = memoryview(buf)
         final = len(buf) < chunker.window
+        if final and offset == 0 and len(buf) <= getattr(chunker, "whole_max", 0):
+            # One chunk (most files of a source tree): FastCDC's call and
+            # its chunk objects cost more than the rest of the cut.
+            yield [view]
+            return
         lengths = chunker.cut(view)
         if not final and len(lengths) > 1:
             lengths = lengths[:-1]

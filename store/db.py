@@ -58,6 +58,9 @@ SQLITE_CORRUPT = 11
 SQLITE_FULL = 13
 SQLITE_CANTOPEN = 14
 SQLITE_NOTADB = 26
+#: Most rows one INSERT of :meth:`Prepared.executemany` carries (SQLite
+#: binds at most 999 values in old builds: 32 rows of 16 columns is 512).
+MULTI_ROWS = 32
 
 
 class Database:
@@ -500,6 +503,7 @@ class Prepared:
         self.columns = columns
         self._by_dialect: dict[str, tuple | None] = {}
         self._expanded: dict[tuple[str, int], str] = {}
+        self._groups: dict[str, str | None] = {}  # sql -> _values_group
         Prepared.ALL.append(self)
 
     @classmethod
@@ -534,6 +538,27 @@ class Prepared:
             entry = (compiled.string, names, to_db, from_db)
         self._by_dialect[dialect.name] = entry
         return entry
+
+    def _values_group(self, sql: str, columns: int) -> str | None:
+        """The ``VALUES (?, ...)`` of an INSERT of one row, or None for any
+        other statement (run once per row)."""
+        try:
+            return self._groups[sql]
+        except KeyError:
+            pass
+        group = " VALUES (" + ", ".join("?" * columns) + ")"
+        ok = sql.startswith("INSERT INTO ") and sql.count(group) == 1 and sql.count("?") == columns
+        self._groups[sql] = group if ok else None
+        return self._groups[sql]
+
+    def _multi_sql(self, sql: str, group: str, rows: int) -> str:
+        """``sql`` inserting ``rows`` rows (cached per count)."""
+        key = ("\0rows", rows)
+        text = self._expanded.get(key)
+        if text is None:
+            row = group[len(" VALUES "):]
+            text = self._expanded[key] = sql.replace(group, " VALUES " + ", ".join([row] * rows), 1)
+        return text
 
     @staticmethod
     def _rows(rows: list, from_db: list[int]) -> list:
@@ -617,7 +642,20 @@ class Prepared:
         values = [[keys.to_db(row[name]) if name in to_db else row[name] for name in names] for row in rows]
         cur = conn.connection.dbapi_connection.cursor()
         try:
-            cur.executemany(sql, values)
+            group = self._values_group(sql, len(names)) if len(values) > 1 else None
+            if group is None:
+                cur.executemany(sql, values)
+            else:
+                # Several rows per INSERT (runs of a power of two): the
+                # DBAPI releases the GIL once per statement run, and the row
+                # timer's thread inserts a batch while the FUSE loop serves
+                # requests (every hand-over of the GIL costs the loop).
+                start, n = 0, len(values)
+                while start < n:
+                    k = min(MULTI_ROWS, 1 << ((n - start).bit_length() - 1))
+                    cur.execute(self._multi_sql(sql, group, k),
+                                [v for row in values[start:start + k] for v in row])
+                    start += k
         except conn.dialect.loaded_dbapi.Error as exc:
             raise DBAPIError.instance(sql, values, exc, conn.dialect.loaded_dbapi.Error,
                                       dialect=conn.dialect, ismulti=True) from None

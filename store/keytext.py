@@ -5,7 +5,6 @@ free of SQLAlchemy so that the plain-SQL readers (``store/cardrows.py``,
 
 from __future__ import annotations
 
-_HEX = frozenset("0123456789abcdef")
 #: Bytes of a binary hash (XXH3-128).
 HASH_BYTES = 16
 _DIGITS = 2 * HASH_BYTES
@@ -15,8 +14,17 @@ def to_db(key: str | None) -> bytes | None:
     """The stored form of ``key`` (None stays None)."""
     if key is None:
         return None
-    if len(key) >= _DIGITS and (len(key) == _DIGITS or key[_DIGITS] in "./") and _HEX.issuperset(key[:_DIGITS]):
-        return bytes.fromhex(key[:_DIGITS]) + key[_DIGITS:].encode("ascii")
+    if len(key) >= _DIGITS and (len(key) == _DIGITS or key[_DIGITS] in "./"):
+        # Lower-case hex digits only: ``fromhex`` also takes upper case and
+        # skips spaces, which the round trip and the length refuse (all in
+        # C: a row write converts several keys per file).
+        head = key[:_DIGITS]
+        try:
+            raw = bytes.fromhex(head)
+        except ValueError:
+            return key.encode()
+        if len(raw) == HASH_BYTES and raw.hex() == head:
+            return raw + key[_DIGITS:].encode("ascii") if len(key) > _DIGITS else raw
     return key.encode()
 
 

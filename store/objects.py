@@ -156,6 +156,14 @@ def _new_chunk_row(cid: str, piece) -> dict:
     return {"cid": cid, "size": len(piece), "data": data, "codec": how, "base": None}
 
 
+def _insert_chunks(conn: Connection, cids: list[str], pieces: list) -> None:
+    """Insert new chunk rows of ``pieces`` (keys ``cids``), compressed in
+    one call (``codec.compress_many``)."""
+    rows = [{"cid": cid, "size": len(piece), "data": data, "codec": how, "base": None}
+            for cid, piece, (how, data) in zip(cids, pieces, codec.compress_many(pieces))]
+    _CHUNK_INSERT.executemany(conn, rows)
+
+
 def _equal_streams(a: Iterator[bytes], b: Iterator[bytes]) -> bool:
     """Whether two streams of byte pieces, cut differently, hold the same bytes."""
     x = y = memoryview(b"")
@@ -243,9 +251,9 @@ class ObjectStore:
         if small:
             gen = generation(conn) if gen is None else gen
             rows = []
-            for digest, (i, data) in small.items():
-                how, encoded = codec.compress(data)
-                rows.append({"oid": digest, "size": len(data), "gen": gen, "data": bytes(encoded), "codec": how,
+            encoded = codec.compress_many([data for _i, data in small.values()])
+            for (digest, (i, data)), (how, packed) in zip(small.items(), encoded):
+                rows.append({"oid": digest, "size": len(data), "gen": gen, "data": bytes(packed), "codec": how,
                              "base": None})
                 out[i] = digest
             _OBJECT_INSERT_INLINE.executemany(conn, rows)
@@ -333,7 +341,7 @@ class ObjectStore:
         stored = {cid: chunk_bytes(conn, cid, data, how, size, base) for cid, data, how, size, base
                   in _CHUNKS_BY_KEY.execute(conn, {"cids": sorted(set(digests))})}
         fresh: dict[str, memoryview] = {}
-        rows: list[dict] = []
+        new: list[str] = []  # keys of fresh pieces not inserted yet
         out: list[tuple[str, int]] = []
         for piece, digest in zip(batch, digests):
             have = stored.get(digest)
@@ -342,18 +350,18 @@ class ObjectStore:
                 cid = digest
             elif have is None and digest not in fresh:
                 fresh[digest] = piece
-                rows.append(_new_chunk_row(digest, piece))
+                new.append(digest)
                 cid = digest
             elif have is None and bytes(fresh[digest]) == bytes(piece):
                 cid = digest
             else:
-                if rows:  # the family query must see this run's new rows
-                    _CHUNK_INSERT.executemany(conn, rows)
-                    rows = []
+                if new:  # the family query must see this run's new rows
+                    _insert_chunks(conn, new, [fresh[k] for k in new])
+                    new = []
                 cid = self._put_chunk(conn, bytes(piece))
             out.append((cid, len(piece)))
-        if rows:
-            _CHUNK_INSERT.executemany(conn, rows)
+        if new:
+            _insert_chunks(conn, new, [fresh[k] for k in new])
         return out
 
     def _put_chunk(self, conn: Connection, data: bytes) -> str:

@@ -43,6 +43,61 @@ def _libfuse_text() -> list[tuple[int, int]]:
     return out
 
 
+#: Addresses of the callbacks :func:`wrap` put in a table (each class
+#: checks the table after the other may have wrapped its entries).
+_WRAPPED: set[int] = set()
+
+
+def op_table(fuse: int, consequence: str) -> int | None:
+    """The address of the session's low-level operation table
+    (``struct fuse_lowlevel_ops`` inside the private ``struct
+    fuse_session``), or None when its layout is not proven (see
+    :class:`ListingCache`; ``consequence`` completes the log line)."""
+    if not private_layout_known():
+        return None
+    lib = mfusepy._libfuse
+    se = lib.fuse_get_session(fuse)
+    if not se:
+        return None
+    if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
+        log.info("libfuse's session layout is not the known one: %s", consequence)
+        return None
+    ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
+    text = _libfuse_text()
+    for i, name in enumerate(_LL_OPS):
+        addr = ops[i] or 0
+        if name in ("getlk", "setlk"):
+            continue  # NULL unless the filesystem has a lock handler
+        if addr in _WRAPPED:
+            continue  # wrapped by this module already (the other class's entries)
+        if (addr == 0) != (name in ("write", "retrieve_reply")) or (
+                addr and not any(lo <= addr < hi for lo, hi in text)):
+            log.info("libfuse's low-level table is not the known one: %s", consequence)
+            return None
+    return se + _SE_OP_OFFSET
+
+
+def wrap(table: int, name: str, hook, slots: list) -> object:
+    """Put C callback ``hook`` in entry ``name`` of the table at ``table``;
+    returns libfuse's own handler (callable, of ``hook``'s type) and
+    appends ``(slot, old address)`` to ``slots`` for :func:`unwrap`."""
+    i = _LL_OPS.index(name)
+    slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p))
+    orig = slot.value
+    slots.append((slot, orig))
+    slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+    _WRAPPED.add(slot.value)
+    return type(hook)(orig)
+
+
+def unwrap(slots: list) -> None:
+    """Put libfuse's own handlers back (what :func:`wrap` recorded)."""
+    for slot, addr in slots:
+        _WRAPPED.discard(slot.value)
+        slot.value = addr
+    slots.clear()
+
+
 class ListingCache:
     """Lets the kernel cache directory listings (``FOPEN_CACHE_DIR`` with
     ``FOPEN_KEEP_CACHE`` on an opendir reply), which libfuse 3.14's
@@ -145,32 +200,11 @@ class ListingCache:
         """Wrap the session's low-level ``opendir``, ``readdir`` and
         ``readdirplus`` (from ``init``, on the loop thread, before any of
         them can arrive); returns whether listings can now be cached."""
-        if not private_layout_known():
+        ops = op_table(fuse, "directory listings are not cached")
+        if ops is None:
             return False
-        lib = mfusepy._libfuse
-        se = lib.fuse_get_session(fuse)
-        if not se:
-            return False
-        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
-            log.info("libfuse's session layout is not the known one: directory listings are not cached")
-            return False
-        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
-        text = _libfuse_text()
-        for i, name in enumerate(_LL_OPS):
-            addr = ops[i] or 0
-            if name in ("getlk", "setlk"):
-                continue  # NULL unless the filesystem has a lock handler
-            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
-                    addr and not any(lo <= addr < hi for lo, hi in text)):
-                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
-                return False
-        size = ctypes.sizeof(ctypes.c_void_p)
         for name, hook in self._hooks.items():
-            i = _LL_OPS.index(name)
-            self._orig[name] = type(hook)(ops[i])
-            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
-            self._slots.append((slot, ops[i]))
-            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+            self._orig[name] = wrap(ops, name, hook, self._slots)
         self.installed = True
         self.in_lookup = False
         return True
@@ -179,6 +213,5 @@ class ListingCache:
         """Put libfuse's own handlers back (from ``destroy``)."""
         self.enabled = self.in_lookup = self.installed = False
         self.config = None
-        for slot, addr in self._slots:
-            slot.value = addr
-        self._slots.clear()
+        unwrap(self._slots)
+

@@ -1,5 +1,7 @@
-"""Kernel-cached directory listings through libfuse's low-level operation
-table (daemon side, libfuse internals: the private ``struct fuse_session``)."""
+"""Wrapped entries of libfuse's low-level operation table (daemon side,
+libfuse internals: the private ``struct fuse_session``): kernel-cached
+directory listings (:class:`ListingCache`) and FLUSH replies sent before
+the publish they decided (:class:`AfterReply`)."""
 
 from __future__ import annotations
 
@@ -215,3 +217,72 @@ class ListingCache:
         self.config = None
         unwrap(self._slots)
 
+
+_LL_FLUSH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
+
+
+class AfterReply:
+    """Work a FLUSH leaves for after its reply: the session's low-level
+    ``flush`` entry is wrapped, the wrapper calls libfuse's own (which
+    calls ``StepFS.flush`` and sends the reply), then runs what that
+    ``flush`` handed to :meth:`later`, on the loop thread, before the next
+    request is read.  So ``close(2)`` returns while the daemon still
+    publishes what the close decided (``content.Content.flush`` says what
+    may wait and why that is safe).
+
+    Only a FLUSH request may leave work (:attr:`in_flush`: libfuse's
+    ``release`` calls the filesystem's ``flush`` too, with no wrapper
+    around it to run the work).  Installed only where libfuse's private
+    layout is proven (:func:`op_table`); otherwise :attr:`in_flush` is
+    never set and every FLUSH does all its work before its reply."""
+
+    def __init__(self) -> None:
+        self.in_flush = False  # a wrapped FLUSH is being answered
+        self.installed = False
+        #: Called with the exception when the work after a reply failed
+        #: (the caller was answered 0 already: the mount turns read-only).
+        self.on_failure = None
+        self._work = None
+        self._orig = None
+        self._slots: list = []
+        self._hook = _LL_FLUSH(self._flush)  # kept alive as long as the session
+
+    def later(self, work) -> None:
+        """Run ``work()`` once this FLUSH's reply is sent (only while
+        :attr:`in_flush`)."""
+        self._work = work
+
+    def _flush(self, req, ino, llfi):
+        # A C callback: libfuse's handler must run whatever happens, or the
+        # request would never be answered; the work must run once it has.
+        self.in_flush = True
+        try:
+            self._orig(req, ino, llfi)
+        finally:
+            self.in_flush = False
+            work, self._work = self._work, None
+            if work is not None:
+                try:
+                    work()
+                except BaseException as exc:  # noqa: B036 (a C callback: nothing may escape)
+                    log.exception("the work after a FLUSH reply failed")
+                    if self.on_failure is not None:
+                        try:
+                            self.on_failure(exc)
+                        except Exception:
+                            log.exception("tripping the failsafe failed")
+
+    def install(self, fuse: int) -> bool:
+        """Wrap the session's low-level ``flush`` (from ``init``, on the
+        loop thread); returns whether FLUSH replies now come first."""
+        table = op_table(fuse, "a close waits for its publish")
+        if table is None:
+            return False
+        self._orig = wrap(table, "flush", self._hook, self._slots)
+        self.installed = True
+        return True
+
+    def uninstall(self) -> None:
+        """Put libfuse's own handler back (teardown)."""
+        self.installed = self.in_flush = False
+        unwrap(self._slots)

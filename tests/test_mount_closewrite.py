@@ -33,12 +33,21 @@ def conflicts(mp: Path) -> list[dict]:
 WRITE_TRUNC = os.O_WRONLY | os.O_TRUNC
 
 
-@pytest.fixture
-def setup(workspace, mount, agents):
+@pytest.fixture(params=["workspace", "staged"])
+def setup(request, workspace, mount, agents):
     """``(mount, writer, reader)`` with ``t.txt`` holding ``base``, read once
-    by the reader agent."""
-    (workspace / "t.txt").write_text("base")
-    m = mount(workspace)
+    by the reader agent.  ``staged``: ``base`` was written through the
+    mount, so the writer's close is one answered before its publish (a
+    small rewrite of a staged file: ``content.Content.flush``), and the
+    closers decision runs after the reply; ``workspace``: the first
+    staging of a workspace file, decided wholly before the reply."""
+    if request.param == "staged":
+        (workspace / "t.txt").write_text("before")
+        m = mount(workspace)
+        m.path("t.txt").write_text("base")
+    else:
+        (workspace / "t.txt").write_text("base")
+        m = mount(workspace)
     writer, reader = agents(m.mountpoint, None), agents(m.mountpoint, "reader")
     assert reader.read("t.txt") == "base"
     return m, writer, reader
@@ -205,3 +214,25 @@ def test_the_writers_exit_publishes(setup):
     assert reader.read("t.txt") == "base"
     writer.stop()  # exit closes the last copy: FLUSH of the writer, then RELEASE
     assert reader.read("t.txt") == "all of it"
+
+
+def test_a_step_right_after_the_close_includes_it(setup):
+    """What a close returned is in the step committed next (DESIGN.md),
+    also when the close was answered before its publish."""
+    m, writer, reader = setup
+    for i in range(3):
+        writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+        writer.ok("write", name="f", data=f"version {i}")
+        assert writer("close", name="f") == {"ok": True}
+        r = stepfs("step", m.mountpoint, "-m", f"v{i}")
+        assert r.returncode == 0, r.stderr
+        assert (m.workspace / "t.txt").read_text() == f"version {i}"
+
+
+def test_every_close_is_seen_by_the_next_reader(setup):
+    m, writer, reader = setup
+    for i in range(10):
+        writer.ok("open", name="f", path="t.txt", flags=WRITE_TRUNC)
+        writer.ok("write", name="f", data=f"round {i}")
+        assert writer("close", name="f") == {"ok": True}
+        assert reader.read("t.txt") == f"round {i}"

@@ -22,6 +22,7 @@ import os
 import stat as stat_mod
 import time
 from contextlib import contextmanager
+from functools import partial
 from typing import Callable
 
 from stepfs.store import publish, refs, schema, staging, tokens
@@ -100,6 +101,57 @@ class CompareAndSwap:
             return "stale"
         self._publish(d)
         return "ok"
+
+    def publish_later(self, d: Draft) -> Callable[[], None] | None:
+        """Before a close's reply: when :meth:`close_write` of ``d`` now
+        would return "ok" by a path that cannot fail afterwards, the
+        token check is made here and the rest of the publish returned, to
+        run after the reply (``Content.flush``); else None (the caller
+        runs :meth:`close_write` before replying).  That path: a draft
+        that publishes nothing (detached, or not changed), or a small
+        memory draft over a staged file whose record (:meth:`_record`)
+        writes no row at once (the rows wait for their timer and the
+        content fits under ``rows.PENDING_CONTENT_MAX``) with room on the
+        store's filesystem.  A store transaction, staging by reference or
+        a first staging of a workspace file may fail: those stay before
+        the reply.  The caller holds the lock until the returned work ran:
+        nothing can change the path's token in between."""
+        if d.stale:
+            return None
+        if d.detached or not d.dirty:
+            return partial(self.close_write, d)  # "ok", nothing published
+        if d.mem < 0 or not self.rows.waits():
+            return None
+        node = self.ns.upper.get(d.path)
+        if node is None or node.kind != "file" or node.ref is not None or node.oid is None:
+            # (oid None: a created file's first close, the middle of a burst
+            # -- tar -x, npm install, a build -- whose next request waits
+            # for this publish anyway; answering first wakes the caller while
+            # the daemon still works, which cost a rewrite loop more at its
+            # next open than its close saved, at load 2-3 on two cores.)
+            return None
+        st = os.fstat(d.mem)
+        if st.st_size >= refs.MIN_SIZE or not self.rows.may_hold(st.st_size):
+            return None
+        tok, _st, digest = self.versions.current_token(d.path)
+        if self.guard and not tokens.same(d.base, tok, digest):
+            return None  # stale: decided before the reply, conflict kept
+        if not self._room(st.st_size, take=False):
+            return None
+        # As in _publish: waits out a commit completing, and refuses (before
+        # the reply) when that completion failed.
+        self._await_settled(writing=True)
+        return partial(self._publish_recorded, d, node, st.st_size)
+
+    def _publish_recorded(self, d: Draft, node: Node, size: int) -> None:
+        """The rest of a publish :meth:`publish_later` allowed (after the
+        reply, the lock held since): what :meth:`_publish` does for it."""
+        self._changed()
+        self._room_free -= size
+        st = os.fstat(d.mem)
+        same, data = self._record(d, node, d.mem, st)
+        if same is not None:
+            self._published(d, node, same, node.scratch, data=data)
 
     def _publish(self, d: Draft) -> None:
         self._changed()
@@ -193,13 +245,14 @@ class CompareAndSwap:
                 os.close(fd)
         self._published(d, node, same, old_scratch, d.scratch if by_ref else None, data)
 
-    def _room(self, size: int) -> bool:
+    def _room(self, size: int, take: bool = True) -> bool:
         """Whether a close of ``size`` bytes may leave its content to the
         next row write: not when the store's filesystem is nearly full,
         where the close itself must be the one to fail (ENOSPC) and keep
         the old content.  The free space is asked at most every
         :data:`ROOM_RECHECK` seconds (a ``statvfs`` cost a third of such a
-        close), less what was recorded since."""
+        close), less what was recorded since (``take``: this close's
+        ``size`` is taken off now)."""
         now = time.monotonic()
         if now - self._room_at > ROOM_RECHECK:
             try:
@@ -207,8 +260,10 @@ class CompareAndSwap:
             except OSError:
                 return False
             self._room_at, self._room_free = now, st.f_bavail * st.f_frsize
-        self._room_free -= size
-        return self._room_free >= RECORD_FREE_MIN
+        if take:
+            self._room_free -= size
+            return self._room_free >= RECORD_FREE_MIN
+        return self._room_free - size >= RECORD_FREE_MIN
 
     def _record(self, d: Draft, node: Node, fd: int, st: os.stat_result) -> tuple[bool | None, bytes]:
         """Publish a small draft over staged file ``node`` without touching

@@ -46,6 +46,7 @@ import logging
 import os
 import stat as stat_mod
 import time
+from functools import partial
 from typing import Callable
 
 
@@ -552,21 +553,73 @@ class Content:
             h.wrote = True
             h.draft.dirty = True
 
-    def flush(self, fh: int, publish: bool = True) -> None:
+    def flush(self, fh: int, publish: bool | Callable[[], bool] = True, later=None) -> None:
         """The close of one descriptor (see the module doc for the CAS).
         ``publish`` False: a close that does not end the writer's use of the
         handle (a forked child's copy, a dup; the adapter tells them apart,
         ``closers.py``): nothing is decided, the last decision is repeated,
-        and what was written waits for the writer's close or ``release``."""
+        and what was written waits for the writer's close or ``release``.
+        ``publish`` may be a callable giving that answer, asked only when
+        it matters.
+
+        ``later``: given by the adapter while it can run work after the
+        reply (``libfuse.lowlevel.AfterReply.later``; None: everything is
+        done before it returns).  The caller learns only 0 or an error;
+        when that is decided to be 0 whoever the closer is -- the last
+        decision was not ``stale`` and the draft would be published by a
+        path that cannot fail (``cas.publish_later``, which makes the
+        token check here) -- the closers decision and the publish are
+        handed to ``later`` and this returns 0 at once.  Safe because:
+
+        * the lock is taken once more here and released only by that work,
+          so no other thread (a step's commit, a rollback, the row timer)
+          runs between the token check and the publish: ``stepfs step``
+          run right after the close includes its content;
+        * the FUSE loop is single-threaded and runs the work right after
+          the reply, before it reads the next request: every later OPEN,
+          READ, GETATTR or WRITE of any agent sees the published file;
+        * which process closes, and whether it wrote, is decided before
+          the reply (``closers.Writers.closer``: once answered it may exit,
+          and a process gone cannot be told from a writer); only the look
+          at a writer's descriptors (``Writers.done``) runs after it.
+          Meanwhile the writer can only have closed more (its FLUSHes
+          queue behind this one) or exited, so the answer is the one it
+          would have been, or the publish its next FLUSH would have made;
+          a descriptor it gains without an OPEN (``dup`` of another
+          writable one, which it held already, or one passed over a
+          socket) leaves the publish to that descriptor's close, as at
+          any close that has one;
+        * writes reach the daemon before the FLUSH (no writeback cache).
+
+        A failure of that work is logged and turns the mount read-only
+        (``AfterReply.on_failure``); the handle stays as having written,
+        so its ``release`` publishes the bytes."""
         with self.lock:
             h = self._handle(fh)
             if h.draft is None or not h.writable:
                 return
-            if h.wrote and publish:
+            if h.wrote and later is not None and h.result != "stale" and publish is not False:
+                work = self.cas.publish_later(h.draft)
+                if work is not None:
+                    self.lock.acquire()  # released by the work (same thread: the lock is re-entrant)
+                    later(partial(self._after_reply, h, publish, work))
+                    return
+            if h.wrote and (publish() if callable(publish) else publish):
                 h.wrote = False
                 h.result = self.cas.close_write(h.draft)
             if h.result == "stale" or (h.result is None and h.draft.stale):
                 raise Stale(h.path)
+
+    def _after_reply(self, h: Handle, publish, work) -> None:
+        """The part of a close :meth:`flush` left for after its reply
+        (the lock still held from there, released here)."""
+        try:
+            if publish() if callable(publish) else publish:
+                work()
+                h.wrote = False
+                h.result = "ok"
+        finally:
+            self.lock.release()
 
     def fsync(self, fh: int, datasync: bool) -> None:
         """Durability means staged in the store: the same decision as a

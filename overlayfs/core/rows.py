@@ -296,6 +296,17 @@ class StagedRows:
         elif self.delay is not None:
             self.timer.arm()
 
+    def waits(self) -> bool:
+        """Whether :meth:`recorded` leaves the rows for later (no
+        transaction at once, so nothing there can fail), given content
+        that :meth:`may_hold`."""
+        return (self.delay is None or self.delay > 0) and not self._depth
+
+    def may_hold(self, size: int) -> bool:
+        """Whether ``size`` more bytes of content stay under
+        :data:`PENDING_CONTENT_MAX` (else :meth:`recorded` writes at once)."""
+        return self.pending.content_bytes + size < PENDING_CONTENT_MAX
+
     def record_content(self, node, digest: str, data: bytes) -> str:
         """Hold the close-written content of file ``node`` until its row
         is written (module doc); returns the placeholder id to give

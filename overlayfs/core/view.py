@@ -351,10 +351,11 @@ class Overlay:
             return self.passthrough.fallocate(fh, mode, offset, length)
         self.content.fallocate(fh, mode, offset, length)
 
-    def flush(self, fh: int, publish: bool = True) -> None:
+    def flush(self, fh: int, publish=True, later=None) -> None:
+        """``content.Content.flush`` (``later``: work after the reply)."""
         if fh >= HANDLE_BASE:
             return  # nothing to check or publish: the bytes are in the workspace file already
-        self.content.flush(fh, publish)
+        self.content.flush(fh, publish, later)
 
     def fsync(self, fh: int, datasync: bool) -> None:
         if fh >= HANDLE_BASE:

@@ -60,7 +60,9 @@ onto a number that held a file outside the mount (a shell's ``exec 1>&3``)
 leaves the process's descriptor count unchanged; so every descriptor's
 link is read again at each writer's close.
 
-Threading: FUSE loop thread only (the adapter's callbacks).
+Threading: FUSE loop thread only (the adapter's callbacks, and the look
+a FLUSH answered first leaves for after its reply: :meth:`Writers.done`;
+which process closes is told before the reply, :meth:`Writers.closer`).
 """
 
 from __future__ import annotations
@@ -276,6 +278,19 @@ class Writers:
         """Whether thread ``tid``'s FLUSH of ``fh`` ends the writer's use of
         it (the module doc's rule).  ``ino()``: the file's inode number as
         the mount shows it, or None (called only when needed)."""
+        who = self.closer(fh, tid)
+        if isinstance(who, bool):
+            return who
+        return self.done(who, ino, path)
+
+    def closer(self, fh: int, tid: int) -> bool | int:
+        """The first half of :meth:`is_writers_close`, from what is known
+        at the FLUSH: True or False when that decides (True: nothing
+        written through it, or a writer that cannot be told apart; False:
+        a process that never wrote through it), else the writing process
+        whose descriptors decide (:meth:`done`).  Asked before a FLUSH's
+        reply: once answered, the closer may exit, and a process gone can
+        no longer be told from a writer."""
         w = self._by_fh.get(fh)
         if not w or None in w.values():
             return True  # nothing written through it, or a writer we cannot tell apart
@@ -284,5 +299,11 @@ class Writers:
             return True
         if pid not in w.values():
             return False  # a process that never wrote through this handle
+        return pid
+
+    def done(self, pid: int, ino, path: str) -> bool:
+        """The second half: whether writing process ``pid`` holds no other
+        writable descriptor of the file (may run after the reply: a
+        process that exited meanwhile holds none)."""
         held = holds(pid, self.prefix, ino, path, self._fd_dirs)
         return not held  # None (cannot look): decide, as before the rule

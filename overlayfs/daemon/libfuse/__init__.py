@@ -9,7 +9,8 @@ high-level API does not offer lives here, one concern per module:
 * ``notify``: invalidations (``fuse_invalidate_path``) and the raw
   ``FUSE_NOTIFY_INC_EPOCH`` notification written to ``/dev/fuse`` (the
   kernel's ABI, not libfuse's).
-* ``lowlevel``: kernel-cached directory listings by wrapping entries of the
+* ``lowlevel``: kernel-cached directory listings and FLUSH replies sent
+  before their publish, by wrapping entries of the
   low-level operation table inside libfuse's PRIVATE ``struct
   fuse_session``: the one place that depends on libfuse's internal layout,
   and so the one place behind :func:`private_layout_known`.

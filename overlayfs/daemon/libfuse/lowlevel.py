@@ -1,5 +1,7 @@
-"""Kernel-cached directory listings through libfuse's low-level operation
-table (daemon side, libfuse internals: the private ``struct fuse_session``)."""
+"""Wrapped entries of libfuse's low-level operation table (daemon side,
+libfuse internals: the private ``struct fuse_session``): kernel-cached
+directory listings (:class:`ListingCache`) and FLUSH replies sent before
+the publish they decided (:class:`AfterReply`)."""
 
 from __future__ import annotations
 
@@ -41,6 +43,61 @@ def _libfuse_text() -> list[tuple[int, int]]:
                 lo, hi = fields[0].split("-")
                 out.append((int(lo, 16), int(hi, 16)))
     return out
+
+
+#: Addresses of the callbacks :func:`wrap` put in a table (each class
+#: checks the table after the other may have wrapped its entries).
+_WRAPPED: set[int] = set()
+
+
+def op_table(fuse: int, consequence: str) -> int | None:
+    """The address of the session's low-level operation table
+    (``struct fuse_lowlevel_ops`` inside the private ``struct
+    fuse_session``), or None when its layout is not proven (see
+    :class:`ListingCache`; ``consequence`` completes the log line)."""
+    if not private_layout_known():
+        return None
+    lib = mfusepy._libfuse
+    se = lib.fuse_get_session(fuse)
+    if not se:
+        return None
+    if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
+        log.info("libfuse's session layout is not the known one: %s", consequence)
+        return None
+    ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
+    text = _libfuse_text()
+    for i, name in enumerate(_LL_OPS):
+        addr = ops[i] or 0
+        if name in ("getlk", "setlk"):
+            continue  # NULL unless the filesystem has a lock handler
+        if addr in _WRAPPED:
+            continue  # wrapped by this module already (the other class's entries)
+        if (addr == 0) != (name in ("write", "retrieve_reply")) or (
+                addr and not any(lo <= addr < hi for lo, hi in text)):
+            log.info("libfuse's low-level table is not the known one: %s", consequence)
+            return None
+    return se + _SE_OP_OFFSET
+
+
+def wrap(table: int, name: str, hook, slots: list) -> object:
+    """Put C callback ``hook`` in entry ``name`` of the table at ``table``;
+    returns libfuse's own handler (callable, of ``hook``'s type) and
+    appends ``(slot, old address)`` to ``slots`` for :func:`unwrap`."""
+    i = _LL_OPS.index(name)
+    slot = ctypes.c_void_p.from_address(table + i * ctypes.sizeof(ctypes.c_void_p))
+    orig = slot.value
+    slots.append((slot, orig))
+    slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+    _WRAPPED.add(slot.value)
+    return type(hook)(orig)
+
+
+def unwrap(slots: list) -> None:
+    """Put libfuse's own handlers back (what :func:`wrap` recorded)."""
+    for slot, addr in slots:
+        _WRAPPED.discard(slot.value)
+        slot.value = addr
+    slots.clear()
 
 
 class ListingCache:
@@ -145,32 +202,11 @@ class ListingCache:
         """Wrap the session's low-level ``opendir``, ``readdir`` and
         ``readdirplus`` (from ``init``, on the loop thread, before any of
         them can arrive); returns whether listings can now be cached."""
-        if not private_layout_known():
+        ops = op_table(fuse, "directory listings are not cached")
+        if ops is None:
             return False
-        lib = mfusepy._libfuse
-        se = lib.fuse_get_session(fuse)
-        if not se:
-            return False
-        if ctypes.c_int.from_address(se + _SE_FD_OFFSET).value != lib.fuse_session_fd(se):
-            log.info("libfuse's session layout is not the known one: directory listings are not cached")
-            return False
-        ops = (ctypes.c_void_p * len(_LL_OPS)).from_address(se + _SE_OP_OFFSET)
-        text = _libfuse_text()
-        for i, name in enumerate(_LL_OPS):
-            addr = ops[i] or 0
-            if name in ("getlk", "setlk"):
-                continue  # NULL unless the filesystem has a lock handler
-            if (addr == 0) != (name in ("write", "retrieve_reply")) or (
-                    addr and not any(lo <= addr < hi for lo, hi in text)):
-                log.info("libfuse's low-level table is not the known one: directory listings are not cached")
-                return False
-        size = ctypes.sizeof(ctypes.c_void_p)
         for name, hook in self._hooks.items():
-            i = _LL_OPS.index(name)
-            self._orig[name] = type(hook)(ops[i])
-            slot = ctypes.c_void_p.from_address(se + _SE_OP_OFFSET + i * size)
-            self._slots.append((slot, ops[i]))
-            slot.value = ctypes.cast(hook, ctypes.c_void_p).value
+            self._orig[name] = wrap(ops, name, hook, self._slots)
         self.installed = True
         self.in_lookup = False
         return True
@@ -179,6 +215,74 @@ class ListingCache:
         """Put libfuse's own handlers back (from ``destroy``)."""
         self.enabled = self.in_lookup = self.installed = False
         self.config = None
-        for slot, addr in self._slots:
-            slot.value = addr
-        self._slots.clear()
+        unwrap(self._slots)
+
+
+_LL_FLUSH = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, _FI_P)
+
+
+class AfterReply:
+    """Work a FLUSH leaves for after its reply: the session's low-level
+    ``flush`` entry is wrapped, the wrapper calls libfuse's own (which
+    calls ``StepFS.flush`` and sends the reply), then runs what that
+    ``flush`` handed to :meth:`later`, on the loop thread, before the next
+    request is read.  So ``close(2)`` returns while the daemon still
+    publishes what the close decided (``content.Content.flush`` says what
+    may wait and why that is safe).
+
+    Only a FLUSH request may leave work (:attr:`in_flush`: libfuse's
+    ``release`` calls the filesystem's ``flush`` too, with no wrapper
+    around it to run the work).  Installed only where libfuse's private
+    layout is proven (:func:`op_table`); otherwise :attr:`in_flush` is
+    never set and every FLUSH does all its work before its reply."""
+
+    def __init__(self) -> None:
+        self.in_flush = False  # a wrapped FLUSH is being answered
+        self.installed = False
+        #: Called with the exception when the work after a reply failed
+        #: (the caller was answered 0 already: the mount turns read-only).
+        self.on_failure = None
+        self._work = None
+        self._orig = None
+        self._slots: list = []
+        self._hook = _LL_FLUSH(self._flush)  # kept alive as long as the session
+
+    def later(self, work) -> None:
+        """Run ``work()`` once this FLUSH's reply is sent (only while
+        :attr:`in_flush`)."""
+        self._work = work
+
+    def _flush(self, req, ino, llfi):
+        # A C callback: libfuse's handler must run whatever happens, or the
+        # request would never be answered; the work must run once it has.
+        self.in_flush = True
+        try:
+            self._orig(req, ino, llfi)
+        finally:
+            self.in_flush = False
+            work, self._work = self._work, None
+            if work is not None:
+                try:
+                    work()
+                except BaseException as exc:  # noqa: B036 (a C callback: nothing may escape)
+                    log.exception("the work after a FLUSH reply failed")
+                    if self.on_failure is not None:
+                        try:
+                            self.on_failure(exc)
+                        except Exception:
+                            log.exception("tripping the failsafe failed")
+
+    def install(self, fuse: int) -> bool:
+        """Wrap the session's low-level ``flush`` (from ``init``, on the
+        loop thread); returns whether FLUSH replies now come first."""
+        table = op_table(fuse, "a close waits for its publish")
+        if table is None:
+            return False
+        self._orig = wrap(table, "flush", self._hook, self._slots)
+        self.installed = True
+        return True
+
+    def uninstall(self) -> None:
+        """Put libfuse's own handler back (teardown)."""
+        self.installed = self.in_flush = False
+        unwrap(self._slots)

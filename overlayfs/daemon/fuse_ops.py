@@ -48,10 +48,12 @@ Choices (measured or forced, see README "Architecture"):
   from libfuse's receive buffer, instead of through a Python ``bytes``
   each way.  Requests are not received by splice (``FUSE_CAP_SPLICE_READ``
   off): that costs every small request a second system call.  The
-  mount's readahead window is raised to 512 KiB after INIT
-  (``libfuse/readahead.py``): a sequential read then takes a quarter of
-  the READs, each still spliced (a 1 MiB READ exceeds libfuse's pipe and
-  is copied, which measured slower).
+  mount's readahead window is raised to 2 MiB after INIT, cut into READs
+  of at most 512 KiB (``max_read``; ``libfuse/readahead.py``): a
+  sequential read then takes a quarter of the READs, each still spliced
+  (a 1 MiB READ exceeds libfuse's pipe and is copied, which measured
+  slower), and the kernel queues four at a time, so the loop finds the
+  next READ waiting instead of sleeping once per READ.
 * kernel-cached directory listings while the mount watches, on a libfuse
   whose private layout is verified (:class:`ListingCache`, which works
   around libfuse 3.14's high-level ``opendir``); a warm ``git status`` then sends no READDIR at all.
@@ -98,6 +100,7 @@ from stepfs.overlayfs.daemon.libfuse.highlevel import _FUSE
 from stepfs.overlayfs.daemon.libfuse.loop import hooked
 from stepfs.overlayfs.daemon.libfuse.lowlevel import AfterReply, ListingCache
 from stepfs.overlayfs.daemon.libfuse.notify import INC_EPOCH_MINOR, KernelCache
+from stepfs.overlayfs.daemon.libfuse.readahead import READ_BYTES
 from stepfs.overlayfs.daemon.timeouts import ATTR_TIMEOUT, ENTRY_TIMEOUT, NEGATIVE_TIMEOUT, SHORT_TIMEOUT  # noqa: E402
 from stepfs.overlayfs.core.passthrough import HANDLE_BASE  # noqa: E402
 from stepfs.overlayfs.core.metatree import is_meta  # noqa: E402
@@ -313,6 +316,8 @@ class StepFS(mfusepy.Operations):
             # libfuse asks for this by itself because write_buf exists; it
             # costs every request a splice and a read (libfuse/bufs.py).
             conn.want &= ~FUSE_CAP_SPLICE_READ
+            # The mount's max_read option (run); libfuse 3.14 refuses an init that differs.
+            conn.max_read = READ_BYTES
         if self.kernel_cache is not None:
             self.kernel_cache.attach()
             self.view.renew_names = self.kernel_cache.new_epoch
@@ -720,5 +725,6 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
             attr_timeout=ATTR_TIMEOUT if long_cache else SHORT_TIMEOUT,
             entry_timeout=ENTRY_TIMEOUT if long_cache else SHORT_TIMEOUT,
             negative_timeout=0.0,  # raised for one reply at a time: StepFS._negative
+            max_read=READ_BYTES,  # READs that fit libfuse's splice pipe (libfuse/readahead.py)
             **extra,
         )

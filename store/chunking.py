@@ -126,7 +126,7 @@ def windows(read, chunker):
             return
         view = memoryview(buf)
         final = len(buf) < chunker.window
-        if final and offset == 0 and len(buf) <= getattr(chunker, "whole_max", 0):
+        if final and offset == 0 and len(buf) <= chunker.whole_max:
             # One chunk (most files of a source tree): FastCDC's call and
             # its chunk objects cost more than the rest of the cut.
             yield [view]

@@ -151,11 +151,6 @@ def inline_and_base(conn: Connection, oid: str, data, codec_: int | None, size: 
     return cardrows.inline_with_base(_fetch(conn), oid, data, codec_, size, base, check)
 
 
-def _new_chunk_row(cid: str, piece) -> dict:
-    how, data = codec.compress(piece)
-    return {"cid": cid, "size": len(piece), "data": data, "codec": how, "base": None}
-
-
 def _insert_chunks(conn: Connection, cids: list[str], pieces: list) -> None:
     """Insert new chunk rows of ``pieces`` (keys ``cids``), compressed in
     one call (``codec.compress_many``)."""
@@ -375,7 +370,7 @@ class ObjectStore:
                 return cid
         # New bytes, or a real collision: take the first free suffix.
         cid = _free_key(digest, [row[0] for row in family])
-        _CHUNK_INSERT.executemany(conn, [_new_chunk_row(cid, data)])
+        _insert_chunks(conn, [cid], [data])
         return cid
 
     def _put_object(self, conn: Connection, digest: str, cids: list[tuple[str, int]], size: int,

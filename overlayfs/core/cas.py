@@ -126,9 +126,8 @@ class CompareAndSwap:
         if node is None or node.kind != "file" or node.ref is not None or node.oid is None:
             # (oid None: a created file's first close, the middle of a burst
             # -- tar -x, npm install, a build -- whose next request waits
-            # for this publish anyway; answering first wakes the caller while
-            # the daemon still works, which cost a rewrite loop more at its
-            # next open than its close saved, at load 2-3 on two cores.)
+            # for this publish anyway: answering first only wakes the caller
+            # to compete with the daemon for the CPU.)
             return None
         st = os.fstat(d.mem)
         if st.st_size >= refs.MIN_SIZE or not self.rows.may_hold(st.st_size):
@@ -141,14 +140,14 @@ class CompareAndSwap:
         # As in _publish: waits out a commit completing, and refuses (before
         # the reply) when that completion failed.
         self._await_settled(writing=True)
-        return partial(self._publish_recorded, d, node, st.st_size)
+        return partial(self._publish_recorded, d, node, st)
 
-    def _publish_recorded(self, d: Draft, node: Node, size: int) -> None:
+    def _publish_recorded(self, d: Draft, node: Node, st: os.stat_result) -> None:
         """The rest of a publish :meth:`publish_later` allowed (after the
-        reply, the lock held since): what :meth:`_publish` does for it."""
+        reply, the lock held since, so ``st`` of the draft still holds):
+        what :meth:`_publish` does for it."""
         self._changed()
-        self._room_free -= size
-        st = os.fstat(d.mem)
+        self._room_free -= st.st_size
         same, data = self._record(d, node, d.mem, st)
         if same is not None:
             self._published(d, node, same, node.scratch, data=data)

@@ -63,11 +63,10 @@ Choices (measured or forced, see README "Architecture"):
   low-level ``flush`` entry, on a libfuse whose private layout is
   verified, to run the rest after the reply): ``close(2)`` of a small
   rewrite of a staged file no longer waits for the closers look and the
-  publish (about 90 -> 45 us at load 2).  The caller's next request
-  still waits for them, and at load 2-3 on two cores it waited more than
-  the close saved (a rewrite loop's open 110 -> 199 us: the caller wakes
-  while the daemon works); so a created file's first close, the
-  middle of a burst (``tar -x``), is not answered first.
+  publish.  The caller's next request still waits for them, and on a
+  busy machine the woken caller competes with that work for the CPU; so
+  a created file's first close, the middle of a burst (``tar -x``), is
+  not answered first.
   :data:`REPLY_FIRST_ENV` turns it off.
 * A name the kernel holds for a removed or replaced file answers
   ``ESTALE`` once (a GETATTR of it, ``KernelCache.gone``; ``open`` of a

@@ -14,12 +14,7 @@ The window is :data:`WINDOW_KIB`, several READs: the kernel queues a
 window's READs at once, so the daemon finds the next one waiting when it
 has answered one, instead of going to sleep in ``read(/dev/fuse)`` and
 being woken (and, on a busy machine, waiting for a CPU) once per READ
-while the reader asks for the next window.  Measured on a 64 MiB file
-(2 cores at load ~3): the loop thread slept about 125 times per read
-with a 512 KiB window (one READ) and 35-40 with 2 MiB, cached or cold;
-the read's time moved within the noise of that load (cached: 53 -> 43,
-60 -> 58, 52 -> 55 ms; cold: 115 -> 119, 103 -> 98 ms).  Two windows of
-four READs stay under the kernel's default FUSE congestion threshold (9
+while the reader asks for the next window.  Two windows of four READs stay under the kernel's default FUSE congestion threshold (9
 background requests of 12), past which it skips the async part of a
 window.
 

@@ -12,6 +12,9 @@ Choices (measured or forced, see README "Architecture"):
   non-UTF-8 names).
 * single-threaded loop (``nothreads``): with the GIL a threaded loop was
   slower for metadata work on two cores, and the view is one lock anyway.
+  The loop polls for the next request a little before it sleeps
+  (``libfuse/spin.py``): where an idle vCPU halts, waking it cost more
+  than most handlers, twice per round trip.
 * no writeback cache: it would move writes after ``close``, where the
   version-token check lives.
 * no ``hard_remove``: with it libfuse answers ESTALE to ``fstat`` of a file

@@ -77,10 +77,12 @@ def lock_path(ws: Workspace, mountpoint: str) -> str:
 
 
 def handler(view: Overlay, ws: Workspace, kernel_cache,
-            after_step: Callable[[], None] | None = None) -> Callable[[dict, Callable[[dict], None]], dict | None]:
+            after_step: Callable[[], None] | None = None,
+            loop_counts=None) -> Callable[[dict, Callable[[dict], None]], dict | None]:
     """The control channel's handler of a daemon serving ``view``
     (``control.ControlServer``; ``kernel_cache``: the FUSE adapter's
-    ``KernelCache``).  Runs on the control thread, one request at a time."""
+    ``KernelCache``; ``loop_counts``: the request loop's ``spin.Counts``).
+    Runs on the control thread, one request at a time."""
 
     def handle(req: dict, reply) -> dict | None:
         op = req.get("op")
@@ -88,7 +90,8 @@ def handler(view: Overlay, ws: Workspace, kernel_cache,
             return {"pid": os.getpid(), "step": view.step, "readonly": view.readonly_reason,
                     "listings_cached": kernel_cache.listings_cached, "negatives_cached": kernel_cache.negatives_cached,
                     "negatives_noted": kernel_cache.negatives_noted(), "runs": view.runs.live(),
-                    "unversioned": view.unversioned_state()}
+                    "unversioned": view.unversioned_state(),
+                    "loop": loop_counts.as_dict() if loop_counts is not None else None}
         if op == "run":  # a command started in this mount, and its confinement (runs.py)
             confinement = req.get("confinement") if isinstance(req.get("confinement"), dict) else {}
             return {"recorded": view.runs.add(int(req["pid"]), list(req.get("command") or []), confinement)}
@@ -180,7 +183,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
           keep_last: int | None = None, warn_size: int | None = None, excludes: list[str] = (),
           default_excludes: bool = True) -> int:
     from stepfs.overlayfs.daemon import fuse_ops  # imports mfusepy (and libfuse) only in the daemon
-    from stepfs.overlayfs.daemon.libfuse import readahead
+    from stepfs.overlayfs.daemon.libfuse import readahead, spin
 
     mountpoint = os.path.abspath(mountpoint)
     ws = Workspace.open(workspace, create=True)
@@ -215,7 +218,7 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         after.check_size()
     else:
         after_step = None
-    handle = handler(view, ws, kernel_cache, after_step)
+    handle = handler(view, ws, kernel_cache, after_step, loop_counts=spin.COUNTS)
 
     from stepfs.overlayfs.daemon.publisher import Publisher
 

@@ -6,6 +6,8 @@ high-level API does not offer lives here, one concern per module:
 
 * ``loop``: ``fuse_main_real`` again, with a hook between the loop and the
   teardown (public API of libfuse 3.12+).
+* ``spin``: the request loop itself, polling for the next request for a
+  while before it sleeps (public ``fuse_session_*`` API).
 * ``notify``: invalidations (``fuse_invalidate_path``) and the raw
   ``FUSE_NOTIFY_INC_EPOCH`` notification written to ``/dev/fuse`` (the
   kernel's ABI, not libfuse's).

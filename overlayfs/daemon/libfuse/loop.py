@@ -17,8 +17,9 @@ late to stop them: it runs after the nodes are freed.
 
 So mfusepy's call of ``fuse_main_real`` is replaced by the same sequence
 (``fuse_parse_cmdline``, ``fuse_new``, ``fuse_mount``, signal handlers,
-``fuse_loop``, ``fuse_unmount``, ``fuse_destroy``, as in libfuse 3.14's
-``lib/helper.c``; single-threaded and in the foreground, which is all the
+the loop, ``fuse_unmount``, ``fuse_destroy``, as in libfuse 3.14's
+``lib/helper.c``; the loop is ``spin.loop``, which polls briefly before it
+sleeps; single-threaded and in the foreground, which is all the
 daemon asks for), with ``before_teardown()`` called when the loop has
 returned and before anything is torn down: it closes the gate of every
 libfuse call made off the loop thread and waits for the calls in flight.
@@ -31,6 +32,8 @@ import ctypes
 import logging
 
 import mfusepy
+
+from stepfs.overlayfs.daemon.libfuse import spin
 
 log = logging.getLogger("stepfs.fuse")
 
@@ -103,7 +106,7 @@ def main_with_hook(before_teardown):
                     if lib.fuse_set_signal_handlers(se) != 0:
                         return 6
                     try:
-                        res = 8 if lib.fuse_loop(fuse) else 0
+                        res = 8 if spin.loop(lib, fuse, se, spin.limit_ns()) else 0
                     finally:
                         lib.fuse_remove_signal_handlers(se)
                         try:

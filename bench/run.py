@@ -111,8 +111,20 @@ def machine() -> dict:
         except (OSError, IndexError, subprocess.SubprocessError):
             return None
 
+    def read(path: str) -> str | None:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
     return {
         "hostname": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+        # How an idle CPU waits: where it halts without polling, every FUSE
+        # round trip pays for waking it (bench/README.md).
+        "cpuidle": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
+        "stepfs_spin_us": os.environ.get("STEPFS_SPIN_US"),
         "python": platform.python_version(), "loadavg_start": os.getloadavg(),
         "fuse_overlayfs": version(["fuse-overlayfs", "--version"]),
         "git": version(["git", "--version"]),
@@ -203,6 +215,9 @@ def print_report(result: dict, path: Path | None) -> None:
     print("medians; (p50 / p95) rows are latencies; ratios are stepfs time / reference time (lower is better)")
     if result.get("native_cost"):
         print(native_cost.text(result["native_cost"]))
+    m = result["machine"]
+    print(f"idle CPUs: cpuidle driver {m.get('cpuidle') or 'unknown'}, guest_halt_poll_ns "
+          f"{m.get('guest_halt_poll_ns') or 'unknown'}; STEPFS_SPIN_US {m.get('stepfs_spin_us') or 'default'}")
     print()
     print(report.table(result))
     print()

@@ -47,8 +47,9 @@ GROW_START_NS = 10_000
 
 
 def limit_ns() -> int:
-    """The poll window's limit from :data:`SPIN_ENV` (default :data:`SPIN_US`);
-    a value that is not a whole number of microseconds >= 0 is the default."""
+    """The poll window's limit from :data:`SPIN_ENV` (default :data:`SPIN_US`):
+    a whole number of microseconds, a negative one counting as 0 (off); a
+    value that is not a whole number is the default."""
     raw = os.environ.get(SPIN_ENV, "")
     try:
         us = int(raw) if raw else SPIN_US

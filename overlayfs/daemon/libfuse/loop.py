@@ -106,7 +106,7 @@ def main_with_hook(before_teardown):
                     if lib.fuse_set_signal_handlers(se) != 0:
                         return 6
                     try:
-                        res = 8 if spin.loop(lib, fuse, se, spin.limit_ns()) else 0
+                        res = 8 if spin.loop(lib, libc, fuse, se, spin.limit_ns()) else 0
                     finally:
                         lib.fuse_remove_signal_handlers(se)
                         try:

@@ -83,14 +83,14 @@ class Counts:
     """What the loop did, for ``ping`` (one loop per daemon: :data:`COUNTS`)."""
 
     def __init__(self) -> None:
-        self.limit_us = 0  # 0: libfuse's own loop (nothing below is counted)
         self.polled = 0  # requests found while polling
         self.slept = 0  # requests the loop slept for
-        self.window = None  # the live Window
+        self.window: Window | None = None  # the polling loop's (None: libfuse's own loop)
 
     def as_dict(self) -> dict:
-        return {"limit_us": self.limit_us, "polled": self.polled, "slept": self.slept,
-                "window_us": self.window.ns // 1000 if self.window is not None else 0}
+        w = self.window
+        return {"limit_us": w.limit // 1000 if w else 0, "polled": self.polled, "slept": self.slept,
+                "window_us": w.ns // 1000 if w else 0}
 
 
 COUNTS = Counts()
@@ -106,14 +106,13 @@ def _bind(lib) -> None:
         fn.argtypes, fn.restype = args, res
 
 
-def loop(lib, fuse: int, se: int, limit: int) -> int:
+def loop(lib, libc, fuse: int, se: int, limit: int) -> int:
     """Serve session ``se`` until it exits or is unmounted; 0 or a negative
-    errno, as ``fuse_loop``.  ``limit`` 0: libfuse's own loop."""
+    errno, as ``fuse_loop``.  ``limit`` 0: libfuse's own loop.  ``libc``:
+    the C library with ``free`` bound (``loop.main_with_hook``'s)."""
     if limit <= 0:
         return lib.fuse_loop(fuse)
     _bind(lib)
-    libc = ctypes.CDLL(None)
-    libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
     buf = FuseBuf()  # libfuse allocates its memory at the first receive and reuses it
     ref = ctypes.byref(buf)
     poller = select.poll()
@@ -122,7 +121,7 @@ def loop(lib, fuse: int, se: int, limit: int) -> int:
     receive, process, exited = lib.fuse_session_receive_buf, lib.fuse_session_process_buf, lib.fuse_session_exited
     window = Window(limit)
     counts = COUNTS
-    counts.limit_us, counts.window = limit // 1000, window
+    counts.window = window
     res = 0
     try:
         while not exited(se):

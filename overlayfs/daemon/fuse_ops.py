@@ -302,7 +302,7 @@ class StepFS(mfusepy.Operations):
             self.listings.config = config
             self.listings.enabled = installed and self.watcher is not None and config.entry_timeout > SHORT_TIMEOUT
             self.kernel_cache.listings_cached = self.listings.enabled
-            self.kernel_cache.lookups_told = installed
+            self.kernel_cache.lookups_told = installed or self.listings.told_by_loop
             # Negative names are cached only where the kernel can expire one
             # alone (FUSE_EXPIRE_ONLY, 7.38) and renew every name
             # (FUSE_NOTIFY_INC_EPOCH, 7.44: a LOOKUP in flight when its name
@@ -712,7 +712,7 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
     long_cache = watch
     # The loop, with the teardown hook (libfuse/loop.py): no libfuse call on
     # any thread once libfuse starts tearing the session down.
-    with hooked(ops.teardown):
+    with hooked(ops.teardown, ops.listings):
         _FUSE(
             ops,
             mountpoint,

@@ -78,9 +78,10 @@ def _lib():
     return lib
 
 
-def main_with_hook(before_teardown):
+def main_with_hook(before_teardown, lookups=None):
     """A replacement of mfusepy's ``fuse_main_real`` (same arguments, same
-    return codes) that calls ``before_teardown()`` once the loop returned."""
+    return codes) that calls ``before_teardown()`` once the loop returned;
+    ``lookups``: told of each LOOKUP by the loop (``spin.loop``)."""
     lib = _lib()
     libc = ctypes.CDLL(None)
     libc.free.argtypes, libc.free.restype = [ctypes.c_void_p], None
@@ -106,7 +107,7 @@ def main_with_hook(before_teardown):
                     if lib.fuse_set_signal_handlers(se) != 0:
                         return 6
                     try:
-                        res = 8 if spin.loop(lib, libc, fuse, se, spin.limit_ns()) else 0
+                        res = 8 if spin.loop(lib, libc, fuse, se, spin.limit_ns(), lookups) else 0
                     finally:
                         lib.fuse_remove_signal_handlers(se)
                         try:
@@ -127,7 +128,7 @@ def main_with_hook(before_teardown):
 
 
 @contextlib.contextmanager
-def hooked(before_teardown):
+def hooked(before_teardown, lookups=None):
     """While in the block, mfusepy's ``FUSE(...)`` runs :func:`main_with_hook`
     (nothing changes where libfuse is older than 3.12: the hook then runs
     from ``destroy``, as late as before)."""
@@ -135,7 +136,7 @@ def hooked(before_teardown):
         yield False
         return
     saved = mfusepy.fuse_main_real
-    mfusepy.fuse_main_real = main_with_hook(before_teardown)
+    mfusepy.fuse_main_real = main_with_hook(before_teardown, lookups)
     try:
         yield True
     finally:

@@ -157,8 +157,11 @@ class ListingCache:
         # ``negative_timeout`` for that one reply (StepFS.getattr); it is put
         # back to 0 as soon as the reply is sent.
         self.lookup_parent = 0
-        self.lookup_name = b""
+        self._lookup_name: bytes | int = b""  # or the address of the name in the request
         self.config = None
+        # The request loop tells LOOKUPs from their kernel header
+        # (``spin.loop``): the ``lookup`` entry is then left as it is.
+        self.told_by_loop = False
         self._slots: list[tuple[ctypes.c_void_p, int]] = []
         self._orig: dict[str, object] = {}
         # C callbacks, kept alive as long as the session.
@@ -176,16 +179,42 @@ class ListingCache:
         finally:
             self._orig["opendir"](req, ino, llfi)
 
-    def _lookup(self, req, parent, name):
+    @property
+    def lookup_name(self) -> bytes:
+        """The name the LOOKUP being answered asks for (read from the
+        request only when asked: most LOOKUPs never need it)."""
+        name = self._lookup_name
+        if name.__class__ is int:
+            name = self._lookup_name = ctypes.string_at(name)
+        return name
+
+    def loop_tells(self, on: bool) -> None:
+        """The request loop tells each LOOKUP from now on (``on``), before
+        any request is read, or stopped (``spin.loop``): the ``lookup``
+        entry is then not wrapped, and :attr:`in_lookup` is exact."""
+        self.told_by_loop = on
+        self.in_lookup = False
+
+    def lookup_begins(self, parent: int, name: bytes | int) -> None:
+        """A LOOKUP of ``name`` (or the address of its NUL-terminated bytes,
+        valid until :meth:`lookup_ends`) in node ``parent`` is processed."""
         self.in_lookup = True
-        self.lookup_parent, self.lookup_name = parent, name
+        self.lookup_parent, self._lookup_name = parent, name
+
+    def lookup_ends(self) -> None:
+        """Its reply is sent: a negative timeout raised for it is put back."""
+        self.in_lookup = False
+        self._lookup_name = b""
+        config = self.config
+        if config is not None and config.negative_timeout:
+            config.negative_timeout = 0.0
+
+    def _lookup(self, req, parent, name):
+        self.lookup_begins(parent, name)
         try:
             self._orig["lookup"](req, parent, name)
         finally:
-            self.in_lookup = False
-            config = self.config
-            if config is not None and config.negative_timeout:
-                config.negative_timeout = 0.0
+            self.lookup_ends()
 
     def _reading(self, op: str):
         """The wrapper of libfuse's ``readdir`` or ``readdirplus``: names
@@ -206,7 +235,8 @@ class ListingCache:
         if ops is None:
             return False
         for name, hook in self._hooks.items():
-            self._orig[name] = wrap(ops, name, hook, self._slots)
+            if name != "lookup" or not self.told_by_loop:
+                self._orig[name] = wrap(ops, name, hook, self._slots)
         self.installed = True
         self.in_lookup = False
         return True

@@ -20,9 +20,10 @@ mount, or one asked something every few milliseconds, does not poll at
 all.  :data:`SPIN_ENV` sets the limit in microseconds; ``0`` runs libfuse's
 own ``fuse_loop`` instead.
 
-The loop is libfuse 3.14's ``fuse_session_loop`` (lib/fuse_loop.c) with the
-poll in front of each receive: ``EINTR`` retried, a receive of 0 or less
-ends it (0: unmounted or aborted), ``fuse_session_reset`` at the end.  The
+The loop is libfuse 3.14's ``fuse_session_loop`` (lib/fuse_loop.c) over
+a device read without blocking, with the poll and the sleep where a read
+found nothing: ``EINTR`` retried, a receive of 0 or less ends it (0:
+unmounted or aborted), ``fuse_session_reset`` at the end.  The
 high-level ``fuse_loop`` only adds the ``remember`` option's node
 pruning, which the daemon does not ask for.
 """
@@ -35,7 +36,7 @@ import os
 import select
 import time
 
-from stepfs.overlayfs.daemon.libfuse.bufs import FuseBuf
+from stepfs.overlayfs.daemon.libfuse.bufs import FUSE_BUF_IS_FD, FuseBuf
 
 #: The poll window's limit in microseconds (``0``: libfuse's own loop, no polling).
 SPIN_ENV = "STEPFS_SPIN_US"
@@ -106,46 +107,101 @@ def _bind(lib) -> None:
         fn.argtypes, fn.restype = args, res
 
 
-def loop(lib, libc, fuse: int, se: int, limit: int) -> int:
+#: ``struct pollfd`` (poll.h), for the sleeping wait (see :func:`loop`).
+class _PollFd(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
+
+
+#: ``FUSE_LOOKUP`` (linux/fuse.h) and the offset of a request's data after
+#: its ``struct fuse_in_header`` (``len``, ``opcode``, ``unique``,
+#: ``nodeid``, ``uid``, ``gid``, ``pid``, two 16-bit fields: 40 bytes).
+FUSE_LOOKUP = 1
+IN_HEADER_SIZE = 40
+
+
+def loop(lib, libc, fuse: int, se: int, limit: int, lookups=None) -> int:
     """Serve session ``se`` until it exits or is unmounted; 0 or a negative
     errno, as ``fuse_loop``.  ``limit`` 0: libfuse's own loop.  ``libc``:
-    the C library with ``free`` bound (``loop.main_with_hook``'s)."""
+    the C library with ``free`` bound (``loop.main_with_hook``'s).
+
+    ``lookups`` (a ``lowlevel.ListingCache``, or None) is told of each
+    LOOKUP around its processing (:meth:`~ListingCache.lookup_begins`,
+    :meth:`~ListingCache.lookup_ends`), read from the request's kernel
+    header (``struct fuse_in_header``, a stable kernel interface), instead
+    of through a wrapped libfuse entry that crosses from C to Python and
+    back on every LOOKUP.
+
+    The device is read without blocking: a burst's queued requests are
+    read at once, with no ``poll`` in front of each; only a read that finds
+    nothing polls for the window, then sleeps in ``poll(2)`` called
+    through ctypes (Python's own ``poll`` would retry after libfuse's
+    signal handler ended the session, and sleep on)."""
     if limit <= 0:
         return lib.fuse_loop(fuse)
     _bind(lib)
+    libc.poll.argtypes, libc.poll.restype = [ctypes.POINTER(_PollFd), ctypes.c_ulong, ctypes.c_int], ctypes.c_int
     buf = FuseBuf()  # libfuse allocates its memory at the first receive and reuses it
     ref = ctypes.byref(buf)
+    fd = lib.fuse_session_fd(se)
+    os.set_blocking(fd, False)
+    pollfd = _PollFd(fd, select.POLLIN, 0)
+    sleep_ref = ctypes.byref(pollfd)
     poller = select.poll()
-    poller.register(lib.fuse_session_fd(se), select.POLLIN)
-    poll, now = poller.poll, time.monotonic_ns
+    poller.register(fd, select.POLLIN)
+    poll, now, cpoll = poller.poll, time.monotonic_ns, libc.poll
     receive, process, exited = lib.fuse_session_receive_buf, lib.fuse_session_process_buf, lib.fuse_session_exited
     window = Window(limit)
     counts = COUNTS
     counts.window = window
+    if lookups is not None:
+        lookups.loop_tells(True)
+    header_at, opcode, nodeid = 0, None, None
     res = 0
+    woke = False  # the request about to be read is the one the loop slept for
     try:
         while not exited(se):
-            ready = False
-            if window.ns:
-                deadline = now() + window.ns
-                while not (ready := bool(poll(0))) and now() < deadline:
-                    pass
-                if not ready and exited(se):  # a signal while polling: do not sleep in read
+            res = receive(se, ref)
+            if res == -errno.EAGAIN:
+                if window.ns:
+                    deadline = now() + window.ns
+                    while not (ready := bool(poll(0))) and now() < deadline:
+                        pass
+                    if ready:
+                        continue
+                if exited(se):  # a signal while polling: do not sleep
                     break
-            if ready:
-                res = receive(se, ref)
-                counts.polled += 1
-            else:
                 asleep = now()
-                res = receive(se, ref)
+                cpoll(sleep_ref, 1, -1)  # EINTR: the loop's test sees a signal's exit
                 window.slept(now() - asleep)
-                counts.slept += 1
+                woke = True
+                continue
             if res == -errno.EINTR:
                 continue
             if res <= 0:
                 break
-            process(se, ref)
+            if woke:
+                counts.slept += 1
+                woke = False
+            else:
+                counts.polled += 1
+            if lookups is None or buf.flags & FUSE_BUF_IS_FD:
+                process(se, ref)
+                continue
+            if buf.mem != header_at:  # the first request (libfuse keeps its buffer)
+                header_at = buf.mem
+                opcode = (ctypes.c_uint32 * 2).from_address(header_at)
+                nodeid = (ctypes.c_uint64 * 3).from_address(header_at)
+            if opcode[1] != FUSE_LOOKUP:
+                process(se, ref)
+                continue
+            lookups.lookup_begins(nodeid[2], header_at + IN_HEADER_SIZE)
+            try:
+                process(se, ref)
+            finally:
+                lookups.lookup_ends()
     finally:
+        if lookups is not None:
+            lookups.loop_tells(False)
         libc.free(buf.mem)
         lib.fuse_session_reset(se)
     return min(res, 0)

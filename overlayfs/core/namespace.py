@@ -29,6 +29,7 @@ from stepfs.store import tokens
 from stepfs.store import xattrs as xattr_codec
 from stepfs.store.contained import DEVICE_KINDS, Root, kind_of, rdev_of
 
+from stepfs.overlayfs.core.dirhandles import DirHandles
 from stepfs.overlayfs.core.errors import NameTooLong, NotADirectory, NotFound, Reserved
 from stepfs.overlayfs.core.links import Links
 from stepfs.overlayfs.core.listings import Listings
@@ -69,6 +70,8 @@ class Namespace:
 
     def __init__(self, root: Root, upper: Upper, links: Links):
         self.root, self.upper, self.links = root, upper, links
+        #: Kept workspace directory descriptors: a lookup's ``fstatat`` (started by the daemon).
+        self.dirs = DirHandles(root)
         self.root_dev = os.fstat(root.fd).st_dev
         self.listings = Listings(root)  # workspace directory listings
         #: Inode numbers stay stable for the life of the mount: a committed
@@ -101,6 +104,12 @@ class Namespace:
                 raise NotFound(path)  # below a file, a whiteout or an opaque directory
         if path == "/":
             return None, os.stat(self.root.fd)
+        try:
+            st = self.dirs.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(path) from None
+        if st is not None:
+            return None, st
         try:
             return None, self.root.lstat(rel(path))
         except (FileNotFoundError, NotADirectoryError):

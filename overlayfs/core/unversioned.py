@@ -92,9 +92,12 @@ class Rules:
         self._memo: dict[str, bool] = {}
         #: Top-most unversioned directories this mount has seen (for status).
         self.seen: set[str] = set()
+        #: Counts the rule changes (``dirhandles.DirHandles`` empties its table at each).
+        self.generation = 0
         self._build()
 
     def _build(self) -> None:
+        self.generation += 1
         self.matcher = Matcher(self.default_patterns + self.file_patterns + self.exclude_patterns)
         self._any = bool(self.matcher.patterns)
         self._memo.clear()

@@ -457,8 +457,9 @@ class Overlay:
         lock: a name whose path only the workspace decides (no upper node
         at it or covering it, no open draft, no hidden name) is stat'ed
         with one ``fstatat`` relative to a descriptor of the directory,
-        opened beneath the root without following symlinks (``Root.open``)
-        for this call only, instead of resolving its whole path again
+        opened beneath the root without following symlinks (``Root.open``),
+        the one the namespace keeps (``dirhandles``) or one for this call
+        only, instead of resolving its whole path again
         (``openat2`` + ``fstat`` + ``close`` per name).  The name is one
         component, not ``..``, stat'ed without following it: nothing
         outside the directory is reached (a name that is not one plain
@@ -473,12 +474,15 @@ class Overlay:
             nodes = self.upper.nodes
             hidden = self.content.hidden
             open_drafts = self.content.open_drafts
-            dfd = -1
+            dfd, opened = -1, False
             if not self.ns.children_covered(path):
-                try:
-                    dfd = self.root.open(rel(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-                except OSError:
-                    dfd = -1
+                dfd = self.ns.dirs.fd(path) if path != "/" else -1  # kept: not closed here
+                if dfd < 0:
+                    try:
+                        dfd = self.root.open(rel(path), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                        opened = True
+                    except OSError:
+                        dfd = -1
             try:
                 for name in names:
                     child = prefix + "/" + name
@@ -496,7 +500,7 @@ class Overlay:
                         continue
                     out.append(self.ns.stat_lower(child, st))
             finally:
-                if dfd >= 0:
+                if opened:
                     os.close(dfd)
         return out
 
@@ -573,6 +577,7 @@ class Overlay:
 
     def forget(self, paths: list[str]) -> None:
         """Drop what the view holds for ``paths`` after a rollback changed them."""
+        self.ns.dirs.stale()  # a rollback may replace whole directories
         self.step_nodes.forget(paths)
 
     def commit(self, message: str = "", meta: dict | None = None, allow_empty: bool = False,
@@ -590,15 +595,28 @@ class Overlay:
                      overwrite: set[bytes] = frozenset()) -> ViewCommit:
         """The commit in two phases, for a caller that answers between them
         (the daemon): see ``committing.py``."""
-        return ViewCommit(self.commits, self.step_nodes.before_commit, self.step_nodes.after_commit,
+        return ViewCommit(self.commits, self._before_commit, self._after_commit,
                           self.content.cas.precaptured,
                           message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
+
+    # The commit writes the workspace between these two (under the view's
+    # lock, which every lookup takes): kept directory descriptors may name
+    # directories it replaced, whether it succeeded or failed half-way.
+    def _before_commit(self):
+        out = self.step_nodes.before_commit()
+        self.ns.dirs.stale()  # last: only the store's writes follow, until _after_commit or the lock's release
+        return out
+
+    def _after_commit(self, covered: list[str]) -> None:
+        self.ns.dirs.stale()
+        self.step_nodes.after_commit(covered)
 
     def close(self) -> None:
         """Unmount: decide every open handle, then write the recorded rows
         (once a commit still completing has ended: the store closes next)."""
         self.settled.wait()
         with self.lock:
+            self.ns.dirs.close()
             self.content.close()
             self.rows.stop()
             try:

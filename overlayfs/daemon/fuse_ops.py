@@ -310,6 +310,12 @@ class StepFS(mfusepy.Operations):
             self.negatives = (self.listings.enabled and NEGATIVE_TIMEOUT > 0 and conn is not None
                               and conn.proto_major == 7 and conn.proto_minor >= INC_EPOCH_MINOR)
             self.kernel_cache.negatives_cached = self.negatives
+            if self.listings.enabled:
+                # Lookups stat names through kept directory descriptors
+                # (core/dirhandles.py): only of directories the watcher watches.
+                watcher, rules = self.watcher, self.view.unversioned
+                self.view.ns.dirs.start(lambda path: watcher.watching(path) and not rules.dir_covered(path),
+                                        lambda: rules.generation)
         if conn is not None and conn.capable & FUSE_CAP_POSIX_ACL:
             conn.want |= FUSE_CAP_POSIX_ACL
         if conn is not None and conn.capable & FUSE_CAP_SPLICE_WRITE:
@@ -348,6 +354,7 @@ class StepFS(mfusepy.Operations):
         """Fall back to :data:`SHORT_TIMEOUT` for every later reply (outside
         edits can no longer be seen as they happen; any thread)."""
         self.listings.enabled = False  # the next opendir of each directory drops its cached listing
+        self.view.ns.dirs.enabled = False  # kept directory descriptors are only as true as the events
         self.negatives = False
         if self.kernel_cache is not None:
             self.kernel_cache.listings_cached = self.kernel_cache.negatives_cached = False
@@ -707,7 +714,8 @@ def run(view: Overlay, mountpoint: str, on_ready=None, debug: bool = False,
     ops = StepFS(view, on_ready, kernel_cache)
     if watch:
         ops.watcher = Watcher(view.root, kernel_cache, ops.short_timeouts, own=view.own_publishes,
-                              quiet=view.commit_idle, ignore=view.unversioned.dir_covered)
+                              quiet=view.commit_idle, ignore=view.unversioned.dir_covered,
+                              removed=view.ns.dirs.changed)
         ops._watch = ops.watcher.watch
     long_cache = watch
     # The loop, with the teardown hook (libfuse/loop.py): no libfuse call on

@@ -190,8 +190,12 @@ class Watcher:
     """
 
     def __init__(self, root, kernel, fallback: Callable[[], None], own: set[str] | None = None,
-                 quiet: threading.Event | None = None, ignore: Callable[[str], bool] | None = None):
+                 quiet: threading.Event | None = None, ignore: Callable[[str], bool] | None = None,
+                 removed: Callable[[set[str]], None] | None = None):
         self.root = root
+        # Told of each batch's names removed, renamed away or replaced (a
+        # kept directory descriptor there or below is stale: core/dirhandles.py).
+        self._removed = removed
         # Unversioned directories are never watched (unversioned.Rules):
         # inotify on a tree an installer fills costs as much as the
         # installer's own work, and what changes there is not versioned.
@@ -340,6 +344,8 @@ class Watcher:
                 path = self._dir_of.pop(wd, None)
                 if path is not None and self._wd_of.get(path) == wd:
                     del self._wd_of[path]
+        if self._removed is not None and (ch.gone or ch.replaced or ch.lost_dirs):
+            self._removed(ch.gone | ch.replaced | ch.lost_dirs)
         for top in ch.lost_dirs:
             self._unwatch_below(top)
         if len(self.gone) + len(ch.gone) + len(ch.replaced) > GONE_LIMIT:

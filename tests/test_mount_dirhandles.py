@@ -32,10 +32,9 @@ def test_a_directory_replaced_outside(workspace, mount):
     os.rename(workspace / "d", workspace / "d-aside")
     (workspace / "d").mkdir()
     (workspace / "d" / "new").write_text("new\n")
-    # A name the kernel never held in d is looked up in the new directory.
-    # (A name it did hold, d/old, can stay cached until its timeout: the
-    # kernel keeps the entry d and what is below it; not this module's.)
     assert seen(lambda: m.path("d", "new").read_text(), "new\n")
+    # A name the kernel held in the old directory: looked up again (Watcher: new_epoch).
+    assert seen(lambda: m.path("d", "old").exists(), False)
     assert not m.path("d", "absent-before").exists()
     (workspace / "d" / "absent-before").write_text("now\n")
     assert seen(lambda: m.path("d", "absent-before").read_text(), "now\n")

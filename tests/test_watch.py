@@ -100,7 +100,12 @@ class FakeKernel:
         self.known = set(known)
         self.gone: set[str] = set()
         self.forgot: list[str] = []
+        self.renewed = 0  # new_epoch calls: every name looked up again
         self.changed = threading.Condition()
+
+    def new_epoch(self) -> bool:
+        self.renewed += 1
+        return True
 
     def forget(self, path: str) -> bool:
         with self.changed:
@@ -164,6 +169,32 @@ def test_a_moved_directory_is_unwatched_and_its_new_name_adopted(running):
     assert "/src" in kernel.gone
     (ws / "lib" / "pkg" / "m.py").write_text("m\n")
     assert kernel.wait_for("/lib/pkg/m.py")
+
+
+def test_a_directory_removed_or_moved_away_renews_every_name(tree):
+    ws, root = tree
+    kernel, own = FakeKernel(known={"/", "/src", "/src/pkg"}), set()
+    w = Watcher(root, kernel, lambda: None, own=own)
+    w.start()
+    try:
+        w.watch("/src")
+        w.watch("/src/pkg")
+        # Files come and go: the names the kernel holds stay as they are.
+        (ws / "src" / "b.py").write_text("b\n")
+        os.unlink(ws / "src" / "a.py")
+        assert kernel.wait_for("/src/a.py")
+        assert kernel.renewed == 0
+        # A directory renamed away from outside: held names below it are stale.
+        os.rename(ws / "src" / "pkg", ws / "pkg-aside")
+        assert eventually(lambda: kernel.renewed == 1)
+        # The mount's own commit removing a directory renews nothing.
+        own.add("/src/mine")
+        w.apply(interpret([(w._wd_of["/src"], IN_DELETE | IN_ISDIR, b"mine")], w._dir_of.get))
+        assert kernel.renewed == 1
+        w.apply(interpret([(w._wd_of["/src"], IN_DELETE | IN_ISDIR, b"theirs")], w._dir_of.get))
+        assert kernel.renewed == 2
+    finally:
+        w.stop()
 
 
 def test_the_store_and_absent_directories_are_never_watched(running):

@@ -207,6 +207,7 @@ class Watcher:
         # to the same view inodes, so their events only invalidate.
         self._own: set[str] = own if own is not None else set()
         self._invalidate = kernel.forget
+        self._renew_names = getattr(kernel, "new_epoch", None)
         self.gone: set[str] = kernel.gone
         self._fallback = fallback
         self._lock = threading.Lock()
@@ -344,6 +345,13 @@ class Watcher:
                 path = self._dir_of.pop(wd, None)
                 if path is not None and self._wd_of.get(path) == wd:
                     del self._wd_of[path]
+        # A directory removed or renamed away from outside: the kernel keeps
+        # the names it held below it (a directory made again at that path
+        # is the same node to libfuse, so the kernel's revalidation of the
+        # path keeps them all).  Every name is looked up again before its
+        # next use; this mount's own commit removed nothing the kernel holds
+        # (decided before the loop below consumes the own names).
+        renew = self._renew_names is not None and any(p not in self._own for p in ch.lost_dirs)
         if self._removed is not None and (ch.gone or ch.replaced or ch.lost_dirs):
             self._removed(ch.gone | ch.replaced | ch.lost_dirs)
         for top in ch.lost_dirs:
@@ -359,6 +367,8 @@ class Watcher:
             known = self._invalidate(path)
             if path in ch.replaced and not known:
                 self.gone.discard(path)  # the kernel holds no entry to drop
+        if renew:
+            self._renew_names()
         for path in sorted(ch.new_dirs):
             self._adopt(path)
         if ch.overflow:

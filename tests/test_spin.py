@@ -129,6 +129,14 @@ def test_libfuse_own_loop_when_polling_is_off(workspace, mount, monkeypatch):
     assert (workspace / "d" / "new.txt").read_text() == "new\n" and not (workspace / "kept.txt").exists()
     counts = loop_counts(m)
     assert counts["limit_us"] == 0 and counts["polled"] == counts["slept"] == 0
+    # LOOKUPs are told by libfuse's wrapped lookup entry here (the polling
+    # loop tells them from the request header): an absent name is cached.
+    wait_for(lambda: _absent_noted(m, "absent-name"), "a negative name recorded")
+
+
+def _absent_noted(m, name: str) -> bool:
+    assert not os.path.lexists(m.path(name))
+    return control.request(str(m.mountpoint), {"op": "ping"})["negatives_noted"] >= 1
 
 
 @pytest.mark.mount

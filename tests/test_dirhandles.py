@@ -144,3 +144,15 @@ def test_the_namespace_resolves_through_kept_directories(ws):
         ns.resolve("/.stepfs")
     ns.dirs.close()
     r.close()
+
+
+def test_a_mount_that_stops_watching_closes_what_it_kept(ws):
+    r = Root(str(ws))
+    h = DirHandles(r)
+    h.start(lambda path: True, lambda: 0)
+    assert h.lstat("/a/b/f") is not None
+    before = open_fds()
+    h.enabled = False  # short_timeouts, from any thread
+    assert h.lstat("/a/b/f") is None and h.lstat("/top") is None
+    assert open_fds() == before - 1
+    r.close()

@@ -77,10 +77,12 @@ class DirHandles:
         """A descriptor of the workspace directory at view path ``path``
         (not the root), or -1 when none is kept or may be.  Under the
         view's lock."""
-        if self._stale or not self.enabled or self._seen_generation != self._generation():
+        if not self.enabled:
+            if self._fds:
+                self._reset()  # the mount stopped watching: close what it kept
+            return -1
+        if self._stale or self._seen_generation != self._generation():
             self._reset()
-            if not self.enabled:
-                return -1
         fd = self._fds.get(path)
         if fd is not None:
             return fd
@@ -110,14 +112,9 @@ class DirHandles:
         head, _, name = path.rpartition("/")
         if not name or name[0] == ".":
             return None  # a dot name (the store's, "..") or an unnormalized path: Root's checks decide
-        if head:
-            fd = self.fd(head)
-            if fd < 0:
-                return None
-        elif not self.enabled:
+        fd = self.fd(head) if head else (self.root.fd if self.enabled else -1)
+        if fd < 0:
             return None
-        else:
-            fd = self.root.fd
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
     def changed(self, paths: Iterable[str]) -> None:

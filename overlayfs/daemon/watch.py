@@ -207,7 +207,7 @@ class Watcher:
         # to the same view inodes, so their events only invalidate.
         self._own: set[str] = own if own is not None else set()
         self._invalidate = kernel.forget
-        self._renew_names = getattr(kernel, "new_epoch", None)
+        self._renew_names = kernel.new_epoch
         self.gone: set[str] = kernel.gone
         self._fallback = fallback
         self._lock = threading.Lock()
@@ -351,7 +351,7 @@ class Watcher:
         # path keeps them all).  Every name is looked up again before its
         # next use; this mount's own commit removed nothing the kernel holds
         # (decided before the loop below consumes the own names).
-        renew = self._renew_names is not None and any(p not in self._own for p in ch.lost_dirs)
+        renew = any(p not in self._own for p in ch.lost_dirs)
         if self._removed is not None and (ch.gone or ch.replaced or ch.lost_dirs):
             self._removed(ch.gone | ch.replaced | ch.lost_dirs)
         for top in ch.lost_dirs:

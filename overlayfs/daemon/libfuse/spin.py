@@ -107,7 +107,7 @@ def _bind(lib) -> None:
         fn.argtypes, fn.restype = args, res
 
 
-#: ``struct pollfd`` (poll.h), for the sleeping wait (see :func:`loop`).
+#: ``struct pollfd`` (poll.h), for the poll and the sleep (see :func:`loop`).
 class _PollFd(ctypes.Structure):
     _fields_ = [("fd", ctypes.c_int), ("events", ctypes.c_short), ("revents", ctypes.c_short)]
 
@@ -133,9 +133,9 @@ def loop(lib, libc, fuse: int, se: int, limit: int, lookups=None) -> int:
 
     The device is read without blocking: a burst's queued requests are
     read at once, with no ``poll`` in front of each; only a read that finds
-    nothing polls for the window, then sleeps in ``poll(2)`` called
-    through ctypes (Python's own ``poll`` would retry after libfuse's
-    signal handler ended the session, and sleep on)."""
+    nothing polls for the window, then sleeps in ``poll(2)``, both through
+    ctypes (Python's own ``poll`` would retry after libfuse's signal handler
+    ended the session, and sleep on)."""
     if limit <= 0:
         return lib.fuse_loop(fuse)
     _bind(lib)
@@ -145,10 +145,8 @@ def loop(lib, libc, fuse: int, se: int, limit: int, lookups=None) -> int:
     fd = lib.fuse_session_fd(se)
     os.set_blocking(fd, False)
     pollfd = _PollFd(fd, select.POLLIN, 0)
-    sleep_ref = ctypes.byref(pollfd)
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poll, now, cpoll = poller.poll, time.monotonic_ns, libc.poll
+    pfd = ctypes.byref(pollfd)
+    now, poll = time.monotonic_ns, libc.poll
     receive, process, exited = lib.fuse_session_receive_buf, lib.fuse_session_process_buf, lib.fuse_session_exited
     window = Window(limit)
     counts = COUNTS
@@ -164,14 +162,14 @@ def loop(lib, libc, fuse: int, se: int, limit: int, lookups=None) -> int:
             if res == -errno.EAGAIN:
                 if window.ns:
                     deadline = now() + window.ns
-                    while not (ready := bool(poll(0))) and now() < deadline:
+                    while not (ready := poll(pfd, 1, 0) > 0) and now() < deadline:
                         pass
                     if ready:
                         continue
                 if exited(se):  # a signal while polling: do not sleep
                     break
                 asleep = now()
-                cpoll(sleep_ref, 1, -1)  # EINTR: the loop's test sees a signal's exit
+                poll(pfd, 1, -1)  # EINTR: the loop's test sees a signal's exit
                 window.slept(now() - asleep)
                 woke = True
                 continue

@@ -13,7 +13,8 @@ identity changes; tokens are only ever compared for equality.
 back with ``utime`` still changes the token; ``ino`` catches save-by-rename.
 The remaining hole (a same-size rewrite within one clock tick of the stat)
 is the "racy git" case; the version-token work closes it with a content hash
-for stats taken inside the racy window.
+for stats taken inside the racy window, except on a device proven to have
+no such tick (:data:`FINE_CTIME_DEVICES`).
 """
 
 from __future__ import annotations
@@ -47,9 +48,72 @@ def of_path(st: os.stat_result | None, readlink) -> str:
 RACY_WINDOW_NS = 2_000_000_000
 HASH_SEP = "#"
 
+#: Devices (``st_dev``) where every change made after a stat moves the
+#: file's ctime to a new value, so no stat taken there is racy and a token
+#: needs no hash however fresh the file.  Linux 6.13 and later stamp such a
+#: change from the fine clock once ctime has been read ("multigrain
+#: timestamps": ext4, xfs, btrfs, tmpfs).  Only :func:`learn_fine_ctime`
+#: adds a device, after proving it there; every other keeps the window.
+FINE_CTIME_DEVICES: set[int] = set()
+
+#: File systems whose timestamps this kernel sets itself (no server or
+#: daemon in between whose clock or cache could differ): the only ones probed.
+LOCAL_TIMESTAMPS = frozenset({"ext4", "xfs", "btrfs", "tmpfs"})
+
+#: Changes the probe makes, each right after a stat: with timestamps from a
+#: coarse clock (a tick is 1 to 10 ms, these take microseconds) most of
+#: them would keep the ctime the stat saw.
+PROBE_CHANGES = 64
+
 
 def is_racy(st: os.stat_result, now_ns: int) -> bool:
-    return stat_mod.S_ISREG(st.st_mode) and now_ns - max(st.st_ctime_ns, st.st_mtime_ns) < RACY_WINDOW_NS
+    return (stat_mod.S_ISREG(st.st_mode) and st.st_dev not in FINE_CTIME_DEVICES
+            and now_ns - max(st.st_ctime_ns, st.st_mtime_ns) < RACY_WINDOW_NS)
+
+
+def learn_fine_ctime(dir_path: str) -> bool:
+    """Whether the device of directory ``dir_path`` moves ctime on every
+    change after a stat; if so it joins :data:`FINE_CTIME_DEVICES`.  Proven
+    on an unnamed file made in ``dir_path`` (``O_TMPFILE``: nothing is left
+    behind, even by a crash): :data:`PROBE_CHANGES` times a stat, a write,
+    a stat, and never the same ctime twice.  A file system not in
+    :data:`LOCAL_TIMESTAMPS`, or one that cannot make the file, keeps the
+    racy window."""
+    dev = os.stat(dir_path).st_dev
+    if dev in FINE_CTIME_DEVICES:
+        return True
+    if fs_type(dev) not in LOCAL_TIMESTAMPS:
+        return False
+    try:
+        fd = os.open(dir_path, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return False
+    try:
+        for i in range(PROBE_CHANGES):
+            seen = os.fstat(fd).st_ctime_ns
+            os.pwrite(fd, bytes((i,)), 0)
+            if os.fstat(fd).st_ctime_ns == seen:
+                return False
+    finally:
+        os.close(fd)
+    FINE_CTIME_DEVICES.add(dev)
+    return True
+
+
+def fs_type(dev: int) -> str | None:
+    """The type of the file system mounted from device ``dev``, as this
+    process's mount table (``/proc/self/mountinfo``) names it; None if no
+    mount there has that device."""
+    want = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == want and "-" in fields:
+                    return fields[fields.index("-") + 1]
+    except OSError:
+        pass
+    return None
 
 
 def with_hash(token: str, digest: str) -> str:
@@ -61,9 +125,9 @@ def same(recorded: str, current: str, current_digest) -> bool:
 
     ``current`` is the path's token now *without* a hash; ``current_digest``
     computes the content hash on demand.  A recorded token without a hash was
-    taken outside the racy window, so any later change moved its ctime and
-    plain equality decides; one with a hash needs equal stat fields *and*
-    equal content.
+    taken outside the racy window (or on a device without one), so any later
+    change moved its ctime and plain equality decides; one with a hash needs
+    equal stat fields *and* equal content.
     """
     rec_stat, sep, rec_digest = recorded.partition(HASH_SEP)
     cur_stat = current.partition(HASH_SEP)[0]

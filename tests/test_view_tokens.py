@@ -751,6 +751,46 @@ def test_s3_save_by_rename_is_caught_without_the_hash(ws, ov, monkeypatch):
         ov.open("/x", os.O_WRONLY, agent=A)
 
 
+def _kernel_at_least(major: int, minor: int) -> bool:
+    return tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) >= (major, minor)
+
+
+@pytest.mark.skipif(not _kernel_at_least(6, 13), reason="multigrain timestamps came with Linux 6.13")
+def test_on_a_device_proven_to_move_ctime_fresh_tokens_carry_no_hash_and_still_catch_same_tick_rewrites(
+        ws, ov, monkeypatch):
+    """A daemon proves at its start that every change after a stat moves
+    ctime on the workspace's device (``tokens.learn_fine_ctime``); tokens
+    there then carry no hash however fresh the file.  If that proof were
+    wrong (a coarse ctime), most of these rewrites, each made microseconds
+    after the read's stat with the same size and the mtime put back, would
+    keep the token and the write-open would not be stale."""
+    monkeypatch.setattr(tokens, "FINE_CTIME_DEVICES", set())
+    monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 3600 * 10**9)  # every stat here would be racy
+    assert tokens.learn_fine_ctime(ws.tmp_dir)
+    assert os.stat(ws.tmp_dir).st_dev == os.stat(ws.path).st_dev  # .stepfs/tmp is on the workspace's device
+    assert tokens.HASH_SEP not in ov.record_token("/x")
+    path = os.path.join(ws.path, "x")
+    for i in range(200):
+        assert cat(ov, "/x", A) in (b"version one\n", b"VERSION TWO\n")
+        assert tokens.HASH_SEP not in ov.observed[A]["/x"]
+        (_utime_restored if i % 2 else _same_size_same_tick)(path)
+        with pytest.raises(Stale):
+            ov.open("/x", os.O_WRONLY, agent=A)
+    assert not [name for name in os.listdir(ws.tmp_dir)]  # the probe's file had no name
+
+
+def test_a_device_not_proven_keeps_the_racy_window(ws, ov, monkeypatch):
+    """Only a proven device skips the hash: a file system this kernel does
+    not stamp itself (here /proc) is never probed, and until a device is
+    proven its fresh tokens are hashed as before."""
+    monkeypatch.setattr(tokens, "FINE_CTIME_DEVICES", set())
+    monkeypatch.setattr(tokens, "RACY_WINDOW_NS", 3600 * 10**9)
+    assert tokens.fs_type(os.stat("/proc").st_dev) == "proc"
+    assert not tokens.learn_fine_ctime("/proc")
+    assert tokens.FINE_CTIME_DEVICES == set()
+    assert tokens.HASH_SEP in ov.record_token("/x")
+
+
 def test_s6_another_agent_never_sees_a_half_written_file(ov):
     before = ov.open("/x", RO, agent=B)
     fa = ov.open("/x", RW | os.O_TRUNC, agent=A)

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Callable
 
-from stepfs.store import staging
+from stepfs.store import staging, tokens
 from stepfs.store.db import Prepared
 from stepfs.store.workspace import Workspace
 
@@ -195,6 +195,9 @@ def serve(workspace: str, mountpoint: str, ready_fd: int | None = None, debug: b
         return 9
     os.ftruncate(lock_fd, 0)
     os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
+    # Before the first token: on a file system whose ctime moves with every
+    # change after a stat, a file changed just now is not hashed at its open.
+    tokens.learn_fine_ctime(ws.tmp_dir)
 
     view = Overlay(ws, mountpoint, agent=os.environ.get("STEPFS_AGENT", ""), require_read=require_read,
                    row_delay=ROW_DELAY, excludes=excludes, default_excludes=default_excludes)

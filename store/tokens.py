@@ -94,6 +94,8 @@ def learn_fine_ctime(dir_path: str) -> bool:
             os.pwrite(fd, bytes((i,)), 0)
             if os.fstat(fd).st_ctime_ns == seen:
                 return False
+    except OSError:
+        return False  # a full disk, say: not proven, and no reason to stop a mount
     finally:
         os.close(fd)
     FINE_CTIME_DEVICES.add(dev)

@@ -94,3 +94,26 @@ def test_a_device_trusted_without_proof_would_miss_it(coarse_view):
         pytest.fail("10 rewrites right after a read each moved a token whose times are whole seconds")
     fh = view.open("/x", os.O_WRONLY, agent="a")  # not stale: the lost update the hash prevents
     view.release(fh)
+
+
+def test_a_full_file_system_is_not_proven_and_stops_nothing(tmp_path):
+    """The probe's one-byte writes fail with ENOSPC on a full tmpfs (a file
+    system it would otherwise prove): not proven, and no error for the
+    daemon starting."""
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True, capture_output=True)
+    try:
+        fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        assert tokens.fs_type(os.stat(full).st_dev) == "tmpfs"
+        assert not tokens.learn_fine_ctime(str(full))
+        assert os.stat(full).st_dev not in tokens.FINE_CTIME_DEVICES
+    finally:
+        subprocess.run(["umount", str(full)], capture_output=True)

@@ -4,13 +4,15 @@
 # sqlite3, rsync, gcc/make; fuse-overlayfs and fio, the conformance tests'
 # reference target and external exerciser; chromium, the browser the
 # `stepfs serve` tests drive through Playwright; postgresql, the server the
-# shared-history tests start in a temp dir). Used by `make deps`, by the Docker image and by
+# shared-history tests start in a temp dir; e2fsprogs and mount, for the
+# loop-mounted ext4 with whole-second timestamps of tests/test_tokens_ctime.py).
+# Used by `make deps`, by the Docker image and by
 # CI, so there is exactly one list. Idempotent and quiet when all is present.
 #   docker/install-system-deps.sh            the packages stepfs and its tests need
 #   docker/install-system-deps.sh PKG...     exactly these instead (bench/install-deps.sh)
 set -euo pipefail
 
-PACKAGES=(fuse3 libfuse3-3 git sqlite3 rsync make gcc python3-venv fuse-overlayfs fio chromium postgresql)
+PACKAGES=(fuse3 libfuse3-3 git sqlite3 rsync make gcc python3-venv fuse-overlayfs fio chromium postgresql e2fsprogs mount)
 if [ $# -gt 0 ]; then
   PACKAGES=("$@")
 fi

@@ -438,3 +438,36 @@ def test_s8_sed_in_place_replaces_by_rename(workspace, mount, agents):
     assert (lost["ok"], lost["errno"]) == (False, errno.ESTALE)
     assert m.path("x").read_text() == "hello there\n"
     assert m.path(".stepfs", "conflicts", "x").read_text() == "other's unsaved bytes\n"
+
+
+def _rchar(pid: int) -> int:
+    """Bytes process ``pid`` has read through read-like calls (``pread`` included)."""
+    with open(f"/proc/{pid}/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+@pytest.mark.skipif(tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 13),
+                    reason="multigrain timestamps came with Linux 6.13")
+def test_a_file_changed_just_now_is_not_read_whole_at_its_open(workspace, mount):
+    """The daemon proves at its start that this file system moves ctime on
+    every change after a stat (store/tokens.py), so opening a file written
+    a moment ago -- inside the 2 s racy window -- no longer has it hash the
+    whole file before the first byte: an open and a one-byte read cost the
+    daemon far less than the file's 16 MiB of reads (it read all of them
+    before)."""
+    from stepfs.store import tokens
+
+    m = mount(workspace)
+    for attempt in range(3):
+        data = os.urandom(16 << 20)
+        (workspace / "fresh.bin").write_bytes(data)
+        os.stat(m.path("fresh.bin"))
+        before = _rchar(m.pid)
+        with open(m.path("fresh.bin"), "rb") as f:
+            assert f.read(1) == data[:1]
+        read = _rchar(m.pid) - before
+        if time.time_ns() - os.stat(workspace / "fresh.bin").st_ctime_ns < tokens.RACY_WINDOW_NS:
+            break  # the open was inside the window: what this test is about
+    else:
+        pytest.fail("three opens in a row came later than 2 s after their file was written")
+    assert read < 4 << 20, f"the daemon read {read} bytes to open a 16 MiB file and read one byte"

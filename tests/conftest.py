@@ -40,6 +40,12 @@ from agentprocs import agents  # noqa: E402,F401  (processes that are a mount's 
 #: Seconds before pytest-timeout at which the watchdog aborts a test's mounts.
 WATCHDOG_MARGIN = 10
 
+#: Skips a test of the kernel's multigrain timestamps (store/tokens.py's
+#: ctime proof) on a kernel that has none: they came with Linux 6.13.
+needs_multigrain = pytest.mark.skipif(
+    tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 13),
+    reason="multigrain timestamps came with Linux 6.13")
+
 
 def fuse_problem() -> str | None:
     """Why real mounts cannot run here, or None."""

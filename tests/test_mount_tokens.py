@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from agentprocs import Agent
-from conftest import stepfs
+from conftest import needs_multigrain, stepfs
 
 pytestmark = pytest.mark.mount
 
@@ -446,8 +446,7 @@ def _rchar(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
-@pytest.mark.skipif(tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 13),
-                    reason="multigrain timestamps came with Linux 6.13")
+@needs_multigrain
 def test_a_file_changed_just_now_is_not_read_whole_at_its_open(workspace, mount):
     """The daemon proves at its start that this file system moves ctime on
     every change after a stat (store/tokens.py), so opening a file written

@@ -64,7 +64,8 @@ def _read_then_rewrite(ws: Workspace, view: Overlay) -> str:
     return view.observed["a"]["/x"]
 
 
-def test_the_probe_refuses_a_file_system_with_timestamps_in_seconds(coarse_fs):
+def test_the_probe_refuses_a_file_system_with_timestamps_in_seconds(coarse_fs, monkeypatch):
+    monkeypatch.setattr(tokens, "FINE_CTIME_DEVICES", set())  # nothing proven earlier in this process
     assert tokens.fs_type(os.stat(coarse_fs).st_dev) == "ext4"  # on the list: the probe itself decides
     assert not tokens.learn_fine_ctime(str(coarse_fs))
     assert os.stat(coarse_fs).st_dev not in tokens.FINE_CTIME_DEVICES
@@ -96,10 +97,11 @@ def test_a_device_trusted_without_proof_would_miss_it(coarse_view):
     view.release(fh)
 
 
-def test_a_full_file_system_is_not_proven_and_stops_nothing(tmp_path):
+def test_a_full_file_system_is_not_proven_and_stops_nothing(tmp_path, monkeypatch):
     """The probe's one-byte writes fail with ENOSPC on a full tmpfs (a file
     system it would otherwise prove): not proven, and no error for the
     daemon starting."""
+    monkeypatch.setattr(tokens, "FINE_CTIME_DEVICES", set())  # a tmpfs device number may be reused
     full = tmp_path / "full"
     full.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(full)], check=True, capture_output=True)

@@ -59,6 +59,8 @@ from stepfs.store import schema, tokens
 from stepfs.store.errors import NothingToCommit
 from stepfs.store.workspace import Workspace
 
+from conftest import needs_multigrain
+
 RO, RW = os.O_RDONLY, os.O_RDWR
 
 
@@ -751,11 +753,7 @@ def test_s3_save_by_rename_is_caught_without_the_hash(ws, ov, monkeypatch):
         ov.open("/x", os.O_WRONLY, agent=A)
 
 
-def _kernel_at_least(major: int, minor: int) -> bool:
-    return tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) >= (major, minor)
-
-
-@pytest.mark.skipif(not _kernel_at_least(6, 13), reason="multigrain timestamps came with Linux 6.13")
+@needs_multigrain
 def test_on_a_device_proven_to_move_ctime_fresh_tokens_carry_no_hash_and_still_catch_same_tick_rewrites(
         ws, ov, monkeypatch):
     """A daemon proves at its start that every change after a stat moves

@@ -162,6 +162,21 @@ class Spares:
                 return None
             return fd
 
+    def take_ahead(self) -> tuple[str, int] | None:
+        """A spare moved to a fresh name in the spare directory (no other
+        taker of this process gets it) and opened for writing, empty: a
+        file written ahead of a commit (``store/ready.py``).  ``(name,
+        fd)``, or None if no spare is on hand."""
+        name = f"{self._prefix}{next(self._seq)}"
+        fd = self.take(os.path.join(self.directory, name), None)
+        return None if fd is None else (name, fd)
+
+    def give_back(self, name: str) -> None:
+        """``name`` (in the spare directory, from :meth:`take_ahead`) is a
+        spare again: its next taker empties it."""
+        with self._lock:
+            self._names.append(name)
+
     def available(self) -> int:
         with self._lock:
             self._adopt()

@@ -34,7 +34,8 @@ and made durable, with the intent or not at all.
    (after-objects already were, at close-write).  Every new file, symlink,
    FIFO and hard link is made as a temporary file ``.stepfs/tmp/L<layer>-<seq>``
    (same filesystem as the workspace; a regular file is a spare inode from
-   ``store.spares`` when one is on hand).  The regular files are then
+   ``store.spares`` when one is on hand, or a mount daemon's ready file for
+   the entry, written and fsynced ahead: ``store.ready``).  The regular files are then
    ``fsync``-ed together on a thread pool (``durable.start_fsync_all``: one
    journal commit for all of them instead of one each) *while* step 3
    records the intent; all have ended before step 4.  A failure here
@@ -112,6 +113,7 @@ import time
 from stepfs.store import durable, entrytable, refs, staging, tokens  # noqa: F401  (tokens: tests reach it here)
 from stepfs.store.errors import CommitConflict, NothingToCommit, StepfsError, StoreUnavailable
 from stepfs.store.layers import Entry, next_number
+from stepfs.store.ready import ReadyFiles
 from stepfs.store.workspace import Workspace
 # The protocol's parts, under the names callers and tests have always used.
 from stepfs.store.completion import OUTSIDE_CHANGE, _complete, _DirSync, _record_outside  # noqa: F401
@@ -156,14 +158,16 @@ class Commit:
                  kind: str = "step", message: str = "", agent: str = "", mount: str = "",
                  meta: dict | None = None, consume_step: int | None = None, allow_empty: bool = False,
                  overwrite: set[bytes] = frozenset(), known: dict[bytes, _Before] | None = None,
-                 locked: bool = False, expect: dict[bytes, str] | None = None):
+                 locked: bool = False, expect: dict[bytes, str] | None = None, ready: ReadyFiles | None = None):
         """``step``: plan the open step ``step`` (``allow_empty``,
         ``overwrite``, ``known`` as for :func:`begin`); else ``entries`` is
         the layer and ``consume_step`` the step whose rows it consumes.
         ``locked``: the caller holds the commit lock already.  ``expect``:
         the token each of ``entries`` had when the caller planned it
-        (checked just before the path's switch, as a step's own plan's)."""
+        (checked just before the path's switch, as a step's own plan's).
+        ``ready``: new files a mount daemon wrote ahead (``store/ready.py``)."""
         self.ws = ws
+        self.ready = ready
         self.step = step
         self.kind, self.message, self.agent, self.mount, self.meta = kind, message, agent, mount, meta
         self.consume_step = step if step is not None else consume_step
@@ -317,7 +321,7 @@ class Commit:
                         return None
                     number, entries = self.number, self.entries
                     try:
-                        unsynced = _prepare(ws, number, entries, conn)
+                        unsynced = _prepare(ws, number, entries, conn, ready=self.ready)
                     except StepfsError:  # a corrupt object, an unreadable store: before the commit point
                         _remove_temps(ws)
                         raise
@@ -358,7 +362,7 @@ class Commit:
 
 def begin(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount: str = "",
           meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
-          known: dict[bytes, _Before] | None = None) -> Commit:
+          known: dict[bytes, _Before] | None = None, ready: ReadyFiles | None = None) -> Commit:
     """The commit of open step ``step`` as the next layer (a
     :class:`Commit`: use it as a context manager; it takes the commit
     lock).  ``known``: before states captured ahead (:func:`precapture`),
@@ -368,9 +372,11 @@ def begin(ws: Workspace, step: int, *, message: str = "", agent: str = "", mount
 
     :meth:`Commit.publish` raises :class:`NothingToCommit` (nothing staged,
     or everything staged equals the workspace already; the no-op rows are
-    dropped) and :class:`CommitConflict` (nothing written, step left open)."""
+    dropped) and :class:`CommitConflict` (nothing written, step left open).
+    ``ready``: new files written ahead (``store/ready.py``), used where they
+    match."""
     return Commit(ws, step=step, message=message, agent=agent, mount=mount, meta=meta,
-                  allow_empty=allow_empty, overwrite=overwrite, known=known)
+                  allow_empty=allow_empty, overwrite=overwrite, known=known, ready=ready)
 
 
 def commit_step(ws: Workspace, step: int, **options) -> int:

@@ -16,6 +16,7 @@ from stepfs.store.completion import SYNC_BATCH, _DirSync, _sync_closing, _sync_d
 from stepfs.store.contained import NODE_KINDS, kind_of, rdev_of
 from stepfs.store.layers import Entry, State
 from stepfs.store.plan import LEAF_KINDS, _current_kind, _lstat
+from stepfs.store.ready import ReadyFiles, key_of
 from stepfs.store.wsparts import WorkspaceParts
 
 log = logging.getLogger("stepfs.publish")
@@ -28,7 +29,8 @@ def _temp_name(number: int, seq: int) -> bytes:
     return f"L{number}-{seq}".encode()
 
 
-def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, keep: set[bytes] = frozenset()) -> list[int]:
+def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, keep: set[bytes] = frozenset(),
+             ready: ReadyFiles | None = None) -> list[int]:
     """Step 2: every new file, symlink, FIFO, device node, socket and hard
     link as a temporary file in ``.stepfs/tmp``.  Returns the open descriptors of the regular
     files not fsynced yet; the caller fsyncs them (``durable.fsync_all`` or
@@ -44,10 +46,12 @@ def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, k
     the caller to read the objects in (else one of its own).  ``keep``:
     paths recovery leaves alone (:func:`classify`): no temporary file, and
     a hard link of one is made as a copy of its after state (the path
-    itself holds something else).  Raises ``OSError``."""
+    itself holds something else).  ``ready``: files a mount daemon wrote
+    ahead (``store/ready.py``), renamed into place of the ones they match,
+    already fsynced.  Raises ``OSError``."""
     if conn is None:
         with ws.db.read() as own:
-            return _prepare(ws, number, entries, own, keep)
+            return _prepare(ws, number, entries, own, keep, ready)
     root = ws.root
     seq_of = {e.path: seq for seq, e in enumerate(entries)}
     tmp_fd = ws.tmp.fd  # held by the workspace: never resolved by name here
@@ -84,6 +88,9 @@ def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, k
                     finally:
                         os.close(sfd)
             elif e.after.kind == "file":
+                if ready is not None and ready.take(e.path, key_of(e.after.oid, e.after.mode, owner, e.after.xattrs,
+                                                                   e.after_mtime_ns), tmp_name, tmp_fd):
+                    continue
                 # A spare inode when there is one (``store.spares``: creating
                 # is the dearest call here on some filesystems), else a new file.
                 fd = ws.spares.take(tmp_name, tmp_fd)

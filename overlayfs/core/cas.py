@@ -25,7 +25,9 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Callable
 
-from stepfs.store import publish, refs, schema, staging, tokens
+from stepfs.store import publish, ready, refs, schema, staging, tokens
+from stepfs.store import xattrs as xattr_codec
+from stepfs.store.ready import ReadyFiles
 
 from stepfs.overlayfs.core.drafts import Draft
 from stepfs.overlayfs.core.errors import NotFound
@@ -84,6 +86,9 @@ class CompareAndSwap:
         #: staged it (:meth:`_precapture`), for the commit to reuse while the
         #: path's token holds (``publish.precapture``).
         self.precaptured: dict[bytes, object] = {}
+        #: New files written ahead of the commit (``store/ready.py``): a
+        #: step's first closes of small files.
+        self.ready = ReadyFiles(ws.spares)
         self._room_at, self._room_free = -ROOM_RECHECK - 1.0, 0  # see _room
 
     def close_write(self, d: Draft) -> str:
@@ -330,6 +335,10 @@ class CompareAndSwap:
             return
         if data is not None:
             self.reads.put(node, data)  # (too big: only the old entry goes)
+            if node.link_group is None:
+                self.ready.offer(rel(d.path), ready.key_of(
+                    node.oid, node.mode, ready.owner_of(node.uid, node.gid),
+                    xattr_codec.encode(node.xattrs) if node.xattrs else None, node.mtime_ns), data)
         else:
             self.reads.drop(node)
         # The old content: every row naming it was just replaced (or, for a

@@ -32,6 +32,7 @@ import threading
 from typing import Callable, Iterable
 
 from stepfs.store import publish
+from stepfs.store.ready import ReadyFiles
 from stepfs.store.errors import NothingToCommit, PublishFailed, StoreUnavailable
 from stepfs.store.workspace import Workspace
 
@@ -118,9 +119,12 @@ class ViewCommit:
 
     def __init__(self, commits: Commits, prepare: Callable[[], tuple[list[str], Iterable[str]]],
                  after: Callable[[list[str]], None], precaptured: dict, *, message: str = "",
-                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset()):
+                 meta: dict | None = None, allow_empty: bool = False, overwrite: set[bytes] = frozenset(),
+                 ready: ReadyFiles | None = None):
         self.commits = commits
         self._prepare, self._after, self._precaptured = prepare, after, precaptured
+        self._ready = ready
+        self._unused: list = []  # ready files the commit did not take, given back after the answer
         self._options = dict(message=message, agent=commits.agent, mount=commits.mountpoint, meta=meta,
                              allow_empty=allow_empty, overwrite=overwrite)
         self._pausing = None
@@ -152,21 +156,28 @@ class ViewCommit:
         c.own_publishes.clear()
         c.own_publishes.update(staged)
         c.commit_idle.clear()
-        self._store = publish.begin(c.ws, c.step, known=self._precaptured, **self._options)
+        self._store = publish.begin(c.ws, c.step, known=self._precaptured, ready=self._ready, **self._options)
         self._store.__enter__()
         try:
             number = self._store.publish()
         except NothingToCommit:
             self._precaptured.clear()
+            self._detach_ready()
             self._after([])  # the no-op rows were dropped from the store
             raise
         except PublishFailed as exc:
             self._failed(exc)
             raise
         self._published = True
-        # The paths just committed have new tokens: nothing captured is of use.
+        # The paths just committed have new tokens: nothing captured is of
+        # use, and the next step readies its own files.
         self._precaptured.clear()
+        self._detach_ready()
         return number
+
+    def _detach_ready(self) -> None:
+        if self._ready is not None:
+            self._unused = self._ready.detach()
 
     def complete(self) -> None:
         """The view's bookkeeping, while the directory fsyncs run; then the
@@ -209,5 +220,8 @@ class ViewCommit:
             if self._held:
                 self._held = False
                 c.lock.release()
+            if self._unused:
+                self._ready.give_back(self._unused)
+                self._unused = []
             self._pausing.__exit__(None, None, None)
         return False

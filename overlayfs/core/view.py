@@ -597,7 +597,8 @@ class Overlay:
         (the daemon): see ``committing.py``."""
         return ViewCommit(self.commits, self._before_commit, self._after_commit,
                           self.content.cas.precaptured,
-                          message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite)
+                          message=message, meta=meta, allow_empty=allow_empty, overwrite=overwrite,
+                          ready=self.content.cas.ready)
 
     # The commit writes the workspace between these two (under the view's
     # lock, which every lookup takes): kept directory descriptors may name
@@ -625,6 +626,10 @@ class Overlay:
                 log.exception("writing %d staged rows at unmount failed; they are lost", len(self.rows.pending))
             if not self.rows.pending:
                 self.scratch.unlink_retired()
+            # Their writes name the spare directory by a handle of the store,
+            # closed next: none may still be running then.
+            ready = self.content.cas.ready
+            ready.give_back(ready.detach())
 
     def status_text(self, listable=None) -> str:
         """``MOUNT/.stepfs/status``: what an agent needs to know about itself.

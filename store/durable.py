@@ -175,9 +175,11 @@ def run_meanwhile(fn: Callable, *args) -> "Syncing | _Done":
     """Run ``fn(*args)`` on the pool while the caller goes on (a commit
     prepares its switch while its intent's COMMIT waits for the disk);
     ``.result()`` waits for it and returns its value or raises its
-    exception.  ``fn`` MUST NOT make a durability call of this module:
-    with a hook installed it runs here, at once, so the hook sees every
-    call in one order."""
+    exception.  With a hook installed it runs here, at once, so the hook
+    sees every call in one order: ``fn`` MAY make a durability call of
+    this module only where it might as well be made at the call point (a
+    ready file's fsync, ``store/ready.py``; never the switch's
+    preparation, which runs beside the intent's COMMIT)."""
     if _hook is not None:
         try:
             return _Done(fn(*args))

@@ -6,13 +6,20 @@ step 2 would have made, and unchanged since it was written."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 import pytest
 
 from conftest import needs_multigrain
-from crashkit import Counter
-from stepfs.store import durable, ready
+from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
+    MOUNTPOINT, Counter, KillAt, PowerLoss, check_recovered, copy_template, fast_tmp, fork_run, make_template,
+    materialize,
+)
+from stepfs.store import durable, publish, ready, staging
+from stepfs.store.ready import ReadyFiles
+from stepfs.store.spares import Spares
+from stepfs.store.workspace import Workspace
 from viewkit import open_view, read_all, write_file
 
 
@@ -179,3 +186,86 @@ def test_ready_files_a_dead_daemon_left_are_emptied_spares(tmp_path):
     finally:
         view.close()
         ws.close()
+
+
+# -- crashes: a commit that publishes ready files ends in OLD or NEW ----------------
+
+
+def _ready_for(ws: Workspace, t) -> ReadyFiles:
+    """What a view would have readied for the template's step: every staged
+    file's bytes and metadata, written before the commit (with a hook
+    installed, at once, so the hook sees their fsyncs first)."""
+    got = ReadyFiles(ws.spares)
+    with ws.db.read() as conn:
+        for row in staging.load(conn, t.step):
+            if row.kind == "file" and row.oid is not None and row.link_group is None:
+                data = ws.objects.read_all(conn, row.oid)
+                got.offer(row.path, ready.key_of(row.oid, row.mode, ready.owner_of(row.uid, row.gid), row.xattrs,
+                                                 row.mtime_ns), data)
+    return got
+
+
+def _commit_with_ready(ws: Workspace, t) -> int:
+    readied = _ready_for(ws, t)
+    number = publish.commit_step(ws, t.step, message="crash test", mount=MOUNTPOINT, overwrite=t.paths,
+                                 ready=readied)
+    assert readied.used > 0  # the template's changes include small new and rewritten files
+    return number
+
+
+@pytest.mark.timeout(300)
+def test_kill_at_every_durability_call_of_a_commit_with_ready_files_ends_in_old_or_new(fast_tmp):
+    t = make_template(fast_tmp, 8)
+    Spares(os.path.join(t.ws, ".stepfs", "spare")).fill(32)
+    probe = copy_template(t, fast_tmp / "count")
+    counter = Counter()
+    with Workspace.open(str(probe), recover=False) as ws, durable.installed(counter):
+        _commit_with_ready(ws, t)
+    shutil.rmtree(fast_tmp / "count")
+    seen = {"OLD": 0, "NEW": 0}
+    for k in range(1, counter.n + 2):
+        run = fast_tmp / f"k{k}"
+        ws_path = copy_template(t, run)
+
+        def body() -> None:
+            ws = Workspace.open(str(ws_path), recover=False)
+            with durable.installed(KillAt(k)):
+                _commit_with_ready(ws, t)
+
+        if fork_run(body) == "completed":
+            assert k == counter.n + 1
+            assert check_recovered(ws_path, t) == "NEW"
+            break
+        try:
+            seen[check_recovered(ws_path, t)] += 1
+        except AssertionError as exc:
+            raise AssertionError(f"kill before durability call {k} ({counter.trace[k - 1]}): {exc}") from None
+        shutil.rmtree(run)
+    assert seen["OLD"] > 0 and seen["NEW"] > 0, seen
+
+
+@pytest.mark.timeout(300)
+def test_power_loss_at_every_durability_call_of_a_commit_with_ready_files_ends_in_old_or_new(fast_tmp):
+    """The power-loss model keeps a file's bytes only once they were
+    fsynced: a ready file published without its fsync would come back
+    empty, which is neither OLD nor NEW."""
+    t = make_template(fast_tmp, 8)
+    Spares(os.path.join(t.ws, ".stepfs", "spare")).fill(32)
+    ws_path = copy_template(t, fast_tmp / "run")
+    with Workspace.open(str(ws_path), recover=False) as ws:
+        model = PowerLoss(ws_path)
+        with durable.installed(model):
+            _commit_with_ready(ws, t)
+        model.finish()
+    shutil.rmtree(fast_tmp / "run")
+    failures, seen = [], {"OLD": 0, "NEW": 0}
+    for i, (label, tree, db) in enumerate(model.images):
+        image = fast_tmp / f"img{i}" / "ws"
+        materialize(tree, db, image)
+        try:
+            seen[check_recovered(image, t)] += 1
+        except AssertionError as exc:
+            failures.append(f"power loss {label}: {exc}")
+        shutil.rmtree(image.parent)
+    assert failures == []
+    assert seen["OLD"] > 0 and seen["NEW"] > 0, seen

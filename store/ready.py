@@ -112,7 +112,11 @@ class ReadyFiles:
     def _write(self, key: Key, data: bytes) -> tuple[str, tuple] | None:
         """On the pool: a spare with ``data`` and ``key``'s metadata,
         fsynced; ``(its name in spare/, its identity)``, or None."""
-        got = self._spares.take_ahead()
+        try:
+            got = self._spares.take_ahead()
+        except OSError as exc:  # the spare directory gone or unwritable: the commit copes without
+            log.debug("no ready file: %s", exc)
+            return None
         if got is None:
             return None
         name, fd = got

@@ -68,6 +68,11 @@ def installed(hook: Hook) -> Iterator[Hook]:
         _hook = previous
 
 
+def hooked() -> bool:
+    """Whether a hook is installed (a test is counting or failing calls)."""
+    return _hook is not None
+
+
 def fsync(fd: int) -> None:
     hook = _hook
     if hook is None:
@@ -177,9 +182,10 @@ def run_meanwhile(fn: Callable, *args) -> "Syncing | _Done":
     ``.result()`` waits for it and returns its value or raises its
     exception.  With a hook installed it runs here, at once, so the hook
     sees every call in one order: ``fn`` MAY make a durability call of
-    this module only where it might as well be made at the call point (a
-    ready file's fsync, ``store/ready.py``; never the switch's
-    preparation, which runs beside the intent's COMMIT)."""
+    this module only where it might as well be made at the call point, and
+    only when it runs here (a ready file's fsync, ``store/ready.py``; never
+    the switch's preparation, which runs beside the intent's COMMIT): one
+    on the pool could meet a hook installed after it started."""
     if _hook is not None:
         try:
             return _Done(fn(*args))

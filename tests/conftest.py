@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,19 @@ WATCHDOG_MARGIN = 10
 needs_multigrain = pytest.mark.skipif(
     tuple(int(x) for x in os.uname().release.split("-")[0].split(".")[:2]) < (6, 13),
     reason="multigrain timestamps came with Linux 6.13")
+
+
+def wait_for(cond, timeout: float = 30.0, what: str = "condition"):
+    """Poll ``cond()`` until it is true (returned) or ``timeout`` seconds
+    passed (the test fails): a test waits for a condition, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.02)
 
 
 def fuse_problem() -> str | None:

@@ -290,13 +290,15 @@ def fork_run(body) -> str:
     raise AssertionError(f"crash child ended with status {status:#x}:\n{output}")
 
 
-def crash_commit(t: Template, dst: Path, hook) -> str:
+def crash_commit(t: Template, dst: Path, hook, do=None) -> str:
+    """Commit a copy of the template at ``dst`` in a forked child, under
+    ``hook``; ``do(ws, t)`` commits instead of :func:`commit`."""
     ws_path = copy_template(t, dst)
 
     def body() -> None:
         ws = Workspace.open(str(ws_path), recover=False)
         with durable.installed(hook):
-            commit(ws, t)
+            (do or commit)(ws, t)
 
     return fork_run(body)
 
@@ -538,6 +540,20 @@ class PowerLoss:
 
         walk(self.root_id, b"")
         return out
+
+
+def recover_images(model: PowerLoss, t: Template, base: Path) -> tuple[list[str], dict[str, int]]:
+    """Recover every image; returns (failures, how many ended OLD / NEW)."""
+    failures, seen = [], {"OLD": 0, "NEW": 0}
+    for i, (label, tree, db) in enumerate(model.images):
+        ws_path = base / f"img{i}" / "ws"
+        materialize(tree, db, ws_path)
+        try:
+            seen[check_recovered(ws_path, t)] += 1
+        except AssertionError as exc:
+            failures.append(f"power loss {label}: {exc}")
+        shutil.rmtree(ws_path.parent)
+    return failures, seen
 
 
 def materialize(tree: dict, db_image: bytes, ws_path: Path) -> None:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import random
 import sqlite3
-import time
 
 import pytest
 
-from conftest import stepfs
+from conftest import stepfs, wait_for
 from stepfs.overlayfs.client import manage
 from stepfs.store import verify
 from stepfs.store.layers import entries as load_entries
@@ -45,17 +44,6 @@ def store_state(workspace) -> tuple[int, int]:
         return rows, int(through[0]) if through else 0
     finally:
         db.close()
-
-
-def wait_for(cond, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_the_daemon_makes_each_steps_deltas_in_the_background_and_drains_them_at_unmount(workspace, mount):

@@ -5,22 +5,13 @@ the step renames those very inodes into the workspace."""
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import stepfs
+from conftest import stepfs, wait_for
 
 pytestmark = pytest.mark.mount
-
-
-def wait_for(cond, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def spare_holding(workspace: Path, data: bytes) -> os.stat_result | None:

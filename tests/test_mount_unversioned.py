@@ -9,13 +9,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from conftest import manifest, sh, stepfs
+from conftest import manifest, sh, stepfs, wait_for
 
 pytestmark = pytest.mark.mount
 NPM = Path(__file__).resolve().parents[1] / "bench" / "npm_like.py"
@@ -43,14 +42,6 @@ def inotify_watches(pid: int) -> int:
         except OSError:
             continue
     return count
-
-
-def wait_for(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.timeout(180)

@@ -19,6 +19,7 @@ import pytest
 
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     PowerLoss, ProcessCrash, check_recovered, commit, copy_template, fast_tmp, make_template, materialize,
+    recover_images,
 )
 from stepfs.store import durable, publish
 from stepfs.store.workspace import Workspace
@@ -33,20 +34,6 @@ def run_model(t, base, ignore=frozenset()) -> PowerLoss:
         model.finish()
     shutil.rmtree(base / "run")
     return model
-
-
-def recover_images(model: PowerLoss, t, base) -> tuple[list[str], dict[str, int]]:
-    """Recover every image; returns (failures, how many ended OLD / NEW)."""
-    failures, seen = [], {"OLD": 0, "NEW": 0}
-    for i, (label, tree, db) in enumerate(model.images):
-        ws_path = base / f"img{i}" / "ws"
-        materialize(tree, db, ws_path)
-        try:
-            seen[check_recovered(ws_path, t)] += 1
-        except AssertionError as exc:
-            failures.append(f"power loss {label}: {exc}")
-        shutil.rmtree(ws_path.parent)
-    return failures, seen
 
 
 @pytest.mark.parametrize("n_paths", [1, 8])

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import needs_multigrain
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
-    MOUNTPOINT, Counter, KillAt, PowerLoss, check_recovered, copy_template, fast_tmp, fork_run, make_template,
-    materialize,
+    MOUNTPOINT, Counter, KillAt, PowerLoss, check_recovered, copy_template, crash_commit, fast_tmp, make_template,
+    recover_images,
 )
 from stepfs.store import durable, publish, ready, staging
 from stepfs.store.ready import ReadyFiles
@@ -228,19 +228,12 @@ def test_kill_at_every_durability_call_of_a_commit_with_ready_files_ends_in_old_
     seen = {"OLD": 0, "NEW": 0}
     for k in range(1, counter.n + 2):
         run = fast_tmp / f"k{k}"
-        ws_path = copy_template(t, run)
-
-        def body() -> None:
-            ws = Workspace.open(str(ws_path), recover=False)
-            with durable.installed(KillAt(k)):
-                _commit_with_ready(ws, t)
-
-        if fork_run(body) == "completed":
+        if crash_commit(t, run, KillAt(k), _commit_with_ready) == "completed":
             assert k == counter.n + 1
-            assert check_recovered(ws_path, t) == "NEW"
+            assert check_recovered(run / "ws", t) == "NEW"
             break
         try:
-            seen[check_recovered(ws_path, t)] += 1
+            seen[check_recovered(run / "ws", t)] += 1
         except AssertionError as exc:
             raise AssertionError(f"kill before durability call {k} ({counter.trace[k - 1]}): {exc}") from None
         shutil.rmtree(run)
@@ -261,14 +254,6 @@ def test_power_loss_at_every_durability_call_of_a_commit_with_ready_files_ends_i
             _commit_with_ready(ws, t)
         model.finish()
     shutil.rmtree(fast_tmp / "run")
-    failures, seen = [], {"OLD": 0, "NEW": 0}
-    for i, (label, tree, db) in enumerate(model.images):
-        image = fast_tmp / f"img{i}" / "ws"
-        materialize(tree, db, image)
-        try:
-            seen[check_recovered(image, t)] += 1
-        except AssertionError as exc:
-            failures.append(f"power loss {label}: {exc}")
-        shutil.rmtree(image.parent)
+    failures, seen = recover_images(model, t, fast_tmp)
     assert failures == []
     assert seen["OLD"] > 0 and seen["NEW"] > 0, seen

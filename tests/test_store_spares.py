@@ -13,7 +13,7 @@ import pytest
 
 from crashkit import (  # noqa: F401  (fast_tmp is a fixture)
     Counter, KillAt, PowerLoss, check_recovered, commit, copy_template, crash_commit, fast_tmp, make_template,
-    materialize,
+    recover_images,
 )
 from stepfs.store import durable, publish, staging
 from stepfs.store.spares import Spares
@@ -174,15 +174,7 @@ def test_power_loss_at_every_durability_call_with_spares_ends_in_old_or_new(fast
         model.finish()
         assert len(spare_names(ws)) < 32
     shutil.rmtree(fast_tmp / "run")
-    failures, seen = [], {"OLD": 0, "NEW": 0}
-    for i, (label, tree, db) in enumerate(model.images):
-        image = fast_tmp / f"img{i}" / "ws"
-        materialize(tree, db, image)
-        try:
-            seen[check_recovered(image, t)] += 1
-        except AssertionError as exc:
-            failures.append(f"power loss {label}: {exc}")
-        shutil.rmtree(image.parent)
+    failures, seen = recover_images(model, t, fast_tmp)
     assert failures == []
     assert seen["OLD"] > 0 and seen["NEW"] > 0, seen
 

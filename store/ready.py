@@ -52,25 +52,15 @@ READY_MAX = 32
 #: Bytes of a file readied at most.
 READY_SIZE_MAX = 64 << 10
 
-#: What step 2 gives a file: ``(oid, permission bits, owner or None,
-#: encoded user.* attributes or None, mtime in ns or None)``.
+#: What step 2 gives a file: ``(oid, permission bits, uid, gid, encoded
+#: user.* attributes or None, mtime in ns or None)``; the owner is set
+#: when running as root (``switch._owner_for``: the recorded one).
 Key = tuple
 
 
-def key_of(oid: str | None, mode: int, owner: tuple[int, int] | None, attrs: bytes | None,
+def key_of(oid: str | None, mode: int, uid: int | None, gid: int | None, attrs: bytes | None,
            mtime_ns: int | None) -> Key:
-    return (oid, stat.S_IMODE(mode), owner, attrs or None, mtime_ns or None)
-
-
-def owner_of(uid: int | None, gid: int | None) -> tuple[int, int] | None | bool:
-    """The owner step 2 gives a file whose recorded owner is ``uid:gid``
-    (``switch._owner_for``): none unless running as root; False when it
-    would be looked up in the workspace (not known ahead)."""
-    if os.geteuid() != 0:
-        return None
-    if uid is None or gid is None:
-        return False
-    return uid, gid
+    return (oid, stat.S_IMODE(mode), uid, gid, attrs or None, mtime_ns or None)
 
 
 class _Ready:
@@ -98,9 +88,8 @@ class ReadyFiles:
         # Only files a spare could become again: one with attributes would
         # pass them on to the spare's next file, one owned by another user
         # is refused by every taker (a daemon that dies leaves them as spares).
-        owner, attrs = key[2], key[3]
-        if path in self._offered or len(data) > READY_SIZE_MAX or owner is False or attrs is not None \
-                or (owner is not None and owner[0] != os.geteuid()) or not self._spares.available():
+        if path in self._offered or len(data) > READY_SIZE_MAX or key[2] != os.geteuid() or key[4] is not None \
+                or not self._spares.available():
             return False
         with self._lock:
             if path in self._offered or len(self._offered) >= READY_MAX:
@@ -130,9 +119,9 @@ class ReadyFiles:
                 view, done = memoryview(data), 0
                 while done < len(view):
                     done += os.pwrite(fd, view[done:], done)
-                _oid, mode, owner, _attrs, mtime = key
-                if owner is not None:
-                    os.fchown(fd, *owner)
+                _oid, mode, uid, gid, _attrs, mtime = key
+                if os.geteuid() == 0:
+                    os.fchown(fd, uid, gid)
                 os.fchmod(fd, mode)
                 if mtime:
                     os.utime(fd, ns=(mtime, mtime))

@@ -88,8 +88,8 @@ def _prepare(ws: WorkspaceParts, number: int, entries: list[Entry], conn=None, k
                     finally:
                         os.close(sfd)
             elif e.after.kind == "file":
-                if ready is not None and ready.take(e.path, key_of(e.after.oid, e.after.mode, owner, e.after.xattrs,
-                                                                   e.after_mtime_ns), tmp_name, tmp_fd):
+                if ready is not None and ready.take(e.path, key_of(e.after.oid, e.after.mode, e.after.uid, e.after.gid,
+                                                                   e.after.xattrs, e.after_mtime_ns), tmp_name, tmp_fd):
                     continue
                 # A spare inode when there is one (``store.spares``: creating
                 # is the dearest call here on some filesystems), else a new file.

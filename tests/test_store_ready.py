@@ -96,7 +96,7 @@ def test_a_path_written_again_after_it_was_readied_gets_its_last_bytes(tmp_path)
         assert ws.spares.available() == spares  # one taken for f.txt, one given back
         assert name in os.listdir(ws.spares.directory)
         write_file(view, "/g.txt", b"g")  # a new step readies again
-        assert view.content.cas.ready.offer(b"h.txt", ready.key_of("x", 0o644, None, None, None), b"") is True
+        assert view.content.cas.ready.offer(b"h.txt", ready.key_of("x", 0o644, os.geteuid(), os.getegid(), None, None), b"") is True
         view.commit(message="next")
         assert (tmp_path / "ws" / "g.txt").read_bytes() == b"g"
         assert view.content.cas.ready.used == 1
@@ -159,9 +159,9 @@ def test_a_file_with_attributes_is_not_readied(tmp_path):
     try:
         ws.spares.fill(4)
         cas = view.content.cas
-        key = ready.key_of("0" * 32, 0o644, ready.owner_of(os.getuid(), os.getgid()), b"attrs", None)
+        key = ready.key_of("0" * 32, 0o644, os.geteuid(), os.getegid(), b"attrs", None)
         assert cas.ready.offer(b"a.txt", key, b"bytes") is False
-        other = ready.key_of("0" * 32, 0o644, (os.geteuid() + 1, 0), None, None)
+        other = ready.key_of("0" * 32, 0o644, os.geteuid() + 1, 0, None, None)
         assert cas.ready.offer(b"b.txt", other, b"bytes") is False
         assert cas.ready._files == {}
     finally:
@@ -203,7 +203,7 @@ def _ready_for(ws: Workspace, t) -> ReadyFiles:
         for row in staging.load(conn, t.step):
             if row.kind == "file" and row.oid is not None and row.link_group is None:
                 data = ws.objects.read_all(conn, row.oid)
-                got.offer(row.path, ready.key_of(row.oid, row.mode, ready.owner_of(row.uid, row.gid), row.xattrs,
+                got.offer(row.path, ready.key_of(row.oid, row.mode, row.uid, row.gid, row.xattrs,
                                                  row.mtime_ns), data)
     return got
 

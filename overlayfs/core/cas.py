@@ -337,7 +337,7 @@ class CompareAndSwap:
             self.reads.put(node, data)  # (too big: only the old entry goes)
             if node.link_group is None:
                 self.ready.offer(rel(d.path), ready.key_of(
-                    node.oid, node.mode, ready.owner_of(node.uid, node.gid),
+                    node.oid, node.mode, node.uid, node.gid,
                     xattr_codec.encode(node.xattrs) if node.xattrs else None, node.mtime_ns), data)
         else:
             self.reads.drop(node)
